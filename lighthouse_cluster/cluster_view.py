@@ -1,0 +1,167 @@
+"""What `lighthouse-cluster status` shows: the cluster as seen through a list of endpoints.
+
+``collect`` asks each endpoint for its Status (the only I/O here); ``build_view`` is a pure
+function from those answers to a ``ClusterView``; ``to_json`` and ``render`` format it.
+The leader's answer supplies the quorum, pending requesters and heartbeat ages; every node
+supplies its own role, term and commit index.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .status_client import query_status
+from .proto import lighthouse_cluster_pb2 as cpb
+
+_ROLE_NAMES = {cpb.FOLLOWER: "follower", cpb.CANDIDATE: "candidate", cpb.LEADER: "leader", cpb.ROLE_UNKNOWN: "unknown"}
+
+
+@dataclass
+class NodeRow:
+    id: str
+    address: str
+    role: str
+    term: int
+    commit_index: int
+    reachable: bool
+    leader_id: str = ""
+
+
+@dataclass
+class ClusterView:
+    leader: str | None
+    term: int
+    nodes: list[NodeRow]
+    quorum: dict[str, Any] | None
+    heartbeats: list[dict[str, Any]] = field(default_factory=list)
+    pending: list[dict[str, Any]] = field(default_factory=list)
+    quorum_reason: str = ""
+    settings: dict[str, int] = field(default_factory=dict)
+
+
+def collect(endpoints: Sequence[str], timeout: float = 2.0) -> list[tuple[str, cpb.NodeStatus | None]]:
+    """Ask every endpoint, then every peer those answers name that was not asked yet."""
+    asked: dict[str, cpb.NodeStatus | None] = {}
+    todo = list(dict.fromkeys(endpoints))
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        while todo:
+            for endpoint, answer in zip(todo, pool.map(lambda e: query_status(e, timeout), todo)):
+                asked[endpoint] = answer
+            named = [p.node.client_address for st in asked.values() if st is not None for p in st.peers]
+            todo = [a for a in dict.fromkeys(named) if a not in asked]
+    return list(asked.items())
+
+
+def build_view(answers: Sequence[tuple[str, cpb.NodeStatus | None]]) -> ClusterView:
+    """Merge per-node answers into one view; nodes named in peer lists but not asked are listed
+    as unreachable only if some answer names them and they did not answer themselves."""
+    rows: dict[str, NodeRow] = {}
+    unanswered: list[str] = []
+    leader_status: cpb.NodeStatus | None = None
+    known: dict[str, cpb.NodeInfo] = {}
+    for endpoint, st in answers:
+        if st is None:
+            unanswered.append(endpoint)
+            continue
+        rows[st.node.id] = NodeRow(id=st.node.id, address=st.node.client_address, role=_ROLE_NAMES[st.role],
+                                   term=st.term, commit_index=st.commit_index, reachable=True,
+                                   leader_id=st.leader_id)
+        for p in st.peers:
+            known.setdefault(p.node.id, p.node)
+        if st.role == cpb.LEADER and (leader_status is None or st.term > leader_status.term):
+            leader_status = st
+    for node_id, info in known.items():
+        if node_id not in rows:
+            rows[node_id] = NodeRow(id=node_id, address=info.client_address, role="unknown", term=0,
+                                    commit_index=0, reachable=False)
+    listed = {r.address for r in rows.values()}
+    for endpoint in unanswered:
+        if endpoint not in listed:
+            rows[endpoint] = NodeRow(id="?", address=endpoint, role="unknown", term=0, commit_index=0,
+                                     reachable=False)
+    view = ClusterView(leader=None, term=max((r.term for r in rows.values()), default=0),
+                       nodes=sorted(rows.values(), key=lambda r: (r.id == "?", r.id, r.address)), quorum=None)
+    if leader_status is None:
+        # No leader answered; fall back to the newest-term node's answer for the committed quorum.
+        reachable = [st for _, st in answers if st is not None]
+        if reachable:
+            newest = max(reachable, key=lambda s: (s.term, s.commit_index))
+            view.quorum = _quorum_dict(newest)
+        return view
+    st = leader_status
+    view.leader = st.node.id
+    view.term = st.term
+    view.quorum = _quorum_dict(st)
+    view.quorum_reason = st.quorum_reason
+    view.heartbeats = [{"replica_id": h.replica_id, "age_ms": h.age_ms} for h in st.heartbeats]
+    view.pending = [{"replica_id": p.member.replica_id, "step": p.member.step, "waiting_ms": p.waiting_ms}
+                    for p in st.pending]
+    view.settings = {"min_replicas": st.settings.min_replicas, "join_timeout_ms": st.settings.join_timeout_ms,
+                     "quorum_tick_ms": st.settings.quorum_tick_ms,
+                     "heartbeat_timeout_ms": st.settings.heartbeat_timeout_ms}
+    return view
+
+
+def _quorum_dict(st: cpb.NodeStatus) -> dict[str, Any] | None:
+    if not st.has_quorum:
+        return None
+    q = st.quorum
+    return {
+        "quorum_id": q.quorum_id,
+        "created_ms": q.created.ToMilliseconds(),
+        "participants": [{"replica_id": m.replica_id, "step": m.step, "address": m.address,
+                          "store_address": m.store_address, "world_size": m.world_size} for m in q.participants],
+    }
+
+
+def to_json(view: ClusterView) -> dict[str, Any]:
+    return {
+        "leader": view.leader,
+        "term": view.term,
+        "nodes": [{"id": r.id, "address": r.address, "role": r.role, "term": r.term,
+                   "commit_index": r.commit_index, "reachable": r.reachable} for r in view.nodes],
+        "quorum": view.quorum,
+        "quorum_reason": view.quorum_reason,
+        "pending": view.pending,
+        "heartbeats": view.heartbeats,
+        "settings": view.settings,
+    }
+
+
+def render(view: ClusterView, console: Any) -> None:
+    """Print the view as rich tables."""
+    from rich.table import Table
+
+    nodes = Table(title="nodes", title_justify="left")
+    for col in ("id", "client address", "role", "term", "commit index", "reachable"):
+        nodes.add_column(col)
+    for r in view.nodes:
+        role = f"[bold green]{r.role}[/]" if r.role == "leader" else r.role
+        nodes.add_row(r.id, r.address, role, str(r.term) if r.reachable else "-",
+                      str(r.commit_index) if r.reachable else "-", "yes" if r.reachable else "[red]no[/]")
+    console.print(nodes)
+    console.print(f"leader: {view.leader or '[red]none known[/]'}   term: {view.term}")
+    if view.quorum is None:
+        console.print("quorum: none issued yet")
+    else:
+        q = Table(title=f"quorum {view.quorum['quorum_id']}", title_justify="left")
+        for col in ("replica id", "step", "address", "world size"):
+            q.add_column(col)
+        max_step = max((p["step"] for p in view.quorum["participants"]), default=0)
+        for p in view.quorum["participants"]:
+            step = str(p["step"]) + (" (recovering)" if p["step"] < max_step else "")
+            q.add_row(p["replica_id"], step, p["address"], str(p["world_size"]))
+        console.print(q)
+    if view.quorum_reason:
+        console.print(f"next quorum: {view.quorum_reason}")
+    if view.heartbeats:
+        hb = Table(title="heartbeats", title_justify="left")
+        hb.add_column("replica id")
+        hb.add_column("age")
+        timeout = view.settings.get("heartbeat_timeout_ms", 0)
+        for h in view.heartbeats:
+            age = f"{h['age_ms']} ms"
+            hb.add_row(h["replica_id"], f"[red]{age}[/]" if timeout and h["age_ms"] >= timeout else age)
+        console.print(hb)

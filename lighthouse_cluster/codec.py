@@ -1,0 +1,151 @@
+"""The versioned msgpack schema of everything that goes through the Raft log.
+
+Commands and snapshots are plain msgpack maps with short, stable keys and a schema version
+``v``; no pickled objects. The rules that let two adjacent versions run side by side during a
+rolling upgrade:
+
+* a reader accepts every version from ``MIN_READABLE_VERSION`` to ``SCHEMA_VERSION``
+  and ignores keys it does not know (a newer writer may add optional keys);
+* a key added in a later version is optional, with a default that means "absent";
+* a writer never emits a version newer than the one the cluster has enabled
+  (``QuorumStateMachine.schema_version``), so an old node never sees a command it cannot
+  apply; a command of an unknown kind is applied as a deterministic no-op on every node.
+
+This module only translates between Python values and bytes; it owns no state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+import msgpack
+
+from .quorum import Member, Quorum
+
+SCHEMA_VERSION = 1
+MIN_READABLE_VERSION = 1
+
+
+class SchemaError(ValueError):
+    """Bytes that are not a command or snapshot of a readable schema version."""
+
+
+@dataclass(frozen=True, slots=True)
+class TermStart:
+    """Written by a new leader before it serves; applying it proves its state is caught up."""
+
+    term: int
+    node_id: str
+    time_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommitQuorum:
+    """Compare-and-set: install ``quorum`` only if the current quorum id is ``expected_quorum_id``."""
+
+    expected_quorum_id: int
+    quorum: Quorum
+    term: int
+    node_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class EnableSchema:
+    """Raise the schema version writers may use (once every node runs a version that reads it)."""
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownCommand:
+    """A command kind this version does not know; applied as a no-op."""
+
+    kind: str
+
+
+Command = Union[TermStart, CommitQuorum, EnableSchema, UnknownCommand]
+
+def member_to_wire(m: Member) -> dict[str, Any]:
+    return {
+        "r": m.replica_id, "a": m.address, "s": m.store_address, "st": m.step, "w": m.world_size,
+        "so": m.shrink_only, "d": m.data, "cf": m.commit_failures,
+    }
+
+
+def member_from_wire(d: dict[str, Any]) -> Member:
+    return Member(
+        replica_id=d["r"], address=d.get("a", ""), store_address=d.get("s", ""), step=d.get("st", 0),
+        world_size=d.get("w", 0), shrink_only=d.get("so", False), data=d.get("d", ""),
+        commit_failures=d.get("cf", 0),
+    )
+
+
+def quorum_to_wire(q: Quorum) -> dict[str, Any]:
+    return {"id": q.quorum_id, "p": [member_to_wire(m) for m in q.participants], "c": q.created_ms}
+
+
+def quorum_from_wire(d: dict[str, Any]) -> Quorum:
+    return Quorum(
+        quorum_id=d["id"],
+        participants=tuple(member_from_wire(m) for m in d["p"]),
+        created_ms=d.get("c", 0),
+    )
+
+
+def _pack(obj: dict[str, Any]) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def _unpack(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except (msgpack.UnpackException, ValueError, TypeError) as e:
+        raise SchemaError(f"{what} is not valid msgpack: {e}") from e
+    if not isinstance(obj, dict) or "v" not in obj:
+        raise SchemaError(f"{what} has no schema version")
+    v = obj["v"]
+    if not isinstance(v, int) or not MIN_READABLE_VERSION <= v:
+        raise SchemaError(f"{what} has unreadable schema version {v!r}")
+    return obj
+
+
+def encode_command(cmd: Command, version: int = SCHEMA_VERSION) -> bytes:
+    """Encode a command at schema ``version`` (the cluster's enabled version)."""
+    if isinstance(cmd, TermStart):
+        body = {"k": "term_start", "term": cmd.term, "node": cmd.node_id, "t": cmd.time_ms}
+    elif isinstance(cmd, CommitQuorum):
+        body = {"k": "commit_quorum", "expect": cmd.expected_quorum_id, "q": quorum_to_wire(cmd.quorum),
+                "term": cmd.term, "node": cmd.node_id}
+    elif isinstance(cmd, EnableSchema):
+        body = {"k": "enable_schema", "version": cmd.version}
+    else:
+        raise TypeError(f"cannot encode {cmd!r}")
+    body["v"] = version
+    return _pack(body)
+
+
+def decode_command(data: bytes) -> Command:
+    """Decode a command; kinds this version does not know become ``UnknownCommand``."""
+    obj = _unpack(data, "command")
+    kind = obj.get("k")
+    try:
+        if kind == "term_start":
+            return TermStart(term=obj["term"], node_id=obj["node"], time_ms=obj["t"])
+        if kind == "commit_quorum":
+            return CommitQuorum(expected_quorum_id=obj["expect"], quorum=quorum_from_wire(obj["q"]),
+                                term=obj["term"], node_id=obj["node"])
+        if kind == "enable_schema":
+            return EnableSchema(version=obj["version"])
+    except (KeyError, TypeError) as e:
+        raise SchemaError(f"malformed {kind} command: missing {e}") from e
+    return UnknownCommand(kind=str(kind))
+
+
+def encode_snapshot(state: dict[str, Any], version: int = SCHEMA_VERSION) -> bytes:
+    """Encode a state-machine snapshot (a dict of msgpack-able values)."""
+    return _pack({**state, "v": version})
+
+
+def decode_snapshot(data: bytes) -> dict[str, Any]:
+    return _unpack(data, "snapshot")

@@ -1,0 +1,172 @@
+"""Node configuration: peers, addresses, secrets and quorum options, validated in one place.
+
+Pure parsing and validation; the CLI maps flags, environment variables and a TOML config file
+onto ``NodeConfig`` and every error is a ``ConfigError`` with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .quorum import QuorumOptions
+from .replication import RaftSettings
+
+DEFAULT_CLIENT_PORT = 29510
+MAX_DATA_BYTES = 64 * 1024
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerSpec:
+    """A member of the cluster: its id, Raft address and client (gRPC) address."""
+
+    node_id: str
+    raft_address: str
+    client_address: str
+
+    def __str__(self) -> str:
+        return f"{self.node_id}={self.raft_address},{self.client_address}"
+
+
+_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def parse_host_port(value: str, what: str) -> tuple[str, int]:
+    """Split ``host:port`` (``[v6]:port`` too); raise ConfigError with a clear reason."""
+    value = value.strip()
+    if value.startswith("http://") or value.startswith("https://"):
+        value = value.split("://", 1)[1].rstrip("/")
+    host, sep, port = value.rpartition(":")
+    if not sep or not host:
+        raise ConfigError(f"{what} {value!r} is not HOST:PORT")
+    try:
+        port_no = int(port)
+    except ValueError:
+        raise ConfigError(f"{what} {value!r} has a non-numeric port") from None
+    if not 0 < port_no < 65536:
+        raise ConfigError(f"{what} {value!r} has a port outside 1-65535")
+    return host, port_no
+
+
+def normalize_address(value: str, what: str) -> str:
+    host, port = parse_host_port(value, what)
+    return f"{host}:{port}"
+
+
+def parse_peer(value: str) -> PeerSpec:
+    """Parse ``ID=RAFT_HOST:PORT,CLIENT_HOST:PORT``."""
+    node_id, sep, rest = value.strip().partition("=")
+    if not sep:
+        raise ConfigError(f"peer {value!r} is not ID=RAFT_HOST:PORT,CLIENT_HOST:PORT")
+    addresses = rest.split(",")
+    if len(addresses) != 2:
+        raise ConfigError(f"peer {value!r} needs a Raft and a client address: ID=RAFT_HOST:PORT,CLIENT_HOST:PORT")
+    check_node_id(node_id)
+    return PeerSpec(node_id=node_id, raft_address=normalize_address(addresses[0], f"peer {node_id} Raft address"),
+                    client_address=normalize_address(addresses[1], f"peer {node_id} client address"))
+
+
+def check_node_id(node_id: str) -> str:
+    if not _NODE_ID.match(node_id):
+        raise ConfigError(f"node id {node_id!r} must be 1-63 letters, digits, '.', '_' or '-'")
+    return node_id
+
+
+def split_endpoints(value: str) -> list[str]:
+    """``URL[,URL...]`` as given to --endpoints / TORCHFT_LIGHTHOUSE -> normalized host:port list."""
+    parts = [p for p in re.split(r"[,\s]+", value.strip()) if p]
+    if not parts:
+        raise ConfigError("no endpoints given (e.g. http://127.0.0.1:29510,http://127.0.0.1:29511)")
+    return [normalize_address(p, "endpoint") for p in parts]
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Everything one node process needs."""
+
+    node_id: str
+    peers: tuple[PeerSpec, ...]
+    client_bind: str
+    raft_bind: str | None
+    data_dir: Path | None
+    secret: str | None
+    options: QuorumOptions
+    quorum_tick_ms: int = 100
+    raft: RaftSettings = field(default_factory=RaftSettings)
+    max_data_bytes: int = MAX_DATA_BYTES
+
+    @property
+    def self_peer(self) -> PeerSpec:
+        return next(p for p in self.peers if p.node_id == self.node_id)
+
+    @property
+    def other_peers(self) -> tuple[PeerSpec, ...]:
+        return tuple(p for p in self.peers if p.node_id != self.node_id)
+
+    def peer_by_raft_address(self, address: str | None) -> PeerSpec | None:
+        return next((p for p in self.peers if p.raft_address == address), None)
+
+
+def build_node_config(
+    *,
+    node_id: str,
+    peers: list[str] | tuple[str, ...],
+    client_bind: str | None,
+    raft_bind: str | None,
+    data_dir: Path | None,
+    secret: str | None,
+    insecure: bool,
+    min_replicas: int,
+    join_timeout_ms: int,
+    quorum_tick_ms: int,
+    heartbeat_timeout_ms: int,
+    election_timeout_ms: int | None = None,
+) -> NodeConfig:
+    """Validate raw settings into a NodeConfig, or raise ConfigError naming the problem."""
+    check_node_id(node_id)
+    specs = tuple(parse_peer(p) for p in peers)
+    if not specs:
+        raise ConfigError("no peers given: pass --peer ID=RAFT_HOST:PORT,CLIENT_HOST:PORT for every node, this one included")
+    ids = [p.node_id for p in specs]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"duplicate node ids in peers: {sorted(ids)}")
+    for attr in ("raft_address", "client_address"):
+        values = [getattr(p, attr) for p in specs]
+        if len(set(values)) != len(values):
+            raise ConfigError(f"two peers share a {attr.replace('_', ' ')}: {sorted(values)}")
+    if node_id not in ids:
+        raise ConfigError(f"node id {node_id!r} is not among the peers {ids}")
+    if len(specs) % 2 == 0:
+        raise ConfigError(f"{len(specs)} nodes: use an odd number (3 or 5) so a majority survives a split")
+    if not secret and not insecure:
+        raise ConfigError("no cluster secret: set --secret/--secret-file/LIGHTHOUSE_CLUSTER_SECRET "
+                          "(the Raft port carries pickled data), or pass --insecure on a trusted network")
+    if min_replicas < 1:
+        raise ConfigError("--min_replicas must be at least 1")
+    for name, value in (("--join_timeout_ms", join_timeout_ms), ("--quorum_tick_ms", quorum_tick_ms),
+                        ("--heartbeat_timeout_ms", heartbeat_timeout_ms)):
+        if value <= 0:
+            raise ConfigError(f"{name} must be positive, got {value}")
+    self_spec = next(p for p in specs if p.node_id == node_id)
+    bind = normalize_address(client_bind, "--client-bind") if client_bind else (
+        f"[::]:{parse_host_port(self_spec.client_address, 'client address')[1]}")
+    if election_timeout_ms is not None and election_timeout_ms < 50:
+        raise ConfigError("--election-timeout-ms must be at least 50")
+    raft = RaftSettings.from_election_timeout_ms(election_timeout_ms) if election_timeout_ms else RaftSettings()
+    return NodeConfig(
+        node_id=node_id,
+        peers=specs,
+        client_bind=bind,
+        raft_bind=normalize_address(raft_bind, "--raft-bind") if raft_bind else None,
+        data_dir=data_dir,
+        secret=secret or None,
+        options=QuorumOptions(min_replicas=min_replicas, join_timeout_ms=join_timeout_ms,
+                              heartbeat_timeout_ms=heartbeat_timeout_ms),
+        quorum_tick_ms=quorum_tick_ms,
+        raft=raft,
+    )

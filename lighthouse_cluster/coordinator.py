@@ -1,0 +1,336 @@
+"""Leader-local quorum rounds: pending requesters, heartbeats, the tick, and issuing through Raft.
+
+Only the leader runs rounds. Requesters and heartbeats are leader-local (they are soft state
+that clients re-send every 100 ms); the decision itself is ``quorum.compute_quorum`` and a
+quorum reaches requesters only after its ``CommitQuorum`` has been committed by a majority and
+applied (a compare-and-set on the quorum id it was computed from). A deposed or partitioned
+leader therefore cannot hand out anything.
+
+Warm-up: a new leader has heard no heartbeats, so without care it would see the requesters that
+re-sent first as the whole healthy set and could issue a smaller quorum than its predecessor
+would have. Before serving, it commits a ``TermStart`` (which also proves its state machine has
+applied everything committed before its term), then seeds a heartbeat *at that moment* for every
+member of the last committed quorum. A member that is really gone expires after
+``heartbeat_timeout_ms`` as it would have on the old leader; one that is alive keeps the
+round waiting for it (or triggers the fast-quorum path) exactly as before the failover.
+
+Everything here runs on one asyncio event loop; ``submit`` hops to Raft and back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from .codec import Command, CommitQuorum, TermStart
+from .proto import torchft_pb2 as pb
+from .quorum import Member, Participant, Quorum, QuorumOptions, compute_quorum, issue_quorum
+from .replication import CommitError
+from .state_machine import CommitResult, QuorumStateMachine
+
+log = logging.getLogger(__name__)
+
+COMMIT_TIMEOUT_S = 2.0
+
+
+class NotLeader(Exception):
+    """This node does not (or no longer) serve quorum rounds; the caller should re-route."""
+
+
+@dataclass(frozen=True, slots=True)
+class IssuedRound:
+    """A committed quorum and its response, serialized once for every requester."""
+
+    quorum: Quorum
+    member_ids: frozenset[str]
+    response: bytes
+
+
+def quorum_to_proto(q: Quorum) -> pb.Quorum:
+    created = Timestamp()
+    created.FromMilliseconds(q.created_ms)
+    return pb.Quorum(
+        quorum_id=q.quorum_id,
+        participants=[member_to_proto(m) for m in q.participants],
+        created=created,
+    )
+
+
+def member_to_proto(m: Member) -> pb.QuorumMember:
+    return pb.QuorumMember(
+        replica_id=m.replica_id, address=m.address, store_address=m.store_address, step=m.step,
+        world_size=m.world_size, shrink_only=m.shrink_only, data=m.data, commit_failures=m.commit_failures,
+    )
+
+
+def member_from_proto(p: pb.QuorumMember) -> Member:
+    return Member(
+        replica_id=p.replica_id, address=p.address, store_address=p.store_address, step=p.step,
+        world_size=p.world_size, shrink_only=p.shrink_only, data=p.data, commit_failures=p.commit_failures,
+    )
+
+
+class QuorumCoordinator:
+    """Runs quorum rounds while this node leads; see the module docstring."""
+
+    def __init__(
+        self,
+        node_id: str,
+        options: QuorumOptions,
+        quorum_tick_ms: int,
+        state: QuorumStateMachine,
+        submit: Callable[[Command], Awaitable[Any]],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        on_issue: Callable[[IssuedRound, float], None] | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.options = options
+        self.tick_s = quorum_tick_ms / 1000.0
+        self.state = state
+        self._submit = submit
+        self._clock = clock
+        self._wall_ms = wall_ms
+        self._on_issue = on_issue
+        self._participants: dict[str, Participant] = {}
+        self._heartbeats: dict[str, float] = {}
+        self._waiting: dict[str, int] = {}
+        self._round: asyncio.Future[IssuedRound] | None = None
+        self._term: int | None = None
+        self._serving = False
+        self._in_flight = False
+        self._eval_scheduled = False
+        self._tick_task: asyncio.Task[None] | None = None
+        # Cheap pre-checks so that a burst of N requests does not run N full evaluations.
+        self._prev_ids: frozenset[str] = frozenset()
+        self._prev_present = 0
+        self._healthy_at_tick = 0
+        self._round_started: float | None = None
+        self.last_reason = ""
+        self.last_issued: IssuedRound | None = None
+
+    # -- leadership -------------------------------------------------------------------------
+
+    @property
+    def serving(self) -> bool:
+        return self._serving
+
+    @property
+    def term(self) -> int | None:
+        return self._term
+
+    def start_leading(self, term: int) -> None:
+        """Called when Raft makes this node leader of ``term``: commit a TermStart, then serve."""
+        if self._term == term:
+            return
+        self.stop_leading()
+        self._term = term
+        self._round = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().create_task(self._warm_up(term))
+
+    async def _warm_up(self, term: int) -> None:
+        while self._term == term and not self._serving:
+            try:
+                await asyncio.wait_for(
+                    self._submit(TermStart(term=term, node_id=self.node_id, time_ms=self._wall_ms())),
+                    COMMIT_TIMEOUT_S)
+            except (CommitError, asyncio.TimeoutError) as e:
+                log.warning("term %d: leadership barrier not committed (%s); retrying", term, e)
+                await asyncio.sleep(self.tick_s)
+                continue
+            if self._term != term:
+                return
+            now = self._clock()
+            prev = self.state.quorum
+            if prev is not None:
+                for m in prev.participants:
+                    # Seed, never age: a heartbeat that already arrived is at least as fresh.
+                    self._heartbeats.setdefault(m.replica_id, now)
+            self._reset_round_tracking()
+            self._serving = True
+            log.info("term %d: serving quorum rounds (previous quorum id %d, %d members seeded)",
+                     term, self.state.quorum_id, len(prev.participants) if prev else 0)
+            self._tick_task = asyncio.get_running_loop().create_task(self._tick_loop(term))
+            self._evaluate()
+
+    def stop_leading(self) -> None:
+        """Stop serving and fail every waiting call promptly with ``NotLeader``."""
+        if self._term is None:
+            return
+        log.info("term %d: no longer leader; failing %d waiting calls", self._term, sum(self._waiting.values()))
+        self._term = None
+        self._serving = False
+        if self._tick_task is not None:
+            self._tick_task.cancel()
+            self._tick_task = None
+        if self._round is not None and not self._round.done():
+            self._round.set_exception(NotLeader("leader stepped down"))
+            self._round.exception()  # mark retrieved: there may be no waiter at all
+        self._round = None
+        self._participants.clear()
+        self._heartbeats.clear()
+        self._in_flight = False
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def heartbeat(self, replica_id: str) -> None:
+        self._heartbeats[replica_id] = self._clock()
+
+    async def quorum(self, member: Member) -> bytes:
+        """Register ``member`` and wait for the first committed quorum that includes it.
+
+        Returns the serialized ``LighthouseQuorumResponse``. Raises ``NotLeader`` when this
+        node is not (or stops being) the serving leader.
+        """
+        if self._term is None or self._round is None:
+            raise NotLeader("not leader")
+        rid = member.replica_id
+        now = self._clock()
+        self._heartbeats[rid] = now
+        self._register(member, now)
+        self._waiting[rid] = self._waiting.get(rid, 0) + 1
+        try:
+            self._schedule_evaluation()
+            while True:
+                current = self._round
+                if current is None:
+                    raise NotLeader("leader stepped down")
+                issued = await asyncio.shield(current)
+                if rid in issued.member_ids:
+                    return issued.response
+                # Not included: re-registered at issue time (see _issue); wait for the next one.
+        finally:
+            left = self._waiting.get(rid, 0) - 1
+            if left > 0:
+                self._waiting[rid] = left
+            else:
+                self._waiting.pop(rid, None)
+
+    def _register(self, member: Member, now: float) -> None:
+        rid = member.replica_id
+        if rid not in self._participants:
+            if rid in self._prev_ids:
+                self._prev_present += 1
+            if self._round_started is None:
+                self._round_started = now
+        self._participants[rid] = Participant(member=member, joined=now)
+
+    # -- evaluation -------------------------------------------------------------------------
+
+    def _schedule_evaluation(self) -> None:
+        if self._eval_scheduled or not self._serving:
+            return
+        if not self._maybe_ready():
+            return
+        self._eval_scheduled = True
+        asyncio.get_running_loop().call_soon(self._run_scheduled)
+
+    def _run_scheduled(self) -> None:
+        self._eval_scheduled = False
+        self._evaluate()
+
+    def _maybe_ready(self) -> bool:
+        """A necessary condition for compute_quorum to issue; full evaluations also run every tick."""
+        if self._prev_ids and self._prev_present >= len(self._prev_ids):
+            return True  # fast quorum possible
+        if len(self._participants) >= self._healthy_at_tick:
+            return True  # every healthy replica may have joined
+        started = self._round_started
+        return started is not None and self._clock() - started >= self.options.join_timeout_ms / 1000.0
+
+    async def _tick_loop(self, term: int) -> None:
+        while self._term == term:
+            await asyncio.sleep(self.tick_s)
+            now = self._clock()
+            timeout = self.options.heartbeat_timeout_ms / 1000.0
+            self._healthy_at_tick = sum(1 for t in self._heartbeats.values() if now - t < timeout)
+            if len(self._heartbeats) > 2 * self._healthy_at_tick + 64:
+                self._prune_heartbeats(now, 10 * timeout)
+            self._evaluate()
+
+    def _prune_heartbeats(self, now: float, older_than: float) -> None:
+        self._heartbeats = {r: t for r, t in self._heartbeats.items()
+                            if now - t < older_than or r in self._participants}
+
+    def _evaluate(self) -> None:
+        if not self._serving or self._in_flight or not self._participants:
+            return
+        prev = self.state.quorum
+        decision = compute_quorum(self._clock(), self._participants, self._heartbeats, prev, self.options)
+        if decision.reason != self.last_reason:
+            log.debug("term %s: %s", self._term, decision.reason)
+            self.last_reason = decision.reason
+        if decision.members is None:
+            return
+        quorum = issue_quorum(prev, decision.members, self._wall_ms())
+        self._in_flight = True
+        asyncio.get_running_loop().create_task(self._commit(prev.quorum_id if prev else 0, quorum, self._term))
+
+    async def _commit(self, expected_id: int, quorum: Quorum, term: int | None) -> None:
+        started = self._clock()
+        try:
+            result = await asyncio.wait_for(
+                self._submit(CommitQuorum(expected_quorum_id=expected_id, quorum=quorum, term=term or 0,
+                                          node_id=self.node_id)),
+                COMMIT_TIMEOUT_S)
+        except (CommitError, asyncio.TimeoutError) as e:
+            # Outcome may be unknown: the compare-and-set makes a retry from fresh state safe.
+            log.warning("quorum %d not committed (%s); retrying next tick", quorum.quorum_id, e or "timeout")
+            if self._term == term:
+                self._in_flight = False
+            return
+        if self._term != term:
+            return  # stepped down meanwhile; waiters were already sent elsewhere
+        self._in_flight = False
+        if not isinstance(result, CommitResult) or not result.applied:
+            log.warning("quorum %d rejected: state moved to quorum id %s", quorum.quorum_id,
+                        getattr(result, "current_quorum_id", "?"))
+            return
+        self._issue(quorum, self._clock() - started)
+
+    def _issue(self, quorum: Quorum, commit_s: float) -> None:
+        response = pb.LighthouseQuorumResponse(quorum=quorum_to_proto(quorum)).SerializeToString()
+        issued = IssuedRound(quorum=quorum, member_ids=frozenset(m.replica_id for m in quorum.participants),
+                             response=response)
+        previous, self.last_issued = self.last_issued, issued
+        if previous is None or previous.quorum.quorum_id != quorum.quorum_id:
+            log.info("quorum %d issued: %d members (%s)", quorum.quorum_id, len(quorum.participants),
+                     self.last_reason)
+        # torchft: pending participants are cleared; a waiting requester the quorum left out
+        # registers again (here at once, so the next evaluation sees it).
+        now = self._clock()
+        leftover = {rid: Participant(member=p.member, joined=now) for rid, p in self._participants.items()
+                    if rid not in issued.member_ids and self._waiting.get(rid)}
+        self._participants = {}
+        self._reset_round_tracking()
+        for p in leftover.values():
+            self._register(p.member, now)
+        round_future, self._round = self._round, asyncio.get_running_loop().create_future()
+        if round_future is not None and not round_future.done():
+            round_future.set_result(issued)
+        if self._on_issue is not None:
+            self._on_issue(issued, commit_s)
+        if self._participants:
+            self._schedule_evaluation()
+
+    def _reset_round_tracking(self) -> None:
+        prev = self.state.quorum
+        self._prev_ids = frozenset(m.replica_id for m in prev.participants) if prev else frozenset()
+        self._prev_present = sum(1 for r in self._participants if r in self._prev_ids)
+        self._round_started = None
+
+    # -- introspection ----------------------------------------------------------------------
+
+    def heartbeat_ages_ms(self) -> dict[str, int]:
+        now = self._clock()
+        return {r: int((now - t) * 1000) for r, t in self._heartbeats.items()}
+
+    def pending(self) -> list[tuple[Member, int]]:
+        now = self._clock()
+        return [(p.member, int((now - p.joined) * 1000)) for p in self._participants.values()]

@@ -1,0 +1,267 @@
+"""Run N lighthouse nodes as separate local processes: `lighthouse-cluster up`, tests, harnesses.
+
+``LocalCluster`` starts every node with ``python -m lighthouse_cluster serve`` on loopback, each
+with its own data directory and log file, passes the cluster secret through the environment
+(never on the command line, where ``ps`` would show it), and can kill (SIGKILL), stop
+(SIGTERM), restart, pause (SIGSTOP) and resume (SIGCONT) nodes. It always cleans up its
+processes, even when the caller fails.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import PeerSpec
+from .proto import lighthouse_cluster_pb2 as cpb
+from .status_client import query_status
+
+SECRET_ENV = "LIGHTHOUSE_CLUSTER_SECRET"
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """Ask the kernel for ``n`` distinct free TCP ports (released again before returning)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class NodeProcess:
+    """One node: its spec, data directory, log file and (while running) its process."""
+
+    peer: PeerSpec
+    data_dir: Path
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    paused: bool = False
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+@dataclass
+class LocalCluster:
+    """N node processes on one host; see the module docstring."""
+
+    root: Path
+    min_replicas: int = 1
+    nodes: int = 3
+    host: str = "127.0.0.1"
+    client_ports: list[int] | None = None
+    raft_ports: list[int] | None = None
+    secret: str | None = None
+    join_timeout_ms: int = 60_000
+    quorum_tick_ms: int = 100
+    heartbeat_timeout_ms: int = 5_000
+    election_timeout_ms: int | None = None
+    log_level: str = "info"
+    extra_args: list[str] = field(default_factory=list)
+    client_bind_host: str | None = None
+    members: list[NodeProcess] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.root = Path(self.root)
+        if self.secret is None:
+            self.secret = secrets.token_urlsafe(32)
+        ports = free_ports(2 * self.nodes, self.host) if self.client_ports is None or self.raft_ports is None else []
+        client = self.client_ports or ports[: self.nodes]
+        raft = self.raft_ports or ports[self.nodes:]
+        if len(client) != self.nodes or len(raft) != self.nodes:
+            raise ValueError("need one client port and one Raft port per node")
+        for i in range(self.nodes):
+            node_id = f"n{i + 1}"
+            peer = PeerSpec(node_id, f"{self.host}:{raft[i]}", f"{self.host}:{client[i]}")
+            self.members.append(NodeProcess(peer=peer, data_dir=self.root / node_id,
+                                            log_path=self.root / f"{node_id}.log"))
+
+    # -- addresses ----------------------------------------------------------------------------
+
+    @property
+    def peers(self) -> list[PeerSpec]:
+        return [m.peer for m in self.members]
+
+    @property
+    def client_addresses(self) -> list[str]:
+        return [m.peer.client_address for m in self.members]
+
+    @property
+    def endpoints(self) -> str:
+        """The comma-separated URL list ftclient and `lighthouse-cluster status` take."""
+        return ",".join(f"http://{a}" for a in self.client_addresses)
+
+    # -- processes ------------------------------------------------------------------------------
+
+    def command(self, i: int) -> list[str]:
+        m = self.members[i]
+        bind_host = self.client_bind_host or self.host
+        cmd = [
+            sys.executable, "-m", "lighthouse_cluster", "serve",
+            "--node-id", m.peer.node_id,
+            "--client-bind", f"{bind_host}:{m.peer.client_address.rsplit(':', 1)[1]}",
+            "--data-dir", str(m.data_dir),
+            "--min_replicas", str(self.min_replicas),
+            "--join_timeout_ms", str(self.join_timeout_ms),
+            "--quorum_tick_ms", str(self.quorum_tick_ms),
+            "--heartbeat_timeout_ms", str(self.heartbeat_timeout_ms),
+            "--log-level", self.log_level,
+        ]
+        if self.election_timeout_ms:
+            cmd += ["--election-timeout-ms", str(self.election_timeout_ms)]
+        for p in self.peers:
+            cmd += ["--peer", str(p)]
+        return cmd + self.extra_args
+
+    def start(self) -> "LocalCluster":
+        self.root.mkdir(parents=True, exist_ok=True)
+        for i in range(self.nodes):
+            self.start_node(i)
+        return self
+
+    def start_node(self, i: int) -> None:
+        m = self.members[i]
+        if m.running:
+            raise RuntimeError(f"{m.peer.node_id} is already running")
+        m.data_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, SECRET_ENV: self.secret or "", "PYTHONUNBUFFERED": "1"}
+        log = open(m.log_path, "ab")
+        try:
+            m.process = subprocess.Popen(self.command(i), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            log.close()
+        m.paused = False
+
+    def signal(self, i: int, sig: int) -> None:
+        m = self.members[i]
+        if m.process is not None and m.process.poll() is None:
+            m.process.send_signal(sig)
+
+    def kill(self, i: int) -> None:
+        """SIGKILL node i and reap it."""
+        m = self.members[i]
+        if m.process is None:
+            return
+        if m.paused:
+            self.signal(i, signal.SIGCONT)
+        self.signal(i, signal.SIGKILL)
+        m.process.wait(timeout=10)
+        m.process = None
+        m.paused = False
+
+    def stop(self, i: int, timeout: float = 10.0) -> int | None:
+        """SIGTERM node i (graceful: hands leadership over) and wait; SIGKILL after ``timeout``."""
+        m = self.members[i]
+        if m.process is None:
+            return None
+        if m.paused:
+            self.signal(i, signal.SIGCONT)
+        self.signal(i, signal.SIGTERM)
+        try:
+            code = m.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            m.process.kill()
+            code = m.process.wait(timeout=10)
+        m.process = None
+        m.paused = False
+        return code
+
+    def restart(self, i: int) -> None:
+        self.kill(i)
+        self.start_node(i)
+
+    def pause(self, i: int) -> None:
+        self.signal(i, signal.SIGSTOP)
+        self.members[i].paused = True
+
+    def resume(self, i: int) -> None:
+        self.signal(i, signal.SIGCONT)
+        self.members[i].paused = False
+
+    def stop_all(self, graceful: bool = False) -> None:
+        for i in range(self.nodes):
+            try:
+                if graceful:
+                    self.stop(i)
+                else:
+                    self.kill(i)
+            except (OSError, subprocess.SubprocessError):
+                pass
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
+    # -- observation ------------------------------------------------------------------------------
+
+    def status(self, i: int, timeout: float = 1.0) -> cpb.NodeStatus | None:
+        return query_status(self.members[i].peer.client_address, timeout)
+
+    def leader_index(self, among: list[int] | None = None) -> int | None:
+        """The index of a running node that reports itself serving leader, if any."""
+        for i in among if among is not None else range(self.nodes):
+            if not self.members[i].running or self.members[i].paused:
+                continue
+            st = self.status(i, timeout=0.5)
+            if st is not None and st.role == cpb.LEADER and st.serving:
+                return i
+        return None
+
+    def wait_for_leader(self, timeout: float = 15.0, among: list[int] | None = None,
+                        exclude_term: int | None = None) -> int:
+        """Wait until some running node serves as leader (optionally in a term after
+        ``exclude_term``); raise TimeoutError with the nodes' last log lines otherwise."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            i = self.leader_index(among)
+            if i is not None:
+                st = self.status(i, timeout=0.5)
+                if st is not None and (exclude_term is None or st.term > exclude_term):
+                    return i
+            self._raise_if_all_exited()
+            time.sleep(0.02)
+        raise TimeoutError(f"no serving leader within {timeout:.1f}s\n{self.tail_logs()}")
+
+    def _raise_if_all_exited(self) -> None:
+        started = [m for m in self.members if m.process is not None]
+        if started and all(m.process.poll() is not None for m in started):
+            raise RuntimeError(f"every node process exited\n{self.tail_logs()}")
+
+    def tail_logs(self, lines: int = 15) -> str:
+        out = []
+        for m in self.members:
+            try:
+                text = m.log_path.read_text(errors="replace").splitlines()[-lines:]
+            except FileNotFoundError:
+                text = ["(no log)"]
+            out.append(f"--- {m.peer.node_id} ({m.log_path}) ---")
+            out.extend(text)
+        return "\n".join(out)

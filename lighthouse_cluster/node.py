@@ -1,0 +1,313 @@
+"""One lighthouse node: Raft replication, the leader's quorum rounds and the gRPC server, wired.
+
+``LighthouseNode`` owns the event loop side of a node. It watches Raft (pysyncobj's callbacks
+plus a short poll for leader changes that involve no local state change), starts and stops the
+coordinator as leadership comes and goes, and routes every call: the leader answers from its
+coordinator, a follower forwards to the leader, and a call whose leader changed while it waited
+is re-sent to the new leader until the caller's deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from typing import Any
+
+import grpc
+
+from . import __version__
+from .codec import SCHEMA_VERSION, Command
+from .config import NodeConfig
+from .coordinator import NotLeader, QuorumCoordinator, member_to_proto, quorum_to_proto
+from .proto import lighthouse_cluster_pb2 as cpb
+from .proto import lighthouse_cluster_pb2_grpc as cpb_grpc
+from .quorum import Member
+from .replication import CommitError, RaftNode, ReplicatedState, Role
+from .routing import HeartbeatBatcher, PeerChannels, QuorumForwarder
+from .servicers import ClusterServiceAdapter, LighthouseServiceAdapter
+from .state_machine import QuorumStateMachine
+
+log = logging.getLogger(__name__)
+
+WATCH_PERIOD_S = 0.02
+# While no leader is known, a waiting call re-checks at least this often.
+REROUTE_POLL_S = 0.05
+
+_ROLE_PB = {Role.FOLLOWER: cpb.FOLLOWER, Role.CANDIDATE: cpb.CANDIDATE, Role.LEADER: cpb.LEADER}
+
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+    ("grpc.so_reuseport", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+]
+
+
+class LighthouseNode:
+    """A lighthouse-cluster node; ``await start()``, then ``await wait_closed()``."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.started = time.monotonic()
+        self.machine = QuorumStateMachine()
+        self.raft: RaftNode | None = None
+        self.coordinator: QuorumCoordinator | None = None
+        self.server: grpc.aio.Server | None = None
+        self.channels = PeerChannels()
+        self.forwarder = QuorumForwarder(self.channels, config.node_id)
+        self.heartbeats = HeartbeatBatcher(self.channels, config.node_id, self._remote_leader_address)
+        self.bound_port: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._changed = asyncio.Event()
+        self._seen: tuple[Role, int, str | None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+        self.forwarded_quorum_calls = 0
+        self.rerouted_quorum_calls = 0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        cfg = self.config
+        self.coordinator = QuorumCoordinator(cfg.node_id, cfg.options, cfg.quorum_tick_ms, self.machine, self.submit)
+        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        self.server.add_generic_rpc_handlers((LighthouseServiceAdapter(self).handler(),))
+        cpb_grpc.add_LighthouseClusterServicer_to_server(ClusterServiceAdapter(self), self.server)
+        try:
+            self.bound_port = self.server.add_insecure_port(cfg.client_bind)
+        except RuntimeError as e:
+            raise OSError(f"cannot bind client address {cfg.client_bind}: {e}") from e
+        await self.server.start()
+        self.raft = RaftNode(
+            cfg.self_peer.raft_address,
+            [p.raft_address for p in cfg.other_peers],
+            ReplicatedState(self.machine),
+            bind_address=cfg.raft_bind,
+            data_dir=cfg.data_dir,
+            secret=cfg.secret,
+            settings=cfg.raft,
+            on_state_changed=lambda old, new: self._loop.call_soon_threadsafe(self._check_raft),
+        )
+        self.heartbeats.start()
+        self._watch_task = asyncio.get_running_loop().create_task(self._watch())
+        log.info("node %s serving torchft.LighthouseService on %s (Raft %s, peers %s)", cfg.node_id,
+                 cfg.client_bind, cfg.self_peer.raft_address, ", ".join(str(p) for p in cfg.other_peers))
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        """Hand leadership over if leading, then stop serving and leave the Raft group."""
+        if self._stopped.is_set():
+            return
+        if self.raft is not None and self.raft.is_leader and self.config.other_peers:
+            self.raft.transfer_leadership()
+            deadline = time.monotonic() + grace_s
+            while self.raft.is_leader and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            log.info("leadership %s before shutdown", "handed over" if not self.raft.is_leader else "not handed over")
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+        if self.coordinator is not None:
+            self.coordinator.stop_leading()
+        await self.heartbeats.stop()
+        if self.server is not None:
+            await self.server.stop(grace=0.2)
+        await self.channels.close()
+        if self.raft is not None:
+            self.raft.destroy()
+        self._stopped.set()
+
+    async def wait_closed(self) -> None:
+        await self._stopped.wait()
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, lambda s=sig: loop.create_task(self._on_signal(s)))
+
+    async def _on_signal(self, sig: int) -> None:
+        log.info("received %s; shutting down", signal.Signals(sig).name)
+        await self.stop()
+
+    # -- Raft -> loop ---------------------------------------------------------------------------
+
+    def submit(self, command: Command) -> "asyncio.Future[Any]":
+        loop = self._loop
+        assert loop is not None and self.raft is not None
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def settle(result: Any, error: CommitError | None) -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+        def on_result(result: Any, error: CommitError | None) -> None:  # pysyncobj's tick thread
+            loop.call_soon_threadsafe(settle, result, error)
+
+        self.raft.submit(command, on_result)
+        return future
+
+    async def _watch(self) -> None:
+        while True:
+            self._check_raft()
+            await asyncio.sleep(WATCH_PERIOD_S)
+
+    def _check_raft(self) -> None:
+        raft, coord = self.raft, self.coordinator
+        if raft is None or coord is None or self._stopped.is_set():
+            return
+        seen = (raft.role, raft.term, raft.leader_address)
+        if seen == self._seen:
+            return
+        old, self._seen = self._seen, seen
+        role, term, leader = seen
+        if role is Role.LEADER:
+            if coord.term != term:
+                coord.start_leading(term)
+        elif coord.term is not None:
+            coord.stop_leading()
+        if old is None or old[2] != leader or old[0] != role:
+            peer = self.config.peer_by_raft_address(leader)
+            log.info("raft: %s in term %d, leader %s", role.value, term, peer.node_id if peer else "unknown")
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_for_change(self, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    # -- leader lookup ---------------------------------------------------------------------------
+
+    def leader_peer(self):
+        if self.raft is None:
+            return None
+        return self.config.peer_by_raft_address(self.raft.leader_address)
+
+    def _remote_leader_address(self) -> str | None:
+        peer = self.leader_peer()
+        if peer is None or peer.node_id == self.config.node_id:
+            return None
+        return peer.client_address
+
+    # -- routing ---------------------------------------------------------------------------------
+
+    async def route_quorum(self, member: Member, raw: bytes, time_remaining: float | None,
+                           forwarded_by: str | None, context: grpc.aio.ServicerContext) -> bytes:
+        """Answer a Quorum call from the leader's coordinator, wherever it is, until the deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = None if time_remaining is None else loop.time() + time_remaining
+
+        def remaining() -> float | None:
+            return None if deadline is None else deadline - loop.time()
+
+        attempt = 0
+        while True:
+            left = remaining()
+            if left is not None and left <= 0:
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                    f"no quorum including {member.replica_id} before the deadline")
+            if attempt:
+                self.rerouted_quorum_calls += 1
+            attempt += 1
+            coord = self.coordinator
+            if self.raft is not None and self.raft.is_leader and coord is not None and coord.term is not None:
+                try:
+                    if left is None:
+                        return await coord.quorum(member)
+                    return await asyncio.wait_for(coord.quorum(member), left)
+                except NotLeader:
+                    continue
+                except asyncio.TimeoutError:
+                    continue  # the deadline check above aborts
+            if forwarded_by is not None:
+                # Never forward twice: the origin re-routes once it knows the new leader.
+                await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                    f"node {self.config.node_id} is not the leader (forwarded by {forwarded_by})")
+            leader = self._remote_leader_address()
+            if leader is not None:
+                try:
+                    self.forwarded_quorum_calls += 1
+                    return await self.forwarder.forward(leader, raw, left)
+                except grpc.aio.AioRpcError as e:
+                    code = e.code()
+                    if code == grpc.StatusCode.INVALID_ARGUMENT:
+                        await context.abort(code, e.details() or "invalid argument")
+                    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                        continue
+                    log.info("quorum call for %s via leader %s failed (%s); re-routing", member.replica_id,
+                             leader, code.name)
+                    if self._remote_leader_address() != leader:
+                        continue
+            left = remaining()
+            await self._wait_for_change(REROUTE_POLL_S if left is None else max(0.0, min(REROUTE_POLL_S, left)))
+
+    def route_heartbeat(self, replica_id: str) -> None:
+        coord = self.coordinator
+        if self.raft is not None and self.raft.is_leader and coord is not None and coord.term is not None:
+            coord.heartbeat(replica_id)
+        else:
+            self.heartbeats.add(replica_id)
+
+    def accept_heartbeat_batch(self, replica_ids: Any) -> bool:
+        coord = self.coordinator
+        if coord is None or coord.term is None:
+            return False
+        for rid in replica_ids:
+            coord.heartbeat(rid)
+        return True
+
+    # -- introspection ------------------------------------------------------------------------------
+
+    def leader_info(self) -> cpb.LeaderResponse:
+        peer = self.leader_peer()
+        return cpb.LeaderResponse(
+            leader_id=peer.node_id if peer else "",
+            leader_client_address=peer.client_address if peer else "",
+            term=self.raft.term if self.raft else 0,
+            nodes=[cpb.NodeInfo(id=p.node_id, client_address=p.client_address, raft_address=p.raft_address)
+                   for p in self.config.peers],
+        )
+
+    def status(self) -> cpb.NodeStatus:
+        cfg, raft, coord = self.config, self.raft, self.coordinator
+        me = cfg.self_peer
+        peer = self.leader_peer()
+        st = cpb.NodeStatus(
+            node=cpb.NodeInfo(id=me.node_id, client_address=me.client_address, raft_address=me.raft_address),
+            role=_ROLE_PB[raft.role] if raft else cpb.ROLE_UNKNOWN,
+            term=raft.term if raft else 0,
+            commit_index=raft.commit_index if raft else 0,
+            last_applied=raft.last_applied if raft else 0,
+            leader_id=peer.node_id if peer else "",
+            leader_client_address=peer.client_address if peer else "",
+            peers=[cpb.PeerState(node=cpb.NodeInfo(id=p.node_id, client_address=p.client_address,
+                                                   raft_address=p.raft_address),
+                                 connected=bool(raft and raft.is_connected(p.raft_address)))
+                   for p in cfg.other_peers],
+            uptime_ms=int((time.monotonic() - self.started) * 1000),
+            version=__version__,
+            schema_version=SCHEMA_VERSION,
+            settings=cpb.QuorumSettings(min_replicas=cfg.options.min_replicas,
+                                        join_timeout_ms=cfg.options.join_timeout_ms,
+                                        quorum_tick_ms=cfg.quorum_tick_ms,
+                                        heartbeat_timeout_ms=cfg.options.heartbeat_timeout_ms),
+        )
+        q = self.machine.quorum
+        if q is not None:
+            st.has_quorum = True
+            st.quorum.CopyFrom(quorum_to_proto(q))
+        if coord is not None and coord.term is not None:
+            st.serving = coord.serving
+            st.quorum_reason = coord.last_reason
+            for rid, age in sorted(coord.heartbeat_ages_ms().items()):
+                st.heartbeats.append(cpb.HeartbeatAge(replica_id=rid, age_ms=age))
+            for m, waiting in coord.pending():
+                st.pending.append(cpb.PendingRequester(member=member_to_proto(m), waiting_ms=waiting))
+        return st

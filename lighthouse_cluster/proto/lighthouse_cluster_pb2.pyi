@@ -1,0 +1,138 @@
+from . import torchft_pb2 as _torchft_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROLE_UNKNOWN: _ClassVar[Role]
+    FOLLOWER: _ClassVar[Role]
+    CANDIDATE: _ClassVar[Role]
+    LEADER: _ClassVar[Role]
+ROLE_UNKNOWN: Role
+FOLLOWER: Role
+CANDIDATE: Role
+LEADER: Role
+
+class NodeInfo(_message.Message):
+    __slots__ = ("id", "client_address", "raft_address")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RAFT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    client_address: str
+    raft_address: str
+    def __init__(self, id: _Optional[str] = ..., client_address: _Optional[str] = ..., raft_address: _Optional[str] = ...) -> None: ...
+
+class PeerState(_message.Message):
+    __slots__ = ("node", "connected")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    node: NodeInfo
+    connected: bool
+    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., connected: _Optional[bool] = ...) -> None: ...
+
+class HeartbeatAge(_message.Message):
+    __slots__ = ("replica_id", "age_ms")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    age_ms: int
+    def __init__(self, replica_id: _Optional[str] = ..., age_ms: _Optional[int] = ...) -> None: ...
+
+class PendingRequester(_message.Message):
+    __slots__ = ("member", "waiting_ms")
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
+    WAITING_MS_FIELD_NUMBER: _ClassVar[int]
+    member: _torchft_pb2.QuorumMember
+    waiting_ms: int
+    def __init__(self, member: _Optional[_Union[_torchft_pb2.QuorumMember, _Mapping]] = ..., waiting_ms: _Optional[int] = ...) -> None: ...
+
+class QuorumSettings(_message.Message):
+    __slots__ = ("min_replicas", "join_timeout_ms", "quorum_tick_ms", "heartbeat_timeout_ms")
+    MIN_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    JOIN_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_TICK_MS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    min_replicas: int
+    join_timeout_ms: int
+    quorum_tick_ms: int
+    heartbeat_timeout_ms: int
+    def __init__(self, min_replicas: _Optional[int] = ..., join_timeout_ms: _Optional[int] = ..., quorum_tick_ms: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("node", "role", "term", "commit_index", "last_applied", "leader_id", "leader_client_address", "peers", "has_quorum", "quorum", "heartbeats", "pending", "quorum_reason", "serving", "uptime_ms", "version", "schema_version", "settings")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    LAST_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_CLIENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    HAS_QUORUM_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEATS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_REASON_FIELD_NUMBER: _ClassVar[int]
+    SERVING_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_MS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    node: NodeInfo
+    role: Role
+    term: int
+    commit_index: int
+    last_applied: int
+    leader_id: str
+    leader_client_address: str
+    peers: _containers.RepeatedCompositeFieldContainer[PeerState]
+    has_quorum: bool
+    quorum: _torchft_pb2.Quorum
+    heartbeats: _containers.RepeatedCompositeFieldContainer[HeartbeatAge]
+    pending: _containers.RepeatedCompositeFieldContainer[PendingRequester]
+    quorum_reason: str
+    serving: bool
+    uptime_ms: int
+    version: str
+    schema_version: int
+    settings: QuorumSettings
+    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., role: _Optional[_Union[Role, str]] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_client_address: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerState, _Mapping]]] = ..., has_quorum: _Optional[bool] = ..., quorum: _Optional[_Union[_torchft_pb2.Quorum, _Mapping]] = ..., heartbeats: _Optional[_Iterable[_Union[HeartbeatAge, _Mapping]]] = ..., pending: _Optional[_Iterable[_Union[PendingRequester, _Mapping]]] = ..., quorum_reason: _Optional[str] = ..., serving: _Optional[bool] = ..., uptime_ms: _Optional[int] = ..., version: _Optional[str] = ..., schema_version: _Optional[int] = ..., settings: _Optional[_Union[QuorumSettings, _Mapping]] = ...) -> None: ...
+
+class LeaderRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LeaderResponse(_message.Message):
+    __slots__ = ("leader_id", "leader_client_address", "term", "nodes")
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_CLIENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    leader_id: str
+    leader_client_address: str
+    term: int
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
+    def __init__(self, leader_id: _Optional[str] = ..., leader_client_address: _Optional[str] = ..., term: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...
+
+class HeartbeatBatch(_message.Message):
+    __slots__ = ("from_node", "replica_ids")
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
+    from_node: str
+    replica_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, from_node: _Optional[str] = ..., replica_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HeartbeatBatchResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -1,0 +1,219 @@
+"""Raft replication of the quorum state machine, through pysyncobj.
+
+This module is the only one that touches pysyncobj. It owns:
+* ``RaftSettings``: timeouts tuned for sub-second failover (pysyncobj's defaults take ~1 s);
+* ``ReplicatedState``: a ``SyncObjConsumer`` with one replicated method whose single argument is
+  a msgpack-encoded command (so the log never holds pickled objects of ours, and the method id
+  never shifts between versions), and msgpack snapshots;
+* ``RaftNode``: starts the SyncObj with the journal and snapshot in the data directory, the
+  cluster secret on the Raft port, and exposes role, term, leader and indexes to the rest of
+  the node.
+
+Everything pysyncobj calls back happens on its tick thread; callers that live in an event loop
+hop back with ``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj.node import TCPNode
+from pysyncobj.syncobj import _RAFT_STATE
+
+from . import codec
+from .state_machine import QuorumStateMachine
+
+log = logging.getLogger(__name__)
+
+
+class Role(enum.Enum):
+    FOLLOWER = "follower"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
+_ROLE_OF_STATE = {
+    _RAFT_STATE.FOLLOWER: Role.FOLLOWER,
+    _RAFT_STATE.CANDIDATE: Role.CANDIDATE,
+    _RAFT_STATE.LEADER: Role.LEADER,
+}
+
+_FAIL_NAMES = {v: k for k, v in vars(FAIL_REASON).items() if isinstance(v, int) and k.isupper()}
+
+
+class CommitError(Exception):
+    """A replicated command failed; ``unknown`` means it may still apply later."""
+
+    def __init__(self, reason: str, unknown: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.unknown = unknown
+
+
+@dataclass(frozen=True)
+class RaftSettings:
+    """Raft timing. Election timeouts are drawn from [min, max]; pysyncobj requires
+    min > 3 * append_entries_period."""
+
+    election_timeout_min_s: float = 0.25
+    election_timeout_max_s: float = 0.5
+    append_entries_period_s: float = 0.05
+    tick_period_s: float = 0.01
+    leader_fallback_s: float = 1.0
+    reconnect_s: float = 0.25
+    compaction_min_entries: int = 2000
+    compaction_min_time_s: float = 60.0
+
+    @classmethod
+    def from_election_timeout_ms(cls, election_timeout_ms: int) -> "RaftSettings":
+        lo = election_timeout_ms / 1000.0
+        return cls(
+            election_timeout_min_s=lo,
+            election_timeout_max_s=2 * lo,
+            append_entries_period_s=min(0.05, lo / 4),
+            leader_fallback_s=max(1.0, 4 * lo),
+        )
+
+
+class ReplicatedState(SyncObjConsumer):
+    """Feeds the Raft log into a ``QuorumStateMachine`` and snapshots it with msgpack."""
+
+    def __init__(self, machine: QuorumStateMachine, on_apply: Callable[[Any], None] | None = None):
+        self.machine = machine
+        self.on_apply = on_apply
+        super().__init__()
+
+    @replicated
+    def apply_command(self, payload: bytes) -> Any:
+        try:
+            result = self.machine.apply_bytes(payload)
+        except codec.SchemaError:
+            # Identical bytes fail identically on every node: a deterministic no-op.
+            log.exception("skipping unreadable command")
+            return None
+        if self.on_apply is not None:
+            self.on_apply(result)
+        return result
+
+    def _serialize(self) -> bytes:  # type: ignore[override]
+        return self.machine.to_snapshot()
+
+    def _deserialize(self, data: Any) -> None:  # type: ignore[override]
+        self.machine.restore_snapshot(data)
+
+
+class RaftNode:
+    """One member of the Raft group; thin wrapper over ``SyncObj``."""
+
+    def __init__(
+        self,
+        self_address: str,
+        peer_addresses: list[str],
+        state: ReplicatedState,
+        *,
+        bind_address: str | None = None,
+        data_dir: Path | None = None,
+        secret: str | None = None,
+        settings: RaftSettings = RaftSettings(),
+        on_state_changed: Callable[[Role, Role], None] | None = None,
+    ) -> None:
+        self.self_address = self_address
+        self.state = state
+        journal = dump = None
+        if data_dir is not None:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            journal = str(data_dir / "raft.journal")
+            dump = str(data_dir / "raft.snapshot")
+
+        def state_changed(old: int, new: int) -> None:
+            if on_state_changed is not None:
+                on_state_changed(_ROLE_OF_STATE.get(old, Role.FOLLOWER), _ROLE_OF_STATE.get(new, Role.FOLLOWER))
+
+        conf = SyncObjConf(
+            password=secret or None,
+            bindAddress=bind_address,
+            journalFile=journal,
+            fullDumpFile=dump,
+            useFork=False,
+            appendEntriesUseBatch=False,
+            autoTickPeriod=settings.tick_period_s,
+            raftMinTimeout=settings.election_timeout_min_s,
+            raftMaxTimeout=settings.election_timeout_max_s,
+            appendEntriesPeriod=settings.append_entries_period_s,
+            connectionTimeout=max(settings.election_timeout_max_s, 0.5),
+            connectionRetryTime=settings.reconnect_s,
+            leaderFallbackTimeout=settings.leader_fallback_s,
+            logCompactionMinEntries=settings.compaction_min_entries,
+            logCompactionMinTime=settings.compaction_min_time_s,
+            onStateChanged=state_changed,
+        )
+        self._syncobj = SyncObj(self_address, peer_addresses, conf=conf, consumers=[state])
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def submit(self, command: codec.Command, callback: Callable[[Any, CommitError | None], None]) -> None:
+        """Append ``command`` to the log; ``callback(result, error)`` runs on the tick thread
+        once it is applied here or has failed."""
+        payload = codec.encode_command(command, version=self.state.machine.schema_version)
+
+        def done(result: Any, err: int) -> None:
+            if err == FAIL_REASON.SUCCESS:
+                callback(result, None)
+                return
+            name = _FAIL_NAMES.get(err, str(err))
+            # Anything but a refusal before appending may still commit later.
+            unknown = err not in (FAIL_REASON.QUEUE_FULL, FAIL_REASON.MISSING_LEADER,
+                                  FAIL_REASON.NOT_LEADER, FAIL_REASON.REQUEST_DENIED)
+            callback(None, CommitError(name, unknown))
+
+        self.state.apply_command(payload, callback=done)
+
+    # -- reads (local view; may be stale on a deposed leader) --------------------------------
+
+    @property
+    def role(self) -> Role:
+        return _ROLE_OF_STATE.get(self._syncobj._SyncObj__raftState, Role.FOLLOWER)  # type: ignore[attr-defined]
+
+    @property
+    def is_leader(self) -> bool:
+        return self._syncobj._isLeader()
+
+    @property
+    def leader_address(self) -> str | None:
+        leader = self._syncobj._getLeader()
+        return leader.address if isinstance(leader, TCPNode) else (str(leader) if leader else None)
+
+    @property
+    def term(self) -> int:
+        return self._syncobj.raftCurrentTerm
+
+    @property
+    def commit_index(self) -> int:
+        return self._syncobj.raftCommitIndex
+
+    @property
+    def last_applied(self) -> int:
+        return self._syncobj.raftLastApplied
+
+    @property
+    def is_ready(self) -> bool:
+        return self._syncobj.isReady()
+
+    def is_connected(self, address: str) -> bool:
+        return self._syncobj.isNodeConnected(TCPNode(address))
+
+    def transfer_leadership(self, address: str | None = None) -> None:
+        self._syncobj.transferLeadership(TCPNode(address) if address else None)
+
+    def destroy(self) -> None:
+        self._syncobj.destroy()
+
+
+def default_data_dir(node_id: str) -> Path:
+    return Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "lighthouse-cluster" / node_id

@@ -1,0 +1,111 @@
+"""gRPC adapters: torchft.LighthouseService and lighthouse_cluster.LighthouseCluster.
+
+Thin by design: parse and validate the request, ask the node to route it, map outcomes to gRPC
+status codes. Quorum responses travel as pre-serialized bytes (encoded once per round by the
+coordinator, relayed unparsed by followers), so the Quorum handler is registered with an
+identity response serializer.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from .coordinator import member_from_proto
+from .proto import lighthouse_cluster_pb2 as cpb
+from .proto import lighthouse_cluster_pb2_grpc as cpb_grpc
+from .proto import torchft_pb2 as pb
+from .quorum import Member
+from .routing import FORWARDED_HEADER
+
+if TYPE_CHECKING:
+    from .node import LighthouseNode
+
+log = logging.getLogger(__name__)
+
+_EMPTY_HEARTBEAT_RESPONSE = pb.LighthouseHeartbeatResponse().SerializeToString()
+
+
+class InvalidRequest(ValueError):
+    """A request the lighthouse cannot act on; becomes INVALID_ARGUMENT."""
+
+
+def validate_requester(request: pb.LighthouseQuorumRequest, max_data_bytes: int) -> Member:
+    if not request.HasField("requester"):
+        raise InvalidRequest("missing requester")
+    r = request.requester
+    if not r.replica_id:
+        raise InvalidRequest("requester.replica_id is empty")
+    if r.step < 0:
+        raise InvalidRequest(f"requester.step must be >= 0, got {r.step}")
+    if r.commit_failures < 0:
+        raise InvalidRequest(f"requester.commit_failures must be >= 0, got {r.commit_failures}")
+    if r.world_size >= 2**63:
+        raise InvalidRequest(f"requester.world_size {r.world_size} is out of range (negative when signed)")
+    if len(r.data.encode()) > max_data_bytes:
+        raise InvalidRequest(f"requester.data is {len(r.data.encode())} bytes; the limit is {max_data_bytes}")
+    if len(r.replica_id) > 1024:
+        raise InvalidRequest("requester.replica_id is longer than 1024 characters")
+    return member_from_proto(r)
+
+
+def _forwarded_by(context: grpc.aio.ServicerContext) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == FORWARDED_HEADER:
+            return value if isinstance(value, str) else value.decode()
+    return None
+
+
+class LighthouseServiceAdapter:
+    """torchft.LighthouseService over raw bytes."""
+
+    def __init__(self, node: "LighthouseNode") -> None:
+        self.node = node
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler("torchft.LighthouseService", {
+            "Quorum": grpc.unary_unary_rpc_method_handler(self.quorum),
+            "Heartbeat": grpc.unary_unary_rpc_method_handler(self.heartbeat),
+        })
+
+    async def quorum(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            request = pb.LighthouseQuorumRequest.FromString(raw)
+            member = validate_requester(request, self.node.config.max_data_bytes)
+        except DecodeError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed LighthouseQuorumRequest: {e}")
+        except InvalidRequest as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return await self.node.route_quorum(member, raw, context.time_remaining(), _forwarded_by(context), context)
+
+    async def heartbeat(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            request = pb.LighthouseHeartbeatRequest.FromString(raw)
+        except DecodeError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed LighthouseHeartbeatRequest: {e}")
+        if not request.replica_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "replica_id is empty")
+        self.node.route_heartbeat(request.replica_id)
+        return _EMPTY_HEARTBEAT_RESPONSE
+
+
+class ClusterServiceAdapter(cpb_grpc.LighthouseClusterServicer):
+    """lighthouse_cluster.LighthouseCluster: status, leader discovery, heartbeat batches."""
+
+    def __init__(self, node: "LighthouseNode") -> None:
+        self.node = node
+
+    async def Status(self, request: cpb.StatusRequest, context: grpc.aio.ServicerContext) -> cpb.NodeStatus:
+        return self.node.status()
+
+    async def Leader(self, request: cpb.LeaderRequest, context: grpc.aio.ServicerContext) -> cpb.LeaderResponse:
+        return self.node.leader_info()
+
+    async def ForwardHeartbeats(self, request: cpb.HeartbeatBatch,
+                                context: grpc.aio.ServicerContext) -> cpb.HeartbeatBatchResponse:
+        if not self.node.accept_heartbeat_batch(request.replica_ids):
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"node {self.node.config.node_id} is not the leader")
+        return cpb.HeartbeatBatchResponse()
