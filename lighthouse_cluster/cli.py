@@ -41,8 +41,8 @@ def _load_config_file(ctx: click.Context, _param: click.Parameter, value: str | 
     defaults: dict[str, Any] = {}
     for key, v in data.items():
         name = key.replace("-", "_")
-        if name == "peers":
-            name = "peer"
+        if name == "peer":
+            name = "peers"
         defaults[name] = v
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     return value

@@ -43,6 +43,9 @@ class SimulatedReplicaGroup:
     world_size: int = 1
     data: str = ""
     on_round: Callable[[RoundResult], None] | None = None
+    # Other nodes to move to when the current one is unreachable (what a client with the
+    # endpoint list does); empty = stay on ``endpoint``.
+    fallback_endpoints: tuple[str, ...] = ()
     step: int = 0
     rounds: list[RoundResult] = field(default_factory=list)
     _channel: grpc.aio.Channel | None = None
@@ -82,6 +85,10 @@ class SimulatedReplicaGroup:
                                  endpoint=self.endpoint)
             self.step = max(m.step for m in q.participants) + 1 if q.participants else self.step + 1
         self.rounds.append(result)
+        if result.error == "UNAVAILABLE" and self.fallback_endpoints:
+            ring = [self.endpoint, *[e for e in self.fallback_endpoints if e != self.endpoint]]
+            self.switch_endpoint(ring[1 % len(ring)])
+            self.fallback_endpoints = tuple(ring[1:] + ring[:1])
         if self.on_round is not None:
             self.on_round(result)
         return result

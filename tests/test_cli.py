@@ -1,0 +1,110 @@
+"""The CLI's bad-input paths, configuration sources, and the generated stubs' freshness."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from lighthouse_cluster.cli import main
+from lighthouse_cluster.config import ConfigError, build_node_config, parse_peer, split_endpoints
+from lighthouse_cluster.local_cluster import free_ports
+
+ROOT = Path(__file__).resolve().parent.parent
+PEERS = ["n1=127.0.0.1:7001,127.0.0.1:8001", "n2=127.0.0.1:7002,127.0.0.1:8002", "n3=127.0.0.1:7003,127.0.0.1:8003"]
+
+
+def serve_args(*extra: str) -> list[str]:
+    args = ["serve", "--node-id", "n1", "--min_replicas", "1"]
+    for p in PEERS:
+        args += ["--peer", p]
+    return args + list(extra)
+
+
+def run(args: list[str], env: dict[str, str] | None = None):
+    return CliRunner().invoke(main, args, env=env or {}, catch_exceptions=False)
+
+
+def test_serve_refuses_to_start_without_a_secret() -> None:
+    res = run(serve_args(), env={"LIGHTHOUSE_CLUSTER_SECRET": ""})
+    assert res.exit_code == 2
+    assert "no cluster secret" in res.output and "--insecure" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--peer", "n4=127.0.0.1:7004"], "needs a Raft and a client address"),
+    (["--peer", "bad peer"], "is not ID=RAFT_HOST:PORT,CLIENT_HOST:PORT"),
+    (["--peer", "n4=127.0.0.1:7004,127.0.0.1:99999"], "port outside 1-65535"),
+    (["--peer", "n1=127.0.0.1:7009,127.0.0.1:8009"], "duplicate node ids"),
+    (["--heartbeat_timeout_ms", "0", "--insecure"], "--heartbeat_timeout_ms must be positive"),
+])
+def test_serve_bad_flags_give_one_line_reasons(extra: list[str], message: str) -> None:
+    res = run(serve_args(*extra), env={"LIGHTHOUSE_CLUSTER_SECRET": "s3cret"})
+    assert res.exit_code == 2, res.output
+    assert message in res.output
+    assert "s3cret" not in res.output
+    assert len(res.output.strip().splitlines()) == 1
+
+
+def test_even_cluster_sizes_are_refused() -> None:
+    with pytest.raises(ConfigError, match="use an odd number"):
+        build_node_config(node_id="n1", peers=PEERS[:2], client_bind=None, raft_bind=None, data_dir=None,
+                          secret="x", insecure=False, min_replicas=1, join_timeout_ms=1, quorum_tick_ms=1,
+                          heartbeat_timeout_ms=1)
+
+
+def test_config_file_and_env_and_flags_precedence(tmp_path: Path) -> None:
+    cfg = tmp_path / "node.toml"
+    cfg.write_text('node_id = "n9"\nmin_replicas = 2\npeers = %r\n' % PEERS)
+    # From the file alone: n9 is not among the peers.
+    res = run(["serve", "--config", str(cfg), "--insecure"])
+    assert res.exit_code == 2 and "node id 'n9' is not among the peers" in res.output
+    # The environment beats the file; the flag beats the environment.
+    res = run(["serve", "--config", str(cfg), "--insecure", "--quorum_tick_ms", "-1"],
+              env={"LIGHTHOUSE_CLUSTER_NODE_ID": "n2"})
+    assert res.exit_code == 2 and "--quorum_tick_ms must be positive" in res.output
+
+
+def test_config_file_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("node_id = \n")
+    res = run(["serve", "--config", str(bad)])
+    assert res.exit_code == 2 and "is not valid TOML" in res.output
+    res = run(["serve", "--config", str(tmp_path / "missing.toml")])
+    assert res.exit_code == 2 and "cannot read" in res.output
+
+
+def test_peer_and_endpoint_parsing() -> None:
+    p = parse_peer("lh-0=lh-0.lh.svc:29610,lh-0.lh.svc:29510")
+    assert (p.node_id, p.raft_address, p.client_address) == ("lh-0", "lh-0.lh.svc:29610", "lh-0.lh.svc:29510")
+    assert split_endpoints("http://a:1, b:2,,http://[::1]:3/") == ["a:1", "b:2", "[::1]:3"]
+    with pytest.raises(ConfigError, match="no endpoints"):
+        split_endpoints(" , ")
+
+
+def test_status_with_no_reachable_node_exits_1_with_one_line() -> None:
+    port = free_ports(1)[0]
+    res = CliRunner().invoke(main, ["status", "--endpoints", f"http://127.0.0.1:{port}", "--timeout", "0.3"], env={})
+    assert res.exit_code == 1
+    assert res.output.strip() == f"error: no node answered at 127.0.0.1:{port} within 0.3s"
+
+
+def test_status_rejects_malformed_endpoints() -> None:
+    res = CliRunner().invoke(main, ["status", "--endpoints", "not-an-address"], env={})
+    assert res.exit_code == 2 and "is not HOST:PORT" in res.output
+
+
+def test_up_refuses_even_node_counts() -> None:
+    res = CliRunner().invoke(main, ["up", "--nodes", "2", "--min_replicas", "1"])
+    assert res.exit_code == 2 and "use an odd number" in res.output
+
+
+def test_generated_stubs_are_current() -> None:
+    pytest.importorskip("grpc_tools", reason="grpcio-tools (the dev/test extra) regenerates the stubs")
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_protos.py"), "--check"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr

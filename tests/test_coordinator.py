@@ -1,0 +1,216 @@
+"""The leader's quorum rounds, driven with a controlled clock and an in-process commit.
+
+The commit function applies commands straight to a QuorumStateMachine (what Raft would do once
+a majority acknowledged them), so these tests pin the coordinator's own rules: warm-up after a
+failover, one commit and one serialization per round, re-registration, step-down.
+Real Raft is exercised by the integration tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from lighthouse_cluster.codec import Command, CommitQuorum, TermStart
+from lighthouse_cluster.coordinator import NotLeader, QuorumCoordinator
+from lighthouse_cluster.proto import torchft_pb2 as pb
+from lighthouse_cluster.quorum import Member, Quorum, QuorumOptions
+from lighthouse_cluster.replication import CommitError
+from lighthouse_cluster.state_machine import QuorumStateMachine
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class InProcessLog:
+    """Applies commands in order, counts them, and can be told to fail."""
+
+    def __init__(self, machine: QuorumStateMachine) -> None:
+        self.machine = machine
+        self.commands: list[Command] = []
+        self.fail_next: CommitError | None = None
+
+    async def submit(self, command: Command) -> Any:
+        await asyncio.sleep(0)
+        if self.fail_next is not None:
+            err, self.fail_next = self.fail_next, None
+            raise err
+        self.commands.append(command)
+        return self.machine.apply(command)
+
+    def commits(self) -> list[CommitQuorum]:
+        return [c for c in self.commands if isinstance(c, CommitQuorum)]
+
+
+def make(min_replicas: int = 1, join_timeout_ms: int = 60_000, heartbeat_timeout_ms: int = 5_000,
+         machine: QuorumStateMachine | None = None) -> tuple[QuorumCoordinator, InProcessLog, Clock]:
+    machine = machine or QuorumStateMachine()
+    log = InProcessLog(machine)
+    clock = Clock()
+    coord = QuorumCoordinator("n1", QuorumOptions(min_replicas=min_replicas, join_timeout_ms=join_timeout_ms,
+                                                  heartbeat_timeout_ms=heartbeat_timeout_ms),
+                              quorum_tick_ms=10, state=machine, submit=log.submit, clock=clock,
+                              wall_ms=lambda: 1_700_000_000_000)
+    return coord, log, clock
+
+
+async def until(cond: Any, timeout: float = 2.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.001)
+
+
+def decode(raw: bytes) -> pb.Quorum:
+    return pb.LighthouseQuorumResponse.FromString(raw).quorum
+
+
+def test_not_leader_until_started() -> None:
+    async def main() -> None:
+        coord, _, _ = make()
+        with pytest.raises(NotLeader):
+            await coord.quorum(Member("a"))
+    asyncio.run(main())
+
+
+def test_term_start_is_committed_before_serving() -> None:
+    async def main() -> None:
+        coord, log, _ = make()
+        coord.start_leading(7)
+        await until(lambda: coord.serving)
+        assert log.commands[0] == TermStart(term=7, node_id="n1", time_ms=1_700_000_000_000)
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_one_commit_and_one_encoding_per_round() -> None:
+    async def main() -> None:
+        coord, log, _ = make(min_replicas=3)
+        coord.start_leading(1)
+        await until(lambda: coord.serving)
+        ids = ["a", "b", "c"]
+        for _ in range(2):  # first round: membership; second: fast quorum on the same members
+            responses = await asyncio.gather(*(coord.quorum(Member(r, step=1)) for r in ids))
+            # The very same bytes object for every requester: serialized once per round.
+            assert all(r is responses[0] for r in responses)
+            assert [m.replica_id for m in decode(responses[0]).participants] == ids
+        assert [c.quorum.quorum_id for c in log.commits()] == [1, 1]
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_warm_up_seeds_previous_members_so_a_new_leader_waits_for_them() -> None:
+    """After a failover, a member of the last quorum that has not re-sent yet keeps the round
+    waiting (join timeout) instead of being dropped as if it were not heartbeating."""
+    async def main() -> None:
+        machine = QuorumStateMachine()
+        machine.apply(CommitQuorum(expected_quorum_id=0, term=1, node_id="old",
+                                   quorum=Quorum(4, (Member("a"), Member("b"), Member("c")), 1)))
+        coord, log, clock = make(min_replicas=1, join_timeout_ms=60_000, machine=machine)
+        coord.start_leading(2)
+        await until(lambda: coord.serving)
+        waiting = [asyncio.ensure_future(coord.quorum(Member(r))) for r in ("a", "b")]
+        await asyncio.sleep(0.05)  # several ticks pass: nothing may be issued without "c"
+        assert not any(w.done() for w in waiting)
+        assert log.commits() == []
+        assert "waiting for 1 healthy but not participating stragglers" in coord.last_reason or \
+            "Valid quorum" not in coord.last_reason
+        c = asyncio.ensure_future(coord.quorum(Member("c")))
+        raw = await asyncio.wait_for(asyncio.gather(*waiting, c), 1.0)
+        q = decode(raw[0])
+        assert [m.replica_id for m in q.participants] == ["a", "b", "c"]
+        assert q.quorum_id == 4  # same members: torchft keeps the id (fast quorum)
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_seeded_member_that_is_gone_expires_after_heartbeat_timeout() -> None:
+    async def main() -> None:
+        machine = QuorumStateMachine()
+        machine.apply(CommitQuorum(expected_quorum_id=0, term=1, node_id="old",
+                                   quorum=Quorum(4, (Member("a"), Member("b"), Member("c")), 1)))
+        coord, log, clock = make(min_replicas=1, heartbeat_timeout_ms=5_000, machine=machine)
+        coord.start_leading(2)
+        await until(lambda: coord.serving)
+        waiting = [asyncio.ensure_future(coord.quorum(Member(r))) for r in ("a", "b")]
+        await asyncio.sleep(0.03)
+        assert not any(w.done() for w in waiting)
+        clock.now += 5.0  # "c" never heartbeats this leader: its seeded heartbeat expires
+        for r in ("a", "b"):
+            coord.heartbeat(r)
+        raw = await asyncio.wait_for(asyncio.gather(*waiting), 1.0)
+        q = decode(raw[0])
+        assert [m.replica_id for m in q.participants] == ["a", "b"]
+        assert q.quorum_id == 5
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_stepping_down_fails_waiters_promptly() -> None:
+    async def main() -> None:
+        coord, _, _ = make(min_replicas=2)
+        coord.start_leading(1)
+        await until(lambda: coord.serving)
+        waiter = asyncio.ensure_future(coord.quorum(Member("a")))
+        await asyncio.sleep(0.01)
+        coord.stop_leading()
+        with pytest.raises(NotLeader):
+            await asyncio.wait_for(waiter, 0.5)
+    asyncio.run(main())
+
+
+def test_failed_commit_is_retried_and_nothing_is_issued_meanwhile() -> None:
+    async def main() -> None:
+        coord, log, _ = make(min_replicas=1)
+        coord.start_leading(1)
+        await until(lambda: coord.serving)
+        log.fail_next = CommitError("LEADER_CHANGED", unknown=True)
+        raw = await asyncio.wait_for(coord.quorum(Member("a")), 1.0)
+        assert decode(raw).quorum_id == 1
+        assert len(log.commits()) == 1  # the failed attempt issued nothing and left no trace
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_rejected_compare_and_set_is_not_issued() -> None:
+    """If the state moved under the leader (e.g. a ghost apply of an earlier attempt), the
+    leader recomputes from the new state instead of handing out its stale proposal."""
+    async def main() -> None:
+        coord, log, _ = make(min_replicas=1)
+        coord.start_leading(1)
+        await until(lambda: coord.serving)
+        log.machine.apply(CommitQuorum(expected_quorum_id=0, term=1, node_id="ghost",
+                                       quorum=Quorum(3, (Member("z"),), 1)))
+        raw = await asyncio.wait_for(coord.quorum(Member("a")), 1.0)
+        q = decode(raw)
+        assert q.quorum_id == 4 and [m.replica_id for m in q.participants] == ["a"]
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_requester_left_out_is_re_registered_for_the_next_round() -> None:
+    """shrink_only drops a newcomer from the round; it stays registered and gets the next one."""
+    async def main() -> None:
+        coord, log, _ = make(min_replicas=1, join_timeout_ms=50)
+        coord.start_leading(1)
+        await until(lambda: coord.serving)
+        await asyncio.wait_for(coord.quorum(Member("a")), 1.0)
+        a = asyncio.ensure_future(coord.quorum(Member("a", shrink_only=True)))
+        b = asyncio.ensure_future(coord.quorum(Member("b")))
+        qa = decode(await asyncio.wait_for(a, 1.0))
+        assert [m.replica_id for m in qa.participants] == ["a"]
+        a2 = asyncio.ensure_future(coord.quorum(Member("a")))
+        qb = decode(await asyncio.wait_for(b, 1.0))
+        assert [m.replica_id for m in qb.participants] == ["a", "b"]
+        assert qb.quorum_id == qa.quorum_id + 1
+        await a2
+        coord.stop_leading()
+    asyncio.run(main())
