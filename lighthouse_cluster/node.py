@@ -234,7 +234,10 @@ class LighthouseNode:
             if leader is not None:
                 try:
                     self.forwarded_quorum_calls += 1
-                    return await self.forwarder.forward(leader, raw, left)
+                    response = await self._forward_while_leader(leader, raw, left)
+                    if response is not None:
+                        return response
+                    continue  # the leader moved while the call waited: re-send to the new one
                 except grpc.aio.AioRpcError as e:
                     code = e.code()
                     if code == grpc.StatusCode.INVALID_ARGUMENT:
@@ -247,6 +250,24 @@ class LighthouseNode:
                         continue
             left = remaining()
             await self._wait_for_change(REROUTE_POLL_S if left is None else max(0.0, min(REROUTE_POLL_S, left)))
+
+    async def _forward_while_leader(self, leader: str, raw: bytes, timeout: float | None) -> bytes | None:
+        """Forward to ``leader``; give up (None) as soon as Raft names another leader, since a
+        deposed leader can commit nothing and would only fail the call after stepping down."""
+        forward = asyncio.ensure_future(self.forwarder.forward(leader, raw, timeout))
+        changed: asyncio.Future[Any] | None = None
+        try:
+            while True:
+                changed = asyncio.ensure_future(self._changed.wait())
+                done, _ = await asyncio.wait({forward, changed}, return_when=asyncio.FIRST_COMPLETED)
+                if forward in done:
+                    return forward.result()
+                if self._remote_leader_address() != leader:
+                    return None
+        finally:
+            for fut in (forward, changed):
+                if fut is not None and not fut.done():
+                    fut.cancel()
 
     def route_heartbeat(self, replica_id: str) -> None:
         coord = self.coordinator

@@ -7,12 +7,16 @@ answers UNAVAILABLE and the origin re-routes.
 
 Heartbeats are fire-and-forget in torchft (every 100 ms, no deadline): a follower acknowledges
 them at once and forwards the ids it saw in one batch per ``HEARTBEAT_FLUSH_S`` to the leader.
+The first heartbeat of a replica the follower has not forwarded recently goes out at once: a
+replica that just started must count as healthy at the leader as early as it would with a
+single lighthouse, or a round already in progress could leave it out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Callable
 
 import grpc
@@ -25,6 +29,8 @@ FORWARDED_HEADER = "x-lighthouse-cluster-forwarded-by"
 QUORUM_METHOD = "/torchft.LighthouseService/Quorum"
 FORWARD_HEARTBEATS_METHOD = "/lighthouse_cluster.LighthouseCluster/ForwardHeartbeats"
 HEARTBEAT_FLUSH_S = 0.05
+# A replica not forwarded for this long is treated as new: its next heartbeat is sent at once.
+NEW_REPLICA_AFTER_S = 1.0
 
 # Channel options shared by every node-to-node channel: fail fast on a dead peer.
 CHANNEL_OPTIONS = [
@@ -81,12 +87,17 @@ class HeartbeatBatcher:
         self._node_id = node_id
         self._leader_address = leader_address
         self._pending: set[str] = set()
+        self._last_sent: dict[str, float] = {}
+        self._urgent = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.forwarded = 0
         self.failed_batches = 0
 
     def add(self, replica_id: str) -> None:
         self._pending.add(replica_id)
+        last = self._last_sent.get(replica_id)
+        if last is None or time.monotonic() - last > NEW_REPLICA_AFTER_S:
+            self._urgent.set()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -101,13 +112,23 @@ class HeartbeatBatcher:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(HEARTBEAT_FLUSH_S)
+            try:
+                await asyncio.wait_for(self._urgent.wait(), HEARTBEAT_FLUSH_S)
+            except asyncio.TimeoutError:
+                pass
+            self._urgent.clear()
             if not self._pending:
                 continue
             leader = self._leader_address()
             if leader is None:
+                await asyncio.sleep(HEARTBEAT_FLUSH_S)
                 continue  # keep them for when a leader is known
             batch, self._pending = self._pending, set()
+            now = time.monotonic()
+            for rid in batch:
+                self._last_sent[rid] = now
+            if len(self._last_sent) > 4 * len(batch) + 1024:
+                self._last_sent = {r: t for r, t in self._last_sent.items() if now - t <= NEW_REPLICA_AFTER_S}
             call = self._channels.get(leader).unary_unary(
                 FORWARD_HEARTBEATS_METHOD,
                 request_serializer=cpb.HeartbeatBatch.SerializeToString,
