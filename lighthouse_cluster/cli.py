@@ -99,7 +99,7 @@ def main() -> None:
               help="Run the Raft port without a secret (trusted networks only).")
 @torchft_flags
 @click.option("--election-timeout-ms", type=int, envvar=ENV + "ELECTION_TIMEOUT_MS",
-              help="Raft election timeout lower bound (default 250; upper bound is twice it).")
+              help="Raft election timeout lower bound (default 150; upper bound is three times it).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               envvar=ENV + "LOG_LEVEL", show_default=True)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", envvar=ENV + "LOG_FORMAT",
