@@ -141,7 +141,8 @@ class QuorumCoordinator:
                     self._submit(TermStart(term=term, node_id=self.node_id, time_ms=self._wall_ms())),
                     COMMIT_TIMEOUT_S)
             except (CommitError, asyncio.TimeoutError) as e:
-                log.warning("term %d: leadership barrier not committed (%s); retrying", term, e)
+                log.warning("term %d: leadership barrier not committed (%s); retrying", term,
+                            str(e) or type(e).__name__)
                 await asyncio.sleep(self.tick_s)
                 continue
             if self._term != term:
@@ -281,7 +282,8 @@ class QuorumCoordinator:
                 COMMIT_TIMEOUT_S)
         except (CommitError, asyncio.TimeoutError) as e:
             # Outcome may be unknown: the compare-and-set makes a retry from fresh state safe.
-            log.warning("quorum %d not committed (%s); retrying next tick", quorum.quorum_id, e or "timeout")
+            log.warning("quorum %d not committed (%s); retrying next tick", quorum.quorum_id,
+                        str(e) or type(e).__name__)
             if self._term == term:
                 self._in_flight = False
             return

@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from .config import PeerSpec
 from .proto import lighthouse_cluster_pb2 as cpb
@@ -84,6 +85,12 @@ class LocalCluster:
     log_level: str = "info"
     extra_args: list[str] = field(default_factory=list)
     client_bind_host: str | None = None
+    # Per-node host (advertised and bound: e.g. each node's address in its own network
+    # namespace); None = every node on ``host``.
+    hosts: list[str] | None = None
+    # Per-node command prefix (e.g. ``["ip", "netns", "exec", NS]``); it must exec the command
+    # so that signals reach the node itself. None = launch the node directly.
+    launch_prefix: Callable[[int], list[str]] | None = None
     members: list[NodeProcess] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -95,13 +102,20 @@ class LocalCluster:
         raft = self.raft_ports or ports[self.nodes:]
         if len(client) != self.nodes or len(raft) != self.nodes:
             raise ValueError("need one client port and one Raft port per node")
+        if self.hosts is not None and len(self.hosts) != self.nodes:
+            raise ValueError("need one host per node")
         for i in range(self.nodes):
             node_id = f"n{i + 1}"
-            peer = PeerSpec(node_id, f"{self.host}:{raft[i]}", f"{self.host}:{client[i]}")
+            host = self.node_host(i)
+            peer = PeerSpec(node_id, f"{host}:{raft[i]}", f"{host}:{client[i]}")
             self.members.append(NodeProcess(peer=peer, data_dir=self.root / node_id,
                                             log_path=self.root / f"{node_id}.log"))
 
     # -- addresses ----------------------------------------------------------------------------
+
+    def node_host(self, i: int) -> str:
+        """The host node ``i`` listens on and is reached at."""
+        return self.hosts[i] if self.hosts is not None else self.host
 
     @property
     def peers(self) -> list[PeerSpec]:
@@ -120,7 +134,7 @@ class LocalCluster:
 
     def command(self, i: int) -> list[str]:
         m = self.members[i]
-        bind_host = self.client_bind_host or self.host
+        bind_host = self.client_bind_host or self.node_host(i)
         cmd = [
             sys.executable, "-m", "lighthouse_cluster", "serve",
             "--node-id", m.peer.node_id,
@@ -138,6 +152,11 @@ class LocalCluster:
             cmd += ["--peer", str(p)]
         return cmd + self.extra_args
 
+    def launch_command(self, i: int) -> list[str]:
+        """``command(i)`` behind ``launch_prefix(i)``, if any: what ``start_node`` runs."""
+        prefix = self.launch_prefix(i) if self.launch_prefix is not None else []
+        return [*prefix, *self.command(i)]
+
     def start(self) -> "LocalCluster":
         self.root.mkdir(parents=True, exist_ok=True)
         for i in range(self.nodes):
@@ -152,7 +171,7 @@ class LocalCluster:
         env = {**os.environ, SECRET_ENV: self.secret or "", "PYTHONUNBUFFERED": "1"}
         log = open(m.log_path, "ab")
         try:
-            m.process = subprocess.Popen(self.command(i), stdout=log, stderr=subprocess.STDOUT, env=env,
+            m.process = subprocess.Popen(self.launch_command(i), stdout=log, stderr=subprocess.STDOUT, env=env,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
         finally:
             log.close()

@@ -29,6 +29,7 @@ FORWARDED_HEADER = "x-lighthouse-cluster-forwarded-by"
 QUORUM_METHOD = "/torchft.LighthouseService/Quorum"
 FORWARD_HEARTBEATS_METHOD = "/lighthouse_cluster.LighthouseCluster/ForwardHeartbeats"
 HEARTBEAT_FLUSH_S = 0.05
+HEARTBEAT_BATCH_TIMEOUT_S = 1.0
 # A replica not forwarded for this long is treated as new: its next heartbeat is sent at once.
 NEW_REPLICA_AFTER_S = 1.0
 
@@ -90,6 +91,7 @@ class HeartbeatBatcher:
         self._last_sent: dict[str, float] = {}
         self._urgent = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._in_flight: set[asyncio.Task[None]] = set()
         self.forwarded = 0
         self.failed_batches = 0
 
@@ -103,6 +105,8 @@ class HeartbeatBatcher:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
+        for task in list(self._in_flight):
+            task.cancel()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -129,14 +133,23 @@ class HeartbeatBatcher:
                 self._last_sent[rid] = now
             if len(self._last_sent) > 4 * len(batch) + 1024:
                 self._last_sent = {r: t for r, t in self._last_sent.items() if now - t <= NEW_REPLICA_AFTER_S}
-            call = self._channels.get(leader).unary_unary(
-                FORWARD_HEARTBEATS_METHOD,
-                request_serializer=cpb.HeartbeatBatch.SerializeToString,
-                response_deserializer=cpb.HeartbeatBatchResponse.FromString)
-            try:
-                await call(cpb.HeartbeatBatch(from_node=self._node_id, replica_ids=sorted(batch)), timeout=1.0)
-                self.forwarded += len(batch)
-            except grpc.aio.AioRpcError as e:
-                self.failed_batches += 1
-                log.debug("heartbeat batch to %s failed: %s", leader, e.code())
-                # Unsent heartbeats are dropped: the next ones arrive within 100 ms.
+            # Each batch is its own task, so a leader that stopped answering never holds up the
+            # batches for the next one.
+            task = asyncio.get_running_loop().create_task(self._send(leader, batch))
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
+
+    async def _send(self, leader: str, batch: set[str]) -> None:
+        call = self._channels.get(leader).unary_unary(
+            FORWARD_HEARTBEATS_METHOD,
+            request_serializer=cpb.HeartbeatBatch.SerializeToString,
+            response_deserializer=cpb.HeartbeatBatchResponse.FromString)
+        try:
+            await call(cpb.HeartbeatBatch(from_node=self._node_id, replica_ids=sorted(batch)),
+                       timeout=HEARTBEAT_BATCH_TIMEOUT_S)
+            self.forwarded += len(batch)
+        except grpc.aio.AioRpcError as e:
+            self.failed_batches += 1
+            log.debug("heartbeat batch to %s failed: %s", leader, e.code())
+            # Not re-queued: a late heartbeat would overstate how recently the replica was alive,
+            # and its next one arrives within 100 ms.
