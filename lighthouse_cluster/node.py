@@ -161,7 +161,8 @@ class LighthouseNode:
         raft, coord = self.raft, self.coordinator
         if raft is None or coord is None or self._stopped.is_set():
             return
-        seen = (raft.role, raft.term, raft.leader_address)
+        leader_peer = self.leader_peer()
+        seen = (raft.role, raft.term, leader_peer.raft_address if leader_peer else None)
         if seen == self._seen:
             return
         old, self._seen = self._seen, seen
@@ -186,9 +187,18 @@ class LighthouseNode:
     # -- leader lookup ---------------------------------------------------------------------------
 
     def leader_peer(self):
-        if self.raft is None:
+        """The leader as far as this node knows; None when unknown or when this follower has no
+        connection to it (pysyncobj keeps naming a lost leader until an election starts, and an
+        isolated node never starts one)."""
+        raft = self.raft
+        if raft is None:
             return None
-        return self.config.peer_by_raft_address(self.raft.leader_address)
+        address = raft.leader_address
+        if address is None:
+            return None
+        if address != self.config.self_peer.raft_address and not raft.is_connected(address):
+            return None
+        return self.config.peer_by_raft_address(address)
 
     def _remote_leader_address(self) -> str | None:
         peer = self.leader_peer()

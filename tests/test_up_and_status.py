@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from lighthouse_cluster.local_cluster import free_ports
+from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.status_client import query_status
 
 pytestmark = pytest.mark.integration
@@ -151,7 +152,7 @@ def test_status_exits_1_without_a_leader_and_up_stops_every_node(up_cluster) -> 
 
     def leaderless():
         st = query_status(f"127.0.0.1:{ports[0]}", timeout=0.5)
-        return st is not None and st.role != 3 and not st.leader_id
+        return st is not None and st.role != cpb.LEADER and not st.leader_id
 
     _wait(leaderless, 15, "the survivor to lose its leader")
     res = _status("--endpoints", f"127.0.0.1:{ports[0]}", "-o", "json")
