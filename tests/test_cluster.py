@@ -17,6 +17,7 @@ import pytest
 
 from lighthouse_cluster.local_cluster import LocalCluster
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
 from lighthouse_cluster.replica_sim import RoundResult, SimulatedReplicaGroup
@@ -154,6 +155,13 @@ def test_three_nodes_form_a_cluster_with_one_serving_leader(make_cluster) -> Non
     assert {st.node.id for st in sts} == ids, diag
     # only the leader serves quorum rounds
     assert not any(st.serving for st in followers), diag
+    # Clients of our own service discover the leader from any node.
+    for address in cluster.client_addresses:
+        with grpc.insecure_channel(address) as ch:
+            info = cpb_grpc.LighthouseClusterStub(ch).Leader(cpb.LeaderRequest(), timeout=2)
+        assert (info.leader_id, info.leader_client_address, info.term) == \
+            (lead.node.id, lead.node.client_address, lead.term), diag
+        assert sorted(n.id for n in info.nodes) == sorted(ids), diag
 
 
 # -- 2. quorums through every node ------------------------------------------------------------------
