@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -217,6 +216,3 @@ class RaftNode:
     def destroy(self) -> None:
         self._syncobj.destroy()
 
-
-def default_data_dir(node_id: str) -> Path:
-    return Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "lighthouse-cluster" / node_id
