@@ -183,35 +183,57 @@ class QuorumCoordinator:
     def heartbeat(self, replica_id: str) -> None:
         self._heartbeats[replica_id] = self._clock()
 
-    async def quorum(self, member: Member) -> bytes:
+    async def quorum(self, member: Member, timeout: float | None = None, *,
+                     forget_if_cancelled: bool = False) -> bytes:
         """Register ``member`` and wait for the first committed quorum that includes it.
 
         Returns the serialized ``LighthouseQuorumResponse``. Raises ``NotLeader`` when this
-        node is not (or stops being) the serving leader.
+        node is not (or stops being) the serving leader, ``asyncio.TimeoutError`` after
+        ``timeout`` seconds. As in torchft, a requester whose call times out stays registered
+        for the round. With ``forget_if_cancelled``, a call *cancelled* before an answer (the
+        node that forwarded it went away) withdraws the registration when it was the last call
+        for that replica: nobody is left to receive the quorum, and counting the replica as
+        joined would close the round without the requester's real, re-sent call.
         """
         if self._term is None or self._round is None:
             raise NotLeader("not leader")
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
         rid = member.replica_id
         now = self._clock()
         self._heartbeats[rid] = now
         self._register(member, now)
         self._waiting[rid] = self._waiting.get(rid, 0) + 1
+        settled = False  # answered, timed out, or failed: anything but a cancellation
         try:
             self._schedule_evaluation()
             while True:
                 current = self._round
                 if current is None:
+                    settled = True
                     raise NotLeader("leader stepped down")
-                issued = await asyncio.shield(current)
+                left = None if deadline is None else deadline - loop.time()
+                try:
+                    issued = await asyncio.wait_for(asyncio.shield(current), left)
+                except (asyncio.TimeoutError, NotLeader):
+                    settled = True
+                    raise
                 if rid in issued.member_ids:
+                    settled = True
                     return issued.response
                 # Not included: re-registered at issue time (see _issue); wait for the next one.
         finally:
-            left = self._waiting.get(rid, 0) - 1
-            if left > 0:
-                self._waiting[rid] = left
+            remaining = self._waiting.get(rid, 0) - 1
+            if remaining > 0:
+                self._waiting[rid] = remaining
             else:
                 self._waiting.pop(rid, None)
+                if forget_if_cancelled and not settled:
+                    self._unregister(rid)
+
+    def _unregister(self, rid: str) -> None:
+        if self._participants.pop(rid, None) is not None and rid in self._prev_ids:
+            self._prev_present -= 1
 
     def _register(self, member: Member, now: float) -> None:
         rid = member.replica_id

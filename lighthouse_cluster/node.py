@@ -235,9 +235,7 @@ class LighthouseNode:
             coord = self.coordinator
             if self.raft is not None and self.raft.is_leader and coord is not None and coord.term is not None:
                 try:
-                    if left is None:
-                        return await coord.quorum(member)
-                    return await asyncio.wait_for(coord.quorum(member), left)
+                    return await coord.quorum(member, left, forget_if_cancelled=forwarded_by is not None)
                 except NotLeader:
                     continue
                 except asyncio.TimeoutError:
@@ -263,8 +261,9 @@ class LighthouseNode:
                             e.details() in (TIMEOUT_MESSAGE, "Deadline Exceeded"):
                         # The leader gave up on our behalf: the caller's deadline is (almost) here.
                         await context.abort(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE)
-                    log.info("quorum call for %s via leader %s failed (%s); re-routing", member.replica_id,
-                             leader, code.name)
+                    (log.info if attempt == 1 else log.debug)(
+                        "quorum call for %s via leader %s failed (%s); re-routing", member.replica_id, leader,
+                        code.name)
                     if self._remote_leader_address() != leader:
                         continue
             left = remaining()

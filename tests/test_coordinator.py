@@ -214,3 +214,45 @@ def test_requester_left_out_is_re_registered_for_the_next_round() -> None:
         await a2
         coord.stop_leading()
     asyncio.run(main())
+
+
+def test_a_timed_out_call_stays_registered_as_in_torchft() -> None:
+    async def main() -> None:
+        coord, _, _ = make(min_replicas=2)
+        coord.start_leading(1)
+        await until(lambda: coord.serving)
+        with pytest.raises(asyncio.TimeoutError):
+            await coord.quorum(Member("a"), 0.05, forget_if_cancelled=True)
+        assert [m.replica_id for m, _ in coord.pending()] == ["a"]
+        # The next requester completes the round with "a" in it.
+        raw = await asyncio.wait_for(coord.quorum(Member("b")), 1.0)
+        assert [m.replica_id for m in decode(raw).participants] == ["a", "b"]
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_a_cancelled_forwarded_call_withdraws_its_registration() -> None:
+    """The node that forwarded the call died: nobody can receive a quorum for it, so it must not
+    count as joined (it would let the round close without the requester's re-sent call)."""
+    async def main() -> None:
+        machine = QuorumStateMachine()
+        machine.apply(CommitQuorum(expected_quorum_id=0, term=1, node_id="old",
+                                   quorum=Quorum(4, (Member("a"), Member("b")), 1)))
+        coord, log, _ = make(min_replicas=1, machine=machine)
+        coord.start_leading(2)
+        await until(lambda: coord.serving)
+        forwarded = asyncio.ensure_future(coord.quorum(Member("a"), forget_if_cancelled=True))
+        direct = asyncio.ensure_future(coord.quorum(Member("c")))
+        await asyncio.sleep(0.02)
+        forwarded.cancel()
+        await asyncio.sleep(0.02)
+        assert sorted(m.replica_id for m, _ in coord.pending()) == ["c"]
+        # "b" alone is not a fast quorum any more: without the withdrawal, a+b would be one.
+        b = asyncio.ensure_future(coord.quorum(Member("b")))
+        await asyncio.sleep(0.05)
+        assert not b.done() and log.commits() == []
+        a = asyncio.ensure_future(coord.quorum(Member("a")))
+        results = await asyncio.wait_for(asyncio.gather(a, b, direct), 1.0)
+        assert [m.replica_id for m in decode(results[0]).participants] == ["a", "b", "c"]
+        coord.stop_leading()
+    asyncio.run(main())
