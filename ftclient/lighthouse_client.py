@@ -1,0 +1,425 @@
+"""The trainer's lighthouse client: torchft's LighthouseService (Quorum, Heartbeat) with leader
+discovery over a list of lighthouse endpoints.
+
+It owns *where* calls go and *when* they are re-sent; the lighthouse decides everything else.
+
+* Endpoints: one URL or a comma-separated list (``TORCHFT_LIGHTHOUSE``, or an argument), each
+  ``http://host:port`` or ``host:port``. :func:`parse_endpoints` normalizes them.
+* Discovery: every known endpoint is asked ``lighthouse_cluster.LighthouseCluster/Leader``
+  concurrently (a dead first entry costs nothing); the answer naming a leader with the highest
+  Raft term wins (:func:`choose_target`, pure). The cluster's configured nodes are learned from
+  the answers, so one reachable node is enough to find the others later. An endpoint answering
+  UNIMPLEMENTED is a single lighthouse without our cluster service (torchft's Rust
+  ``torchft_lighthouse``): it is used as is.
+* Quorum: sent straight to the leader with the caller's deadline. When the call fails because
+  the node went away or stopped leading (UNAVAILABLE, ...), or when another node reports a newer
+  leader while the call waits (checked every ``leader_watch_interval``; this catches a leader
+  that hangs instead of failing), the client rediscovers the leader and re-sends the same
+  request -- always within the caller's original deadline (retry/backoff by tenacity). Running
+  out of time raises ``TimeoutError`` naming the endpoints.
+* Heartbeat: sent to the current leader; a failed one forgets the leader, so the next heartbeat
+  follows the new one.
+
+Thread-safe: the manager server's heartbeat thread and its quorum thread share one client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import grpc
+import tenacity
+
+from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
+from lighthouse_cluster.proto import torchft_pb2 as pb
+from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
+
+from ._env import lighthouse_addr as _lighthouse_addr_from_env
+from ._timeouts import Deadline, stop_at, to_seconds, wait_within
+
+__all__ = ["LighthouseClient", "LighthouseError", "Probe", "Target", "choose_target", "parse_endpoints"]
+
+log = logging.getLogger(__name__)
+
+# Channel options: fail fast and reconnect fast when a node dies or comes back.
+CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 500),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+# After the first answer naming a leader, how long discovery waits for the other endpoints.
+PROBE_GRACE_S = 0.1
+# A call failing this close to its deadline failed because of the deadline.
+_DEADLINE_SLACK_S = 0.25
+# What lighthouse-cluster nodes (and tonic clients) say when a Quorum call's deadline is reached.
+_TIMEOUT_DETAILS = "Timeout expired"
+
+# Codes meaning "this node cannot answer now; another (or this one, later) may": re-route.
+_REROUTE_CODES = frozenset({
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.CANCELLED,        # a node shutting down cancels the calls it holds
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.FAILED_PRECONDITION,  # "not the leader"
+})
+
+
+# Between re-sends and discovery rounds: 50 ms doubling to 500 ms, plus up to 50 ms of jitter.
+_BACKOFF = tenacity.wait_exponential(multiplier=0.05, max=0.5) + tenacity.wait_random(0, 0.05)
+
+
+class LighthouseError(RuntimeError):
+    """A lighthouse call failed for a reason re-routing cannot fix (e.g. INTERNAL)."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def parse_endpoints(value: str | Sequence[str]) -> list[str]:
+    """``"http://a:1, b:2"`` (or a list of such strings) -> ``["a:1", "b:2"]``: the scheme is
+    dropped, duplicates and empty entries removed, order kept."""
+    parts = value.split(",") if isinstance(value, str) else [p for v in value for p in v.split(",")]
+    out: list[str] = []
+    for raw in parts:
+        entry = raw.strip()
+        if not entry:
+            continue
+        if "://" in entry:
+            scheme, entry = entry.split("://", 1)
+            if scheme.lower() != "http":
+                raise ValueError(f"lighthouse endpoint {raw.strip()!r}: only http:// (plaintext gRPC) is supported")
+        entry = entry.rstrip("/")
+        host, sep, port = entry.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"lighthouse endpoint {raw.strip()!r} is not http://host:port or host:port")
+        if entry not in out:
+            out.append(entry)
+    if not out:
+        raise ValueError(f"no lighthouse endpoint in {value!r}")
+    return out
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One endpoint's answer to ``LighthouseCluster/Leader``."""
+
+    endpoint: str
+    leader_address: str = ""       # the leader's client address; "" when none is known
+    term: int = 0
+    nodes: tuple[str, ...] = ()    # client addresses of the configured cluster
+    unimplemented: bool = False    # a lighthouse without the cluster service
+    error: str = ""                # why it did not answer
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where lighthouse calls go: a cluster leader (``cluster``) or a single lighthouse."""
+
+    address: str
+    cluster: bool
+    term: int = 0
+
+
+def choose_target(probes: Sequence[Probe]) -> Target | None:
+    """The leader named with the highest term (the first such answer on a tie); else the first
+    endpoint without the cluster service; else None (no leader known yet)."""
+    best: Probe | None = None
+    for p in probes:
+        if p.leader_address and (best is None or p.term > best.term):
+            best = p
+    if best is not None:
+        return Target(best.leader_address, cluster=True, term=best.term)
+    for p in probes:
+        if p.unimplemented:
+            return Target(p.endpoint, cluster=False)
+    return None
+
+
+def _probe_result(endpoint: str, call: grpc.Future) -> Probe:
+    try:
+        r = call.result()
+    except grpc.FutureCancelledError:
+        return Probe(endpoint, error="no answer in time")
+    except grpc.RpcError as e:
+        if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+            return Probe(endpoint, unimplemented=True)
+        return Probe(endpoint, error=f"{e.code().name}: {e.details()}")
+    return Probe(endpoint, leader_address=r.leader_client_address, term=r.term,
+                 nodes=tuple(n.client_address for n in r.nodes if n.client_address))
+
+
+class _Reroute(Exception):
+    """Internal: the call must be re-sent to the (re)discovered leader."""
+
+
+class _NoLeader(Exception):
+    """Internal: no endpoint named a leader in this discovery round."""
+
+
+class LighthouseClient:
+    """torchft's LighthouseService client with leader discovery; see the module docstring.
+
+    Args:
+        addr: one URL or a comma-separated list (or a list); None reads ``TORCHFT_LIGHTHOUSE``.
+        connect_timeout: how long the constructor looks for a leader (or a single lighthouse)
+            before raising ``ConnectionError``.
+        connect: look for the leader in the constructor (torchft's client connects eagerly).
+        probe_timeout: deadline of one ``Leader`` call during discovery.
+        leader_watch_interval: while a Quorum call waits on the leader, how often the other
+            nodes are asked whether a newer leader exists (None: never).
+    """
+
+    def __init__(self, addr: str | Sequence[str] | None = None,
+                 connect_timeout: timedelta | float = timedelta(seconds=60), *, connect: bool = True,
+                 probe_timeout: float = 1.0, leader_watch_interval: float | None = 1.0) -> None:
+        given = _lighthouse_addr_from_env(addr if isinstance(addr, str) or addr is None else ",".join(addr))
+        self._given = parse_endpoints(given)
+        self._learned: list[str] = []
+        self._connect_timeout = to_seconds(connect_timeout) or 0.0
+        self._probe_timeout = probe_timeout
+        self._watch = leader_watch_interval
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._target: Target | None = None
+        self._closed = False
+        self.reroutes = 0  # how many times a call was re-sent after a failover
+        if connect:
+            self.discover(self._connect_timeout)
+
+    # -- state --------------------------------------------------------------------------------
+
+    @property
+    def endpoints(self) -> list[str]:
+        """The given endpoints, then the cluster nodes learned from Leader answers."""
+        with self._lock:
+            return self._given + [e for e in self._learned if e not in self._given]
+
+    @property
+    def target(self) -> Target | None:
+        """Where calls currently go (None until discovered, or after a failure)."""
+        with self._lock:
+            return self._target
+
+    def describe(self) -> str:
+        return ", ".join(f"http://{e}" for e in self.endpoints)
+
+    def _channel(self, address: str) -> grpc.Channel:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("LighthouseClient is closed")
+            ch = self._channels.get(address)
+            if ch is None:
+                ch = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                self._channels[address] = ch
+            return ch
+
+    def _forget(self, target: Target) -> None:
+        """Drop ``target`` unless someone already replaced it."""
+        with self._lock:
+            if self._target == target:
+                self._target = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            channels, self._channels = list(self._channels.values()), {}
+        for ch in channels:
+            ch.close()
+
+    def __enter__(self) -> "LighthouseClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- discovery ----------------------------------------------------------------------------
+
+    def probe(self, timeout: float) -> list[Probe]:
+        """Ask every known endpoint who leads, concurrently; learn the cluster's nodes.
+
+        Returns when every endpoint has answered, when ``timeout`` has passed, or shortly
+        (``PROBE_GRACE_S``) after the first answer naming a leader: an unreachable endpoint
+        that swallows packets must not hold up discovery for the whole timeout."""
+        deadline = Deadline.after(timeout)
+        cond = threading.Condition()
+        done: dict[str, Probe] = {}
+        calls = []
+        for endpoint in self.endpoints:
+            stub = cpb_grpc.LighthouseClusterStub(self._channel(endpoint))
+            calls.append((endpoint, stub.Leader.future(cpb.LeaderRequest(), timeout=timeout)))
+
+        def on_done(endpoint: str, call: grpc.Future) -> None:
+            probe = _probe_result(endpoint, call)
+            with cond:
+                done[endpoint] = probe
+                cond.notify_all()
+
+        for endpoint, call in calls:
+            call.add_done_callback(lambda c, e=endpoint: on_done(e, c))
+        grace: Deadline | None = None
+        with cond:
+            while len(done) < len(calls):
+                if grace is None and any(p.leader_address for p in done.values()):
+                    grace = Deadline.after(PROBE_GRACE_S)
+                left = min(deadline.remaining(), grace.remaining() if grace is not None else float("inf"))
+                if left <= 0:
+                    break
+                cond.wait(left)
+            probes = [done.get(endpoint) or Probe(endpoint, error="no answer in time") for endpoint, _ in calls]
+        for _, call in calls:
+            call.cancel()  # a no-op for finished calls
+        with self._lock:
+            for p in probes:
+                for node in p.nodes:
+                    if node not in self._given and node not in self._learned:
+                        self._learned.append(node)
+        return probes
+
+    def discover(self, timeout: timedelta | float) -> Target:
+        """Find the leader (or a single lighthouse) within ``timeout``; ``ConnectionError``
+        naming the endpoints and their answers otherwise."""
+        deadline = Deadline.after(timeout)
+        last: list[Probe] = []
+        try:
+            for attempt in tenacity.Retrying(
+                    retry=tenacity.retry_if_exception_type(_NoLeader),
+                    wait=wait_within(deadline, _BACKOFF),
+                    stop=stop_at(deadline), reraise=True):
+                with attempt:
+                    last = self.probe(max(0.05, min(self._probe_timeout, deadline.remaining())))
+                    target = choose_target(last)
+                    if target is None:
+                        raise _NoLeader()
+                    with self._lock:
+                        self._target = target
+                    if target.cluster:
+                        log.debug("lighthouse leader: %s (term %d)", target.address, target.term)
+                    return target
+        except _NoLeader:
+            pass
+        answers = "; ".join(f"{p.endpoint}: {p.error or 'no leader known'}" for p in last) or "none"
+        raise ConnectionError(f"no lighthouse leader found within {to_seconds(timeout):g}s at "
+                              f"{self.describe()} (answers: {answers})")
+
+    def _target_within(self, deadline: Deadline) -> Target:
+        target = self.target
+        if target is not None:
+            return target
+        return self.discover(deadline.remaining())
+
+    def _newer_leader(self, current: Target, deadline: Deadline) -> Target | None:
+        """A leader other than ``current`` in a later term, if the nodes report one."""
+        found = choose_target(self.probe(max(0.05, min(self._probe_timeout, deadline.remaining()))))
+        if found is not None and found.cluster and found.address != current.address and found.term > current.term:
+            return found
+        return None
+
+    # -- Quorum ---------------------------------------------------------------------------------
+
+    def quorum(self, replica_id: str, timeout: timedelta | float, address: str = "", store_address: str = "",
+               step: int = 0, world_size: int = 1, shrink_only: bool = False,
+               data: dict[str, Any] | str | None = None, commit_failures: int = 0) -> pb.Quorum:
+        """Block until the lighthouse issues a quorum including ``replica_id`` (torchft's
+        ``LighthouseClient.quorum``; ``data`` is a dict sent as JSON, or a JSON string)."""
+        member = pb.QuorumMember(
+            replica_id=replica_id, address=address, store_address=store_address, step=step,
+            world_size=world_size, shrink_only=shrink_only, commit_failures=commit_failures,
+            data=data if isinstance(data, str) else json.dumps(data) if data is not None else "")
+        return self.quorum_request(member, timeout)
+
+    def quorum_request(self, member: pb.QuorumMember, timeout: timedelta | float) -> pb.Quorum:
+        """``quorum`` with a ready-made ``QuorumMember``; see the module docstring for re-sends."""
+        seconds = to_seconds(timeout) or 0.0
+        deadline = Deadline.after(seconds)
+        request = pb.LighthouseQuorumRequest(requester=member)
+        try:
+            for attempt in tenacity.Retrying(
+                    retry=tenacity.retry_if_exception_type(_Reroute),
+                    wait=wait_within(deadline, _BACKOFF),
+                    stop=stop_at(deadline), reraise=True):
+                with attempt:
+                    if attempt.retry_state.attempt_number > 1:
+                        self.reroutes += 1
+                    return self._quorum_once(request, deadline, seconds)
+        except (_Reroute, ConnectionError) as e:
+            raise self._timeout_error(member.replica_id, seconds, str(e)) from None
+        raise AssertionError("unreachable")
+
+    def _timeout_error(self, replica_id: str, seconds: float, why: str = "") -> TimeoutError:
+        return TimeoutError(f"lighthouse quorum for replica {replica_id} timed out after {seconds:g}s "
+                            f"(lighthouse endpoints: {self.describe()})" + (f": {why}" if why else ""))
+
+    def _quorum_once(self, request: pb.LighthouseQuorumRequest, deadline: Deadline, seconds: float) -> pb.Quorum:
+        replica_id = request.requester.replica_id
+        target = self._target_within(deadline)
+        remaining = deadline.remaining()
+        if remaining <= 0:
+            raise self._timeout_error(replica_id, seconds)
+        stub = pb_grpc.LighthouseServiceStub(self._channel(target.address))
+        call = stub.Quorum.future(request, timeout=remaining)
+        try:
+            while True:
+                left = deadline.remaining()
+                watching = target.cluster and self._watch is not None and left > 0
+                try:
+                    # After the deadline, give the call a moment to end with its own status.
+                    return call.result(timeout=min(self._watch, left) if watching else left + 1.0).quorum
+                except grpc.FutureTimeoutError:
+                    if not watching:
+                        call.cancel()
+                        raise self._timeout_error(replica_id, seconds) from None
+                    newer = self._newer_leader(target, deadline)
+                    if newer is not None:
+                        log.info("lighthouse leader moved %s -> %s while quorum for %s waited; re-sending",
+                                 target.address, newer.address, replica_id)
+                        with self._lock:
+                            self._target = newer
+                        call.cancel()
+                        raise _Reroute(f"leader moved to {newer.address}") from None
+        except grpc.RpcError as e:
+            code = e.code()
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED or (code == grpc.StatusCode.CANCELLED and (
+                    e.details() == _TIMEOUT_DETAILS or deadline.remaining() < _DEADLINE_SLACK_S)):
+                raise self._timeout_error(replica_id, seconds) from None
+            if code in _REROUTE_CODES:
+                log.info("lighthouse quorum for %s via %s failed (%s: %s); re-routing", replica_id,
+                         target.address, code.name, e.details())
+                self._forget(target)
+                raise _Reroute(f"{target.address}: {code.name}: {e.details()}") from None
+            if code == grpc.StatusCode.INVALID_ARGUMENT:
+                raise ValueError(f"lighthouse rejected the quorum request: {e.details()}") from None
+            raise LighthouseError(f"lighthouse quorum for {replica_id} via {target.address} failed: "
+                                  f"{code.name}: {e.details()}", code) from None
+
+    # -- Heartbeat ------------------------------------------------------------------------------
+
+    def heartbeat(self, replica_id: str, timeout: timedelta | float = timedelta(seconds=5)) -> None:
+        """One heartbeat to the leader. A failure forgets the leader (the next heartbeat
+        rediscovers it) and raises ``TimeoutError``/``ConnectionError``/``LighthouseError``."""
+        deadline = Deadline.after(timeout)
+        target = self._target_within(deadline)
+        stub = pb_grpc.LighthouseServiceStub(self._channel(target.address))
+        try:
+            stub.Heartbeat(pb.LighthouseHeartbeatRequest(replica_id=replica_id),
+                           timeout=max(0.01, deadline.remaining()))
+        except grpc.RpcError as e:
+            self._forget(target)
+            code = e.code()
+            msg = f"heartbeat for {replica_id} to {target.address} failed: {code.name}: {e.details()}"
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise TimeoutError(msg) from None
+            if code in _REROUTE_CODES:
+                raise ConnectionError(msg) from None
+            raise LighthouseError(msg, code) from None

@@ -1,0 +1,588 @@
+"""The fault-tolerant training loop's coordinator: torchft's ``Manager``, on ftclient's manager
+server and lighthouse client (leader discovery over a list of lighthouse endpoints).
+
+Per step, every rank of every replica group:
+
+1. ``start_quorum()`` (before the forward pass; asynchronous by default): asks its replica
+   group's manager server for the quorum. On a new quorum id the process group is reconfigured
+   on ``{store_address}/torchft/{quorum_id}/{group_rank}``; a group that is behind (or, with
+   ``init_sync``, not the primary on step 0) fetches the checkpoint of ``max_step`` from its
+   recovery source through the checkpoint transport, and up-to-date groups serve theirs.
+2. ``allreduce(tensor)`` (gradients): never raises; a failure is recorded (``errored()``) and
+   the returned future resolves with the input tensor.
+3. ``should_commit()`` (before ``optimizer.step()``): a barrier over the replica group that is
+   True iff every rank has no error and enough replica groups participate. True advances the
+   step; False counts a commit failure (reported to the lighthouse with the next quorum) and
+   raises after ``max_retries`` consecutive ones.
+
+The constructor takes torchft's arguments and environment variables (``TORCHFT_LIGHTHOUSE``,
+``TORCHFT_MANAGER_PORT``, ``TORCHFT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_TIMEOUT_SEC``,
+``TORCHFT_CONNECT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_RETRIES``; ``MASTER_ADDR``/``MASTER_PORT``,
+``RANK``/``WORLD_SIZE`` for the replica group's TCPStore and rank), so a torchft script ports by
+changing one import. ``lighthouse_addr``/``TORCHFT_LIGHTHOUSE`` may list every lighthouse node.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import traceback
+import uuid
+from concurrent.futures import Future as ConcurrentFuture
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from contextlib import contextmanager
+from datetime import timedelta
+from enum import Enum
+from typing import Any, Callable, Iterator, TypeVar, cast
+
+import torch
+from torch.distributed import ReduceOp, TCPStore
+
+from . import _env
+from ._timeouts import future_timeout
+from .manager_server import ManagerClient, ManagerServer
+from .quorum_results import QuorumResult
+
+__all__ = ["ExceptionWithTraceback", "Manager", "WorldSizeMode"]
+
+T = TypeVar("T")
+
+MANAGER_ADDR_KEY = "manager_addr"
+REPLICA_ID_KEY = "replica_id"
+
+
+class WorldSizeMode(Enum):
+    """How many replica groups a step averages over when more than ``min_replica_size`` are up.
+
+    DYNAMIC: every participating replica group contributes; gradients are divided by their count.
+    FIXED_WITH_SPARES: exactly ``min_replica_size`` groups contribute; the others are spares
+    (they take part in the collectives with zeroed gradients).
+    """
+
+    DYNAMIC = 0
+    FIXED_WITH_SPARES = 1
+
+
+class ExceptionWithTraceback(Exception):
+    """An error recorded by ``report_error``, with the traceback of where it was recorded."""
+
+    def __init__(self, e: Exception) -> None:
+        self.original_exception = e
+        self.stack_trace: str = traceback.format_exc()
+        super().__init__(f"{e}\n{self.stack_trace}")
+
+
+class _ReadWriteLock:
+    """Many readers or one writer; every wait bounded (``TimeoutError``)."""
+
+    def __init__(self, timeout: float) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._timeout = timeout
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        with self._cond:
+            if not self._cond.wait_for(lambda: not self._writer, self._timeout):
+                raise TimeoutError(f"state_dict read not allowed within {self._timeout:g}s")
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    def acquire_write(self) -> None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: not self._writer and self._readers == 0, self._timeout):
+                raise TimeoutError(f"state_dict still being read after {self._timeout:g}s")
+            self._writer = True
+
+    def release_write(self) -> None:
+        with self._cond:
+            self._writer = False
+            self._cond.notify_all()
+
+
+def _default_checkpoint_transport(timeout: timedelta) -> Any:
+    try:
+        from ftclient.checkpointing import HTTPTransport  # type: ignore[attr-defined]
+    except ImportError as e:
+        raise ImportError("checkpoint_transport=None needs ftclient.checkpointing.HTTPTransport, which could not be "
+                          f"imported ({e}); pass a checkpoint_transport explicitly") from e
+    return HTTPTransport(timeout=timeout, num_chunks=0)
+
+
+def _required_env(value: Any, name: str, what: str, cast_fn: Callable[[str], Any] = str) -> Any:
+    if value is not None:
+        return value
+    import os
+
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        raise ValueError(f"{what} not given: pass it to Manager(...) or set {name}")
+    try:
+        return cast_fn(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not valid for {what}") from None
+
+
+class Manager:
+    """torchft's ``Manager``: quorum, healing, fault-tolerant allreduce and commit for one rank
+    of one replica group; see the module docstring.
+
+    Args (as torchft's, same defaults):
+        pg: the reconfigurable process group spanning replica groups (``configure``,
+            ``allreduce``, ``errored``, ``shutdown``).
+        load_state_dict / state_dict: the user's state, sent to and loaded by healing groups
+            (registered as ``"default"``; more with ``register_state_dict_fn``).
+        min_replica_size: fewest replica groups a step may commit with.
+        use_async_quorum: run the quorum (and healing) in the background during the forward pass.
+        timeout: collectives, should_commit, checkpoint transfer. ``TORCHFT_TIMEOUT_SEC`` wins.
+        quorum_timeout: the quorum. ``TORCHFT_QUORUM_TIMEOUT_SEC`` wins.
+        connect_timeout: connecting to the manager server, the store and the lighthouse.
+            ``TORCHFT_CONNECT_TIMEOUT_SEC`` wins.
+        rank / world_size: this rank within the replica group and the group's size
+            (``RANK`` / ``WORLD_SIZE``).
+        world_size_mode: see :class:`WorldSizeMode`.
+        store_addr / store_port: the replica group's TCPStore (``MASTER_ADDR`` / ``MASTER_PORT``).
+        lighthouse_addr: group rank 0 only: one URL or a comma-separated list
+            (``TORCHFT_LIGHTHOUSE``).
+        replica_id: group rank 0 only: this replica group's name (a uuid is appended);
+            default ``REPLICA_GROUP_ID`` if set.
+        port: group rank 0 only: manager server port (``TORCHFT_MANAGER_PORT``, else any).
+        hostname: group rank 0 only: advertised to other replica groups.
+        heartbeat_interval: lighthouse heartbeat period.
+        checkpoint_transport: moves checkpoints between replica groups (default
+            ``ftclient.checkpointing.HTTPTransport``).
+        init_sync: on step 0, make every group load the primary's weights.
+        max_retries: consecutive failed commits tolerated before ``should_commit`` raises.
+        quorum_retries: extra lighthouse attempts per quorum (``TORCHFT_QUORUM_RETRIES`` wins).
+    """
+
+    def __init__(
+        self,
+        pg: Any,
+        load_state_dict: Callable[[Any], None] | None,
+        state_dict: Callable[[], Any] | None,
+        min_replica_size: int,
+        use_async_quorum: bool = True,
+        timeout: timedelta = timedelta(seconds=60),
+        quorum_timeout: timedelta = timedelta(seconds=60),
+        connect_timeout: timedelta = timedelta(seconds=60),
+        rank: int | None = None,
+        world_size: int | None = None,
+        world_size_mode: WorldSizeMode = WorldSizeMode.DYNAMIC,
+        store_addr: str | None = None,
+        store_port: int | None = None,
+        lighthouse_addr: str | None = None,
+        replica_id: str | None = None,
+        port: int | None = None,
+        hostname: str = socket.gethostname(),
+        heartbeat_interval: timedelta = timedelta(milliseconds=100),
+        checkpoint_transport: Any | None = None,
+        init_sync: bool = True,
+        max_retries: int | None = None,
+        quorum_retries: int = 0,
+    ) -> None:
+        self.quorum_logger = logging.getLogger("torchft_quorums")
+        self.commits_logger = logging.getLogger("torchft_commits")
+        self.errors_logger = logging.getLogger("torchft_errors")
+        self._log = logging.getLogger(__name__)
+
+        self._load_state_dict_fns: dict[str, Callable[[Any], None]] = {}
+        self._user_state_dicts: dict[str, Callable[[], Any]] = {}
+        if load_state_dict is not None and state_dict is not None:
+            self.register_state_dict_fn("default", load_state_dict, state_dict)
+
+        self._timeout = _env.env_timeout(_env.TIMEOUT_SEC_ENV, timeout)
+        self._quorum_timeout = _env.env_timeout(_env.QUORUM_TIMEOUT_SEC_ENV, quorum_timeout)
+        self._connect_timeout = _env.env_timeout(_env.CONNECT_TIMEOUT_SEC_ENV, connect_timeout)
+        self._quorum_retries = _env.quorum_retries(quorum_retries)
+        self._state_dict_lock = _ReadWriteLock(self._timeout.total_seconds())
+        self._is_state_dict_read_allowed = True
+
+        if min_replica_size < 1:
+            raise ValueError(f"min_replica_size must be >= 1, got {min_replica_size}")
+        if max_retries is not None and max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0 or None, got {max_retries}")
+        self._min_replica_size = min_replica_size
+        self._use_async_quorum = use_async_quorum
+        self._replica_world_size_mode = world_size_mode
+        self._init_sync = init_sync
+        self._max_retries = max_retries
+        self._commit_failures = 0
+
+        store_addr = _required_env(store_addr, "MASTER_ADDR", "store_addr")
+        store_port = _required_env(store_port, "MASTER_PORT", "store_port", int)
+        self._group_rank: int = _required_env(rank, "RANK", "rank", int)
+        self._group_world_size: int = _required_env(world_size, "WORLD_SIZE", "world_size", int)
+        if not 0 <= self._group_rank < self._group_world_size:
+            raise ValueError(f"rank {self._group_rank} is outside the replica group (world_size "
+                             f"{self._group_world_size})")
+        if replica_id is None and (group_id := _env.replica_group_id()) is not None:
+            replica_id = str(group_id)
+        self._replica_id = replica_id
+
+        self._pg = pg
+        self._manager: ManagerServer | None = None
+        self._client: ManagerClient | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftclient_async_quorum")
+        self._quorum_future: ConcurrentFuture[None] | None = None
+        self._checkpoint_transport = (checkpoint_transport if checkpoint_transport is not None
+                                      else _default_checkpoint_transport(self._timeout))
+        try:
+            self._store = TCPStore(host_name=store_addr, port=store_port, is_master=False, wait_for_workers=False,
+                                   timeout=self._connect_timeout)
+            if self._group_rank == 0:
+                if port is None:
+                    port = _env.env_int(_env.MANAGER_PORT_ENV, 0)
+                # A restarted replica group must not be mistaken for its previous incarnation.
+                full_id = str(uuid.uuid4()) if not replica_id else f"{replica_id}:{uuid.uuid4()}"
+                self._manager = ManagerServer(
+                    replica_id=full_id, lighthouse_addr=_env.lighthouse_addr(lighthouse_addr), hostname=hostname,
+                    bind=f"[::]:{port}", store_addr=f"{store_addr}:{store_port}", world_size=self._group_world_size,
+                    heartbeat_interval=heartbeat_interval, connect_timeout=self._connect_timeout,
+                    quorum_retries=self._quorum_retries)
+                self._store.set(MANAGER_ADDR_KEY, self._manager.address())
+                self._store.set(REPLICA_ID_KEY, full_id)
+            manager_addr = self._store.get(MANAGER_ADDR_KEY).decode()
+            self._full_replica_id = self._store.get(REPLICA_ID_KEY).decode()
+            self._client = ManagerClient(manager_addr, connect_timeout=self._connect_timeout)
+        except BaseException:
+            self.shutdown(wait=False)
+            raise
+
+        self._step = 0
+        self._quorum_id = -1
+        self._errored: ExceptionWithTraceback | None = None
+        self._healing = False
+        self._pending_state_dict: dict[str, Any] | None = None
+        self._batches_committed = 0
+        self._participating_replica_rank: int | None = None
+        self._participating_replica_world_size = 0
+        self._last_quorum: QuorumResult | None = None
+
+    # -- logging ---------------------------------------------------------------------------------
+
+    def _prefix(self) -> str:
+        return f"[{self._full_replica_id}/{self._group_rank} - step {self._step}]"
+
+    def _info(self, msg: str) -> None:
+        self._log.info("%s %s", self._prefix(), msg)
+
+    def _exception(self, msg: str) -> None:
+        self._log.exception("%s %s", self._prefix(), msg)
+
+    # -- state dicts -----------------------------------------------------------------------------
+
+    def register_state_dict_fn(self, key: str, load_state_dict: Callable[[T], None],
+                               state_dict: Callable[[], T]) -> None:
+        """Add user state sent to healing replica groups under ``key`` (unique)."""
+        if key in self._load_state_dict_fns or key in self._user_state_dicts:
+            raise ValueError(f"state_dict fn {key!r} is already registered")
+        self._load_state_dict_fns[key] = cast(Callable[[Any], None], load_state_dict)
+        self._user_state_dicts[key] = state_dict
+
+    def set_state_dict_fns(self, load_state_dict: Callable[[T], None], state_dict: Callable[[], T]) -> None:
+        """Deprecated in torchft: use ``register_state_dict_fn``."""
+        self.register_state_dict_fn("set_state_dict_fns", load_state_dict, state_dict)
+
+    def allow_state_dict_read(self) -> None:
+        if not self._is_state_dict_read_allowed:
+            self._is_state_dict_read_allowed = True
+            self._state_dict_lock.release_write()
+
+    def disallow_state_dict_read(self) -> None:
+        if self._is_state_dict_read_allowed:
+            self._is_state_dict_read_allowed = False
+            self._state_dict_lock.acquire_write()
+
+    def _manager_state_dict(self) -> dict[str, Any]:
+        with self._state_dict_lock.read():
+            if not self._user_state_dicts:
+                raise RuntimeError("no user state_dict registered: pass state_dict= or call register_state_dict_fn")
+            return {"user": {k: fn() for k, fn in self._user_state_dicts.items()}, "torchft": self.state_dict()}
+
+    def state_dict(self) -> dict[str, int]:
+        """The manager's own state, to save with periodic checkpoints."""
+        return {"step": self._step, "batches_committed": self._batches_committed}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        """Restore ``step`` and ``batches_committed`` from ``state_dict()``'s output."""
+        self._step = state_dict["step"]
+        self._batches_committed = state_dict["batches_committed"]
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the checkpoint transport, the manager server (rank 0) and the quorum thread."""
+        transport = getattr(self, "_checkpoint_transport", None)
+        if transport is not None:
+            transport.shutdown(wait=wait)
+        if self._manager is not None:
+            self._manager.shutdown()
+        if self._client is not None:
+            self._client.close()
+        self._executor.shutdown(wait=wait)
+
+    # -- errors ----------------------------------------------------------------------------------
+
+    def report_error(self, e: Exception) -> None:
+        """Record an error: this step will not commit (call it when a gradient is corrupt)."""
+        self._errored = ExceptionWithTraceback(e)
+
+    def errored(self) -> ExceptionWithTraceback | None:
+        """The error recorded in this step, if any."""
+        return self._errored
+
+    def wrap_future(self, fut: "torch.futures.Future[T]", default: T,
+                    timeout: timedelta | None = None) -> "torch.futures.Future[T]":
+        """``fut`` with errors and a timeout (the manager's by default) turned into
+        ``report_error`` + ``default``."""
+        timed = future_timeout(fut, timeout or self._timeout)
+        # A genuine torch.futures.Future (``then()`` would give a bare torch._C.Future).
+        out: torch.futures.Future[T] = torch.futures.Future()
+
+        def settle(f: "torch.futures.Future[T]") -> None:
+            try:
+                value = f.value()
+            except Exception as e:  # noqa: BLE001 -- recorded, never raised
+                self._exception(f"got exception in future -- skipping remaining: {e}")
+                self.report_error(e)
+                value = default
+            out.set_result(value)
+
+        timed.add_done_callback(settle)
+        return out
+
+    # -- quorum ----------------------------------------------------------------------------------
+
+    def start_quorum(self, allow_heal: bool = True, shrink_only: bool = False,
+                     timeout: timedelta | None = None) -> None:
+        """Start this step's quorum (in the background unless ``use_async_quorum=False``).
+
+        ``allow_heal``: recover from a peer in this quorum if behind (every replica group must
+        pass the same value). ``shrink_only``: only accept a quorum of the previous members.
+        """
+        if self._quorum_future is not None:
+            # The previous step's quorum must be over; its error, if any, was raised there.
+            wait_futures([self._quorum_future])
+        self._errored = None
+        self._healing = False
+        self._quorum_future = self._executor.submit(self._async_quorum, allow_heal, shrink_only,
+                                                    timeout or self._quorum_timeout)
+        if not self._use_async_quorum:
+            self.wait_quorum()
+            if self._healing:
+                # Heal before the forward pass: the step then runs on the recovered weights.
+                self._apply_pending_state_dict()
+                self._healing = False
+
+    def wait_quorum(self) -> None:
+        """Wait for the quorum started by ``start_quorum``; raises its error (e.g. TimeoutError)."""
+        if self._quorum_future is None:
+            raise RuntimeError("call start_quorum before wait_quorum")
+        self._quorum_future.result()
+
+    def _async_quorum(self, allow_heal: bool, shrink_only: bool, quorum_timeout: timedelta) -> None:
+        assert self._client is not None
+        quorum = self._client._quorum(
+            group_rank=self._group_rank, step=self._step, checkpoint_metadata=self._checkpoint_transport.metadata(),
+            shrink_only=shrink_only, timeout=quorum_timeout, commit_failures=self._commit_failures,
+            init_sync=self._init_sync)
+        self._last_quorum = quorum
+
+        # With the async quorum, healing groups sit this step out: only the groups at the max
+        # step take part. Synchronous healing makes every group participate.
+        if self._use_async_quorum or not allow_heal:
+            rank, size = quorum.max_replica_rank, quorum.max_world_size
+        else:
+            rank, size = quorum.replica_rank, quorum.replica_world_size
+        if self._replica_world_size_mode == WorldSizeMode.FIXED_WITH_SPARES:
+            size = min(size, self._min_replica_size)
+            if rank is not None and rank >= self._min_replica_size:
+                rank = None
+        self._participating_replica_rank, self._participating_replica_world_size = rank, size
+
+        if quorum.quorum_id != self._quorum_id:
+            self.quorum_logger.info("", extra={"replica_id": self._replica_id, "rank": self._group_rank,
+                                               "quorum_id": quorum.quorum_id, "step": quorum.max_step})
+            store_prefixed_addr = f"{quorum.store_address}/torchft/{quorum.quorum_id}/{self._group_rank}"
+            self._info(f"reconfiguring for quorum_id={quorum.quorum_id} store={store_prefixed_addr}")
+            try:
+                self._quorum_id = quorum.quorum_id
+                self._pg.configure(store_prefixed_addr, self._replica_id if self._replica_id is not None else "0",
+                                   quorum.replica_rank, quorum.replica_world_size, quorum_id=quorum.quorum_id,
+                                   group_rank=self._group_rank, group_world_size=self._group_world_size)
+            except Exception as e:  # noqa: BLE001 -- recorded: this step will not commit
+                self._exception(f"got exception in pg configure: {e}")
+                self.report_error(e)
+                return
+
+        if not allow_heal:
+            return
+        try:
+            if quorum.recover_dst_replica_ranks:
+                self._info(f"peers need recovery from us: {quorum.recover_dst_replica_ranks}")
+                self._checkpoint_transport.send_checkpoint(
+                    dst_ranks=quorum.recover_dst_replica_ranks, step=quorum.max_step,
+                    state_dict=self._manager_state_dict(), timeout=self._timeout)
+            if quorum.heal:
+                self._healing = True
+                assert quorum.recover_src_replica_rank is not None, "a healing quorum names a recovery source"
+                self._info(f"healing from {quorum.recover_src_manager_address} "
+                           f"(replica rank {quorum.recover_src_replica_rank}) at max_step={quorum.max_step}")
+                source = ManagerClient(quorum.recover_src_manager_address, connect_timeout=self._connect_timeout)
+                try:
+                    metadata = source._checkpoint_metadata(self._group_rank, timeout=self._timeout)
+                finally:
+                    source.close()
+                self._pending_state_dict = self._checkpoint_transport.recv_checkpoint(
+                    src_rank=quorum.recover_src_replica_rank, metadata=metadata, step=quorum.max_step,
+                    timeout=self._timeout)
+                self.load_state_dict(self._pending_state_dict["torchft"])
+                self._step = quorum.max_step  # also in the loaded state; explicit for clarity
+        except Exception as e:  # noqa: BLE001 -- recorded: this step will not commit
+            self._exception(f"got exception in recovery: {e}")
+            self.report_error(e)
+
+    def _apply_pending_state_dict(self) -> None:
+        assert self._healing, "only a healing replica group applies a recovered state_dict"
+        assert self._quorum_future is not None
+        self._quorum_future.result()
+        pending, self._pending_state_dict = self._pending_state_dict, None
+        if pending is None:
+            assert self.errored() is not None, "no recovered state_dict and no recorded error"
+            return
+        if not self._load_state_dict_fns:
+            raise RuntimeError("no user load_state_dict registered: pass load_state_dict= or call "
+                               "register_state_dict_fn")
+        self._info("applying the recovered state_dict")
+        user = pending["user"]
+        for key, load in self._load_state_dict_fns.items():
+            load(user[key])
+
+    # -- collectives and commit ------------------------------------------------------------------
+
+    def allreduce(self, tensor: torch.Tensor, should_quantize: bool = False,
+                  reduce_op: ReduceOp = ReduceOp.AVG) -> "torch.futures.Future[torch.Tensor]":
+        """Allreduce ``tensor`` in place across the participating replica groups.
+
+        AVG is a SUM divided by ``num_participants()``; a replica group that is not
+        participating (healing, or a spare) contributes zeros. Never raises for a failed
+        collective: the error is recorded and the future resolves with ``tensor`` (then
+        ``should_commit()`` returns False). After an error, further calls are no-ops.
+        ``should_quantize`` is accepted for compatibility and ignored (no quantized path).
+        """
+        if self.errored():
+            return _completed(tensor)
+        self.wait_quorum()
+        num_participants = self.num_participants()
+        if not self.is_participating():
+            tensor.zero_()
+        pg_op = reduce_op
+        if reduce_op == ReduceOp.AVG:
+            if not torch.is_floating_point(tensor):
+                raise ValueError("average reduce op is only supported for floating point tensors")
+            pg_op = ReduceOp.SUM
+        try:
+            work = self._pg.allreduce([tensor], pg_op)
+
+            def finish(fut: "torch.futures.Future[Any]") -> torch.Tensor:
+                fut.value()  # raises the collective's error, if any
+                if reduce_op == ReduceOp.AVG and num_participants > 0:
+                    tensor.div_(num_participants)
+                return tensor
+
+            return self.wrap_future(work.get_future().then(finish), tensor)
+        except Exception as e:  # noqa: BLE001 -- recorded, never raised
+            self._exception(f"got exception in allreduce -- skipping remaining: {e}")
+            self.report_error(e)
+            return _completed(tensor)
+
+    def should_commit(self, timeout: timedelta | None = None) -> bool:
+        """Whether to step the optimizer: the same answer on every rank of the replica group.
+
+        Raises ``RuntimeError`` after more than ``max_retries`` consecutive False answers.
+        """
+        if err := self._pg.errored():
+            self.report_error(err)
+        if self._healing:
+            self._apply_pending_state_dict()
+        enough_replicas = self.num_participants() >= self._min_replica_size
+        local_should_commit = enough_replicas and self._errored is None
+        assert self._client is not None
+        should_commit = self._client.should_commit(self._group_rank, self._step, local_should_commit,
+                                                   timeout=timeout or self._timeout)
+        self._info(f"should_commit={should_commit} enough_replicas={enough_replicas} errored={self._errored}")
+        self.commits_logger.info("", extra={"replica_id": self._replica_id, "rank": self._group_rank,
+                                            "quorum_id": self._quorum_id, "step": self._step,
+                                            "commit_result": should_commit})
+        self._checkpoint_transport.disallow_checkpoint()
+        if should_commit:
+            self._step += 1
+            self._batches_committed += self.num_participants()
+            self._commit_failures = 0
+        else:
+            self._commit_failures += 1
+            if self._max_retries is not None and self._commit_failures > self._max_retries:
+                msg = (f"should_commit failed {self._commit_failures} times consecutively, exceeding "
+                       f"max_retries={self._max_retries}")
+                self._log.error("%s %s", self._prefix(), msg)
+                raise RuntimeError(msg)
+        return should_commit
+
+    # -- accessors -------------------------------------------------------------------------------
+
+    def current_step(self) -> int:
+        """Committed steps so far (advanced by a True ``should_commit``; set by healing)."""
+        return self._step
+
+    def batches_committed(self) -> int:
+        """Batches committed over all replica groups (participants summed per committed step)."""
+        return self._batches_committed
+
+    def participating_rank(self) -> int | None:
+        """This replica group's rank among the participants, None if not participating
+        (waits for the quorum)."""
+        if self._quorum_future is None:
+            return None
+        self.wait_quorum()
+        return self._participating_replica_rank
+
+    def num_participants(self) -> int:
+        """How many replica groups take part in this step (waits for the quorum)."""
+        if self._quorum_future is None:
+            return 0
+        self.wait_quorum()
+        return self._participating_replica_world_size
+
+    def is_participating(self) -> bool:
+        """Whether this replica group's gradients count in this step (not healing, not a spare)."""
+        if self._participating_replica_rank is None:
+            return False
+        if self._healing:
+            assert self._use_async_quorum
+            return False
+        return True
+
+    @property
+    def replica_id(self) -> str:
+        """This replica group's full id in the lighthouse (``name:uuid``)."""
+        return self._full_replica_id
+
+    @property
+    def last_quorum_result(self) -> QuorumResult | None:
+        """What the last quorum told this rank (for logging and tests); None before the first."""
+        return self._last_quorum
+
+
+def _completed(tensor: torch.Tensor) -> "torch.futures.Future[torch.Tensor]":
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(tensor)
+    return fut

@@ -1,0 +1,890 @@
+"""Reconfigurable, fault-tolerant process groups (ftclient's counterpart of torchft.process_group).
+
+This module owns the collective-communication layer a replica group uses to talk to the other
+replica groups of the quorum:
+
+- :class:`ProcessGroup`: the reconfigurable process-group API the Manager drives
+  (``configure`` on every new quorum, ``allreduce``, ``size``, ``errored``, ``shutdown``).
+- :class:`ProcessGroupGloo`: a fresh torch Gloo process group per quorum, rendezvoused over a
+  TCPStore client + PrefixStore built from ``"host:port/prefix"``. Every operation carries a
+  deadline: its work and future fail with :class:`TimeoutError` once the configured timeout has
+  passed, even when Gloo itself is stuck.
+- :class:`ErrorSwallowingProcessGroupWrapper`: records the first error and returns completed
+  dummy work afterwards, so model code never sees a failure; the error surfaces through
+  ``errored()`` (the Manager votes against committing) and is cleared by ``configure``.
+- :class:`ManagedProcessGroup`: a process group whose allreduce goes through a Manager
+  (``manager.allreduce``) and whose size is the number of quorum participants.
+- :class:`ProcessGroupDummy`: a single-rank group that completes everything at once (used by
+  :mod:`ftclient.ddp` to soak up DDP's own start-up collectives).
+
+All classes subclass ``torch.distributed.ProcessGroup`` so they can be handed to torch APIs
+that expect a process group. Operations return ``torch.distributed.Work`` objects with
+``wait(timeout=None)`` and ``get_future()``; an allreduce future's value is the list of tensors
+that was passed in (reduced in place), as in torch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import heapq
+import itertools
+import logging
+import os
+import queue
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Callable, Protocol
+
+import torch
+import torch.distributed as dist
+from torch.distributed import AllreduceOptions, BroadcastOptions, ReduceOp
+from torch.futures import Future
+
+logger: logging.Logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ErrorSwallowingProcessGroupWrapper",
+    "ManagedProcessGroup",
+    "ProcessGroup",
+    "ProcessGroupDummy",
+    "ProcessGroupGloo",
+    "create_store_client",
+    "parse_store_addr",
+]
+
+DEFAULT_TIMEOUT: timedelta = timedelta(seconds=60)
+
+
+# --------------------------------------------------------------------------------------------
+# Store addresses
+
+
+def parse_store_addr(store_addr: str) -> tuple[str, int, str]:
+    """Split torchft's store address ``"host:port/prefix"`` (``"[v6]:port/prefix"`` for IPv6)
+    into ``(host, port, prefix)``. The prefix may be empty and may itself contain slashes."""
+    addr, _, prefix = store_addr.partition("/")
+    host, sep, port = addr.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(
+            f"invalid store address {store_addr!r}: expected 'host:port/prefix' "
+            "(e.g. 'localhost:29500/torchft/3/0'), as the Manager builds it from the quorum's "
+            "store_address"
+        )
+    return host, int(port), prefix
+
+
+def create_store_client(store_addr: str, timeout: timedelta) -> dist.Store:
+    """Connect a TCPStore client to ``host:port`` and scope it to ``prefix`` with a PrefixStore.
+
+    The store's timeout bounds every rendezvous wait (and so the Gloo set-up that uses it)."""
+    host, port, prefix = parse_store_addr(store_addr)
+    try:
+        store = dist.TCPStore(
+            host_name=host,
+            port=port,
+            is_master=False,
+            wait_for_workers=False,
+            timeout=timeout,
+        )
+    except Exception as e:  # torch raises a bare RuntimeError / DistNetworkError
+        raise ConnectionError(
+            f"could not connect to the quorum's TCPStore at {host}:{port} within "
+            f"{timeout.total_seconds():g}s: {e}. The store runs on the primary replica group's "
+            "rank 0; check that it is alive and reachable from this host."
+        ) from e
+    return dist.PrefixStore(prefix, store)
+
+
+# --------------------------------------------------------------------------------------------
+# Work objects
+
+
+def _completed_future(value: object) -> Future[Any]:
+    fut: Future[Any] = Future()
+    fut.set_result(value)
+    return fut
+
+
+class _DummyWork(dist._Work):
+    """Work that is already complete with ``result``."""
+
+    def __init__(self, result: object) -> None:
+        super().__init__()
+        self._fut = _completed_future(result)
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        return True
+
+    def get_future(self) -> Future[Any]:
+        return self._fut
+
+
+class _FutureWork(dist._Work):
+    """Work backed by a torch Future: ``wait`` blocks on it (optionally with a timeout) and
+    raises its exception, ``get_future`` returns it."""
+
+    def __init__(self, fut: Future[Any]) -> None:
+        super().__init__()
+        self._fut = fut
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        _wait_future(self._fut, timeout)
+        self._fut.value()  # raises the operation's error, if any
+        return True
+
+    def get_future(self) -> Future[Any]:
+        return self._fut
+
+
+def _wait_future(fut: Future[Any], timeout: timedelta | None) -> None:
+    """Block until ``fut`` is done; with a timeout, raise TimeoutError when it is not done by
+    then (the future itself is left alone)."""
+    if timeout is None:
+        fut.wait()
+        return
+    done = threading.Event()
+    fut.add_done_callback(lambda _: done.set())
+    if not done.wait(max(timeout.total_seconds(), 0.0)):
+        raise TimeoutError(f"work not completed within wait(timeout={timeout.total_seconds():g}s)")
+
+
+class _Watchdog:
+    """One daemon thread that runs callbacks at deadlines (cheaper than a Timer thread per
+    operation). Entries are cancelled by flag and dropped when they come due."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._heap: list[tuple[float, int, list[Any]]] = []
+        self._seq = itertools.count()
+        self._pid: int | None = None
+
+    def schedule(self, delay_s: float, fn: Callable[[], None]) -> list[Any]:
+        entry: list[Any] = [fn]  # entry[0] = None once cancelled
+        with self._cv:
+            if self._pid != os.getpid():  # first use, or first use after a fork
+                self._pid = os.getpid()
+                threading.Thread(target=self._run, name="ftclient-pg-watchdog", daemon=True).start()
+            heapq.heappush(self._heap, (time.monotonic() + delay_s, next(self._seq), entry))
+            self._cv.notify()
+        return entry
+
+    @staticmethod
+    def cancel(entry: list[Any]) -> None:
+        entry[0] = None
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap:
+                    self._cv.wait()
+                deadline, _, entry = self._heap[0]
+                now = time.monotonic()
+                if deadline > now:
+                    self._cv.wait(deadline - now)
+                    continue
+                heapq.heappop(self._heap)
+            fn = entry[0]
+            if fn is not None:
+                try:
+                    fn()
+                except Exception:  # never let one callback kill the watchdog
+                    logger.exception("process group watchdog callback failed")
+
+
+_WATCHDOG = _Watchdog()
+
+
+class _DeadlineWork(dist._Work):
+    """Wraps a Gloo work: its future completes with the Gloo result, or fails with the Gloo
+    error, or fails with TimeoutError when the deadline passes first. Errors are reported to
+    ``on_error`` (the owning process group's error record)."""
+
+    def __init__(
+        self,
+        inner: dist._Work,
+        result: object,
+        op_name: str,
+        timeout: timedelta,
+        on_error: Callable[[Exception], None],
+        post: Callable[[], None] | None = None,
+        on_inner_done: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__()
+        self._fut: Future[Any] = Future()
+        self._lock = threading.Lock()
+        self._done = False
+        self._on_error = on_error
+        timeout_s = timeout.total_seconds()
+
+        def on_timeout() -> None:
+            self._finish(
+                TimeoutError(
+                    f"{op_name} timed out after {timeout_s:g}s: a peer replica group is gone or "
+                    "stuck. The step will not commit; the next quorum reconfigures the group."
+                )
+            )
+
+        self._timer = _WATCHDOG.schedule(timeout_s, on_timeout)
+
+        def inner_done(f: Future[Any]) -> None:
+            try:
+                try:
+                    f.value()
+                except Exception as e:
+                    self._finish(RuntimeError(f"{op_name} failed: {e}"))
+                    return
+                if post is not None and not self._done:
+                    try:
+                        post()
+                    except Exception as e:
+                        self._finish(e)
+                        return
+                self._finish(None, result)
+            finally:
+                if on_inner_done is not None:
+                    on_inner_done()
+
+        # Registered last: the inner future may already be complete and call back at once.
+        inner.get_future().add_done_callback(inner_done)
+
+    def _finish(self, error: Exception | None, result: object = None) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        _Watchdog.cancel(self._timer)
+        if error is not None:
+            self._on_error(error)
+            self._fut.set_exception(error)
+        else:
+            self._fut.set_result(result)
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        _wait_future(self._fut, timeout)
+        self._fut.value()
+        return True
+
+    def get_future(self) -> Future[Any]:
+        return self._fut
+
+
+# --------------------------------------------------------------------------------------------
+# Process groups
+
+
+def _reduce_op(opts: object) -> ReduceOp:
+    """The ReduceOp of ``opts``: a ReduceOp, a ReduceOp.RedOpType or AllreduceOptions."""
+    if isinstance(opts, AllreduceOptions):
+        return opts.reduceOp
+    if isinstance(opts, ReduceOp):
+        return opts
+    if isinstance(opts, ReduceOp.RedOpType):
+        return ReduceOp(opts)
+    if opts is None:
+        return ReduceOp.SUM
+    raise TypeError(f"allreduce expects a ReduceOp or AllreduceOptions, got {type(opts).__name__}")
+
+
+def _same_op(a: ReduceOp, b: ReduceOp.RedOpType) -> bool:
+    return a == b  # ReduceOp compares equal to its RedOpType
+
+
+class ProcessGroup(dist.ProcessGroup):
+    """Base of ftclient's process groups: a ``torch.distributed.ProcessGroup`` that can be
+    reconfigured (new store prefix, rank and world size) on every quorum.
+
+    Subclasses implement :meth:`configure`, :meth:`allreduce` and :meth:`size`.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(0, 1)  # torch's static rank/size are unused; see size()
+
+    def configure(
+        self,
+        store_addr: str,
+        replica_id: str,
+        rank: int,
+        world_size: int,
+        quorum_id: int | None = None,
+        group_rank: int | None = None,
+        group_world_size: int | None = None,
+        global_ranks: list[int] | None = None,
+    ) -> None:
+        """Tear down the current group and build one for ``world_size`` members where this
+        process is ``rank``, rendezvousing on ``store_addr`` (``"host:port/prefix"``; the
+        prefix must be unique per quorum, e.g. ``.../torchft/{quorum_id}/{group_rank}``).
+        Blocks until the group is ready; raises if it cannot be built within the timeout.
+        ``global_ranks`` is accepted for torchft compatibility and unused."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement configure")
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: object) -> dist._Work:
+        """Reduce ``tensors`` in place across the group; ``opts`` is a ReduceOp or
+        AllreduceOptions. Returns a Work whose future's value is ``tensors``."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement allreduce")
+
+    def size(self) -> int:
+        """Number of members of the current group."""
+        raise NotImplementedError(f"{type(self).__name__} does not implement size")
+
+    def errored(self) -> Exception | None:
+        """The first error seen since the last configure, if any (the Manager checks this
+        before voting in should_commit)."""
+        return None
+
+    def shutdown(self) -> None:
+        """Release the current group; further operations need a new configure."""
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """Change the timeout of subsequent configures and operations."""
+        raise NotImplementedError(f"{type(self).__name__} has no timeout")
+
+    def getBackendName(self) -> str:
+        return "ftclient"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class _Backend:
+    """A Gloo group plus a count of its in-flight operations.
+
+    torch's Gloo destructor joins Gloo's worker threads, i.e. waits for an in-flight operation
+    to hit Gloo's own timeout. So an idle group is destroyed at once, and a busy one is handed
+    to a reaper thread that destroys it when its last operation has finished."""
+
+    def __init__(self, pg: dist.ProcessGroupGloo) -> None:
+        self.pg: dist.ProcessGroupGloo | None = pg
+        self._lock = threading.Lock()
+        self._inflight = 0
+        self.idle = threading.Event()
+        self.idle.set()
+
+    def op_started(self) -> None:
+        with self._lock:
+            self._inflight += 1
+            self.idle.clear()
+
+    def op_finished(self) -> None:
+        with self._lock:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self.idle.set()
+
+    def release(self) -> None:
+        if self.idle.is_set():
+            self.pg = None  # destroyed here: nothing to wait for
+        else:
+            _REAPER.retire(self)
+
+
+class _Reaper:
+    """Destroys busy Gloo groups once idle, off the trainer's thread. At interpreter exit it
+    stops (bounded wait) so no destructor runs while Python finalizes."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[_Backend | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pid: int | None = None
+
+    def retire(self, backend: _Backend) -> None:
+        with self._lock:
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="ftclient-pg-reaper", daemon=True)
+                self._thread.start()
+                atexit.register(self._stop)
+        self._queue.put(backend)
+
+    def _run(self) -> None:
+        while True:
+            backend = self._queue.get()
+            if backend is None:
+                return
+            backend.idle.wait()
+            backend.pg = None
+
+    def _stop(self) -> None:
+        self._queue.put(None)
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            thread.join(timeout=5.0)
+
+
+_REAPER = _Reaper()
+
+
+class ProcessGroupGloo(ProcessGroup):
+    """A reconfigurable Gloo process group (CPU tensors).
+
+    Every :meth:`configure` connects a new TCPStore client scoped by the address's prefix and
+    builds a fresh ``torch.distributed.ProcessGroupGloo`` on it; the previous group is released
+    in the background (torch's Gloo destructor waits for in-flight operations, which could
+    otherwise block the trainer for a whole timeout).
+
+    Every operation is bounded by ``timeout``: Gloo fails it when a peer closes its connection
+    (a dead peer is noticed at once) or when the timeout elapses, and a watchdog fails the
+    returned work and future with :class:`TimeoutError` at the deadline in any case (e.g. when
+    the operation is queued behind a stuck one). The first error is kept for :meth:`errored`.
+
+    Args:
+        timeout: bound on configure (store connection and rendezvous) and on each operation.
+    """
+
+    def __init__(self, timeout: timedelta = DEFAULT_TIMEOUT) -> None:
+        super().__init__()
+        self._timeout = timeout
+        self._backend: _Backend | None = None
+        self._world_size: int | None = None
+        self._rank: int | None = None
+        self._quorum_id: int | None = None
+        self._replica_id: str | None = None
+        self._error: Exception | None = None
+        self._error_lock = threading.Lock()
+        self._generation = 0  # errors of works from an older configure are not recorded
+
+    # configuration --------------------------------------------------------------------------
+
+    def configure(
+        self,
+        store_addr: str,
+        replica_id: str,
+        rank: int,
+        world_size: int,
+        quorum_id: int | None = None,
+        group_rank: int | None = None,
+        group_world_size: int | None = None,
+        global_ranks: list[int] | None = None,
+    ) -> None:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), got rank={rank}")
+        self._release_backend()
+        with self._error_lock:
+            self._generation += 1
+            self._error = None
+        self._replica_id = replica_id
+        self._quorum_id = quorum_id
+        store = create_store_client(store_addr, self._timeout)
+        start = time.monotonic()
+        try:
+            backend = dist.ProcessGroupGloo(store, rank, world_size, self._timeout)
+        except Exception as e:
+            raise RuntimeError(
+                f"building the Gloo group on {store_addr!r} (rank {rank} of {world_size}, "
+                f"quorum {quorum_id}) failed after {time.monotonic() - start:.1f}s: {e}. "
+                "Some member of the quorum did not join in time."
+            ) from e
+        self._backend = _Backend(backend)
+        self._rank = rank
+        self._world_size = world_size
+        logger.info(
+            "configured gloo group: store=%s rank=%d world_size=%d quorum_id=%s",
+            store_addr,
+            rank,
+            world_size,
+            quorum_id,
+        )
+
+    def _release_backend(self) -> None:
+        backend, self._backend = self._backend, None
+        self._world_size = None
+        if backend is not None:
+            backend.release()
+
+    def shutdown(self) -> None:
+        self._release_backend()
+
+    def __del__(self) -> None:
+        # Hand a busy group to the reaper rather than letting the last reference to it drop in
+        # one of Gloo's own threads (whose destructor would then join itself).
+        try:
+            self._release_backend()
+        except Exception:
+            pass
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._timeout = timeout
+
+    # state ----------------------------------------------------------------------------------
+
+    def size(self) -> int:
+        if self._world_size is None:
+            raise RuntimeError("ProcessGroupGloo.size() called before configure()")
+        return self._world_size
+
+    def rank(self) -> int:
+        if self._rank is None:
+            raise RuntimeError("ProcessGroupGloo.rank() called before configure()")
+        return self._rank
+
+    def errored(self) -> Exception | None:
+        return self._error
+
+    def getBackendName(self) -> str:
+        return "ftclient-gloo"
+
+    def __repr__(self) -> str:
+        return (
+            f"ProcessGroupGloo(rank={self._rank}, world_size={self._world_size}, "
+            f"quorum_id={self._quorum_id}, timeout={self._timeout.total_seconds():g}s)"
+        )
+
+    def _error_recorder(self) -> Callable[[Exception], None]:
+        generation = self._generation
+
+        def record(e: Exception) -> None:
+            with self._error_lock:
+                if self._generation == generation and self._error is None:
+                    self._error = e
+            logger.warning("process group operation failed: %s", e)
+
+        return record
+
+    def _require_backend(self, op_name: str) -> _Backend:
+        backend = self._backend
+        if backend is None or backend.pg is None:
+            raise RuntimeError(
+                f"ProcessGroupGloo.{op_name} called before configure() (or after shutdown()); "
+                "the Manager configures the group when it gets a quorum"
+            )
+        return backend
+
+    def _run(
+        self,
+        op_name: str,
+        launch: Callable[[dist.ProcessGroupGloo], dist._Work],
+        result: object,
+        post: Callable[[], None] | None = None,
+    ) -> dist._Work:
+        backend = self._require_backend(op_name)
+        pg = backend.pg
+        assert pg is not None
+        record = self._error_recorder()
+        backend.op_started()
+        try:
+            inner = launch(pg)
+        except Exception as e:
+            backend.op_finished()
+            record(e)
+            raise
+        return _DeadlineWork(
+            inner, result, op_name, self._timeout, record, post, on_inner_done=backend.op_finished
+        )
+
+    # collectives ----------------------------------------------------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: object = ReduceOp.SUM) -> dist._Work:
+        op = _reduce_op(opts)
+        post: Callable[[], None] | None = None
+        if _same_op(op, ReduceOp.AVG):  # Gloo has no AVG: sum, then divide
+            if not all(torch.is_floating_point(t) for t in tensors):
+                raise ValueError("ReduceOp.AVG needs floating point tensors")
+            op = ReduceOp(ReduceOp.SUM)
+            world_size = self.size()
+
+            def post() -> None:
+                for t in tensors:
+                    t.div_(world_size)
+
+        gloo_opts = AllreduceOptions()
+        gloo_opts.reduceOp = op
+        gloo_opts.timeout = self._timeout
+        return self._run("allreduce", lambda b: b.allreduce(tensors, gloo_opts), tensors, post)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: object = 0) -> dist._Work:
+        """Broadcast ``tensors`` from ``opts`` (a root rank or BroadcastOptions)."""
+        if isinstance(opts, BroadcastOptions):
+            gloo_opts = opts
+        else:
+            gloo_opts = BroadcastOptions()
+            gloo_opts.rootRank = int(opts)  # type: ignore[call-overload]
+        gloo_opts.timeout = self._timeout
+        return self._run("broadcast", lambda b: b.broadcast(tensors, gloo_opts), tensors)
+
+    def allgather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: object = None,
+    ) -> dist._Work:
+        """Gather ``input_tensors`` from every member into ``output_tensors``."""
+        return self._run(
+            "allgather", lambda b: b.allgather(output_tensors, input_tensors), output_tensors
+        )
+
+    def barrier(self, opts: object = None) -> dist._Work:
+        """Wait until every member reached the barrier."""
+        return self._run("barrier", lambda b: b.barrier(), None)
+
+
+class ProcessGroupDummy(ProcessGroup):
+    """A single-rank process group that completes every operation at once without moving
+    data (outputs of gathers are copies of the inputs). :mod:`ftclient.ddp` gives it to torch
+    DDP so DDP's start-up collectives are no-ops; the real communication goes through the
+    Manager."""
+
+    def __init__(self, rank: int = 0, world: int = 1) -> None:
+        super().__init__()
+        if (rank, world) != (0, 1):
+            raise ValueError(f"ProcessGroupDummy is single-rank: need rank=0, world=1, got {rank}, {world}")
+        self.configure_count = 0
+
+    def configure(
+        self,
+        store_addr: str,
+        replica_id: str,
+        rank: int,
+        world_size: int,
+        quorum_id: int | None = None,
+        group_rank: int | None = None,
+        group_world_size: int | None = None,
+        global_ranks: list[int] | None = None,
+    ) -> None:
+        self.configure_count += 1
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: object = None) -> dist._Work:
+        return _DummyWork(tensors)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: object = None) -> dist._Work:
+        return _DummyWork(tensors)
+
+    def allgather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: object = None,
+    ) -> dist._Work:
+        for out, inp in zip(output_tensors[0], input_tensors):
+            out.copy_(inp)
+        return _DummyWork(output_tensors)
+
+    def _allgather_base(
+        self, output: torch.Tensor, input: torch.Tensor, opts: object = None
+    ) -> dist._Work:
+        output.copy_(input)
+        return _DummyWork([output])
+
+    def barrier(self, opts: object = None) -> dist._Work:
+        return _DummyWork(None)
+
+    def size(self) -> int:
+        return 1
+
+    def rank(self) -> int:
+        return 0
+
+    def getBackendName(self) -> str:
+        return "ftclient-dummy"
+
+
+class _ErrorSwallowingWork(dist._Work):
+    def __init__(
+        self, pg: ErrorSwallowingProcessGroupWrapper, inner: dist._Work, default: object
+    ) -> None:
+        super().__init__()
+        self._pg = pg
+        self._inner = inner
+        self._default = default
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        try:
+            # torch's native works reject timeout=None
+            self._inner.wait() if timeout is None else self._inner.wait(timeout)
+        except Exception as e:
+            self._pg.report_error(e)
+        return True
+
+    def get_future(self) -> Future[Any]:
+        default, pg = self._default, self._pg
+
+        def swallow(f: Future[Any]) -> object:
+            try:
+                return f.value()
+            except Exception as e:
+                pg.report_error(e)
+                return default
+
+        return self._inner.get_future().then(swallow)
+
+
+class ErrorSwallowingProcessGroupWrapper(ProcessGroup):
+    """Wraps a process group so collectives never raise to the caller.
+
+    The first error (raised at launch, by ``wait`` or through the future) is recorded; the
+    failed work completes with its input tensors (their contents are then undefined and must
+    not be committed), and every later operation returns already-completed dummy work without
+    communicating, until :meth:`configure` clears the error. :meth:`errored` exposes the error
+    so the Manager can vote against committing the step.
+
+    Args:
+        pg: the process group to wrap (e.g. :class:`ProcessGroupGloo`).
+    """
+
+    def __init__(self, pg: ProcessGroup) -> None:
+        super().__init__()
+        self._pg = pg
+        self._error: Exception | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def parent(self) -> ProcessGroup:
+        """The wrapped process group."""
+        return self._pg
+
+    def configure(
+        self,
+        store_addr: str,
+        replica_id: str,
+        rank: int,
+        world_size: int,
+        quorum_id: int | None = None,
+        group_rank: int | None = None,
+        group_world_size: int | None = None,
+        global_ranks: list[int] | None = None,
+    ) -> None:
+        with self._lock:
+            self._error = None
+        try:
+            self._pg.configure(
+                store_addr,
+                replica_id,
+                rank,
+                world_size,
+                quorum_id,
+                group_rank,
+                group_world_size,
+                global_ranks,
+            )
+        except Exception as e:
+            self.report_error(e)
+            raise
+
+    def report_error(self, e: Exception) -> None:
+        """Record ``e`` (the first error wins) and skip operations until the next configure."""
+        with self._lock:
+            if self._error is None:
+                self._error = e
+                logger.warning("swallowed process group error: %s", e)
+
+    def errored(self) -> Exception | None:
+        return self._error or self._pg.errored()
+
+    def error(self) -> Exception | None:
+        """The recorded error (torchft's name for :meth:`errored`)."""
+        return self.errored()
+
+    def _swallow(self, launch: Callable[[], dist._Work], default: object) -> dist._Work:
+        if self.errored() is not None:
+            return _DummyWork(default)
+        try:
+            inner = launch()
+        except Exception as e:
+            self.report_error(e)
+            return _DummyWork(default)
+        return _ErrorSwallowingWork(self, inner, default)
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: object = ReduceOp.SUM) -> dist._Work:
+        return self._swallow(lambda: self._pg.allreduce(tensors, opts), tensors)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: object = 0) -> dist._Work:
+        return self._swallow(lambda: self._pg.broadcast(tensors, opts), tensors)
+
+    def allgather(
+        self,
+        output_tensors: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: object = None,
+    ) -> dist._Work:
+        return self._swallow(
+            lambda: self._pg.allgather(output_tensors, input_tensors, opts), output_tensors
+        )
+
+    def barrier(self, opts: object = None) -> dist._Work:
+        return self._swallow(lambda: self._pg.barrier(opts), None)
+
+    def size(self) -> int:
+        return self._pg.size()
+
+    def shutdown(self) -> None:
+        self._pg.shutdown()
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._pg.set_timeout(timeout)
+
+    def getBackendName(self) -> str:
+        return self._pg.getBackendName()
+
+    def __repr__(self) -> str:
+        return f"ErrorSwallowingProcessGroupWrapper(pg={self._pg!r})"
+
+
+class _ManagerLike(Protocol):
+    def allreduce(self, tensor: torch.Tensor, **kwargs: Any) -> Any: ...
+
+    def num_participants(self) -> int: ...
+
+
+def as_future(result: object) -> Future[Any]:
+    """The future of a Manager allreduce result: the Future itself, or a Work's future."""
+    # torch._C.Future is the base of torch.futures.Future and what Future.then() returns.
+    if isinstance(result, torch._C.Future):
+        return result  # type: ignore[return-value]
+    get_future = getattr(result, "get_future", None)
+    if get_future is None:
+        raise TypeError(
+            f"manager.allreduce returned {type(result).__name__}; expected a "
+            "torch.futures.Future (or a Work with get_future())"
+        )
+    return get_future()
+
+
+class ManagedProcessGroup(ProcessGroup):
+    """A process group that sends allreduces through a Manager.
+
+    ``allreduce([t], op)`` calls ``manager.allreduce(t)`` for ``ReduceOp.AVG`` and
+    ``manager.allreduce(t, reduce_op=op)`` for any other op, so errors are handled (recorded,
+    never raised) by the Manager and averages use the number of participants. :meth:`size` is
+    the Manager's ``num_participants()``, which changes from quorum to quorum. The Manager
+    owns reconfiguration, so :meth:`configure` is refused.
+
+    Args:
+        manager: the Manager of this replica group.
+    """
+
+    def __init__(self, manager: _ManagerLike) -> None:
+        super().__init__()
+        self._manager = manager
+
+    def configure(self, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(
+            "ManagedProcessGroup is reconfigured by its Manager on every quorum; "
+            "call manager.start_quorum() instead of configure()"
+        )
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: object = ReduceOp.AVG) -> dist._Work:
+        if len(tensors) != 1:
+            raise ValueError(
+                f"ManagedProcessGroup.allreduce takes exactly one tensor, got {len(tensors)}"
+            )
+        op = _reduce_op(opts)
+        if _same_op(op, ReduceOp.AVG):
+            result = self._manager.allreduce(tensors[0])
+        else:
+            result = self._manager.allreduce(tensors[0], reduce_op=op)
+        return _FutureWork(as_future(result))
+
+    def size(self) -> int:
+        return self._manager.num_participants()
+
+    def errored(self) -> Exception | None:
+        errored = getattr(self._manager, "errored", None)
+        return errored() if errored is not None else None
+
+    def getBackendName(self) -> str:
+        return "ftclient-managed"
+
+    def __repr__(self) -> str:
+        return f"ManagedProcessGroup(manager={self._manager!r})"
+
