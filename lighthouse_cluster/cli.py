@@ -90,6 +90,9 @@ def main() -> None:
                    "Default: [::] and this node's client port.")
 @click.option("--raft-bind", envvar=ENV + "RAFT_BIND", metavar="HOST:PORT",
               help="Where to listen for Raft peers. Default: this node's Raft address.")
+@click.option("--raft-dial", "raft_dial", multiple=True, envvar=ENV + "RAFT_DIAL", metavar="ID=HOST:PORT",
+              help="Reach peer ID's Raft port at HOST:PORT instead of its Raft address (NAT, port forwarding, "
+                   "a proxy); its identity stays its Raft address (repeat; env: space-separated).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), envvar=ENV + "DATA_DIR",
               help="Raft journal and snapshots; without it the node keeps no state across restarts.")
 @click.option("--secret", envvar=ENV + "SECRET", help="Cluster secret encrypting the Raft port (prefer the env var).")
@@ -105,8 +108,8 @@ def main() -> None:
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", envvar=ENV + "LOG_FORMAT",
               show_default=True)
 def serve(node_id: str, peers: tuple[str, ...], client_bind: str | None, raft_bind: str | None,
-          data_dir: Path | None, secret: str | None, secret_file: Path | None, insecure: bool,
-          min_replicas: int, join_timeout_ms: int, quorum_tick_ms: int, heartbeat_timeout_ms: int,
+          raft_dial: tuple[str, ...], data_dir: Path | None, secret: str | None, secret_file: Path | None,
+          insecure: bool, min_replicas: int, join_timeout_ms: int, quorum_tick_ms: int, heartbeat_timeout_ms: int,
           election_timeout_ms: int | None, log_level: str, log_format: str) -> None:
     """Run one lighthouse node in the foreground (SIGTERM hands leadership over, then exits)."""
     from .logs import configure_logging
@@ -118,12 +121,14 @@ def serve(node_id: str, peers: tuple[str, ...], client_bind: str | None, raft_bi
             _exit_config_error(ConfigError(f"cannot read --secret-file {secret_file}: {e.strerror}"))
     if isinstance(peers, str):  # from a config file or env as one string
         peers = tuple(peers.split())
+    if isinstance(raft_dial, str):
+        raft_dial = tuple(raft_dial.split())
     try:
         config = build_node_config(
             node_id=node_id, peers=list(peers), client_bind=client_bind, raft_bind=raft_bind, data_dir=data_dir,
             secret=secret, insecure=insecure, min_replicas=min_replicas, join_timeout_ms=join_timeout_ms,
             quorum_tick_ms=quorum_tick_ms, heartbeat_timeout_ms=heartbeat_timeout_ms,
-            election_timeout_ms=election_timeout_ms)
+            election_timeout_ms=election_timeout_ms, raft_dial=list(raft_dial))
     except ConfigError as e:
         _exit_config_error(e)
     configure_logging(log_level, log_format, node_id)

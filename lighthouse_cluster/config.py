@@ -99,6 +99,9 @@ class NodeConfig:
     quorum_tick_ms: int = 100
     raft: RaftSettings = field(default_factory=RaftSettings)
     max_data_bytes: int = MAX_DATA_BYTES
+    # --raft-dial: (peer id, HOST:PORT) pairs; that peer is dialed there, its identity stays
+    # its Raft address.
+    raft_dial: tuple[tuple[str, str], ...] = ()
 
     @property
     def self_peer(self) -> PeerSpec:
@@ -110,6 +113,32 @@ class NodeConfig:
 
     def peer_by_raft_address(self, address: str | None) -> PeerSpec | None:
         return next((p for p in self.peers if p.raft_address == address), None)
+
+    @property
+    def raft_dial_by_address(self) -> dict[str, str]:
+        """``--raft-dial`` as peer Raft address -> HOST:PORT to connect to instead."""
+        by_id = {p.node_id: p.raft_address for p in self.peers}
+        return {by_id[node_id]: target for node_id, target in self.raft_dial}
+
+
+def parse_raft_dial(values: list[str] | tuple[str, ...], peers: tuple[PeerSpec, ...],
+                    node_id: str) -> tuple[tuple[str, str], ...]:
+    """Parse ``--raft-dial ID=HOST:PORT`` values against the peers: every id must be another
+    peer, at most once."""
+    ids = [p.node_id for p in peers]
+    seen: dict[str, str] = {}
+    for value in values:
+        peer_id, sep, target = value.strip().partition("=")
+        if not sep or not peer_id or not target:
+            raise ConfigError(f"--raft-dial {value!r} is not ID=HOST:PORT")
+        if peer_id not in ids:
+            raise ConfigError(f"--raft-dial {value!r}: no peer has id {peer_id!r} (peers: {ids})")
+        if peer_id == node_id:
+            raise ConfigError(f"--raft-dial {value!r}: {peer_id} is this node, which never dials itself")
+        if peer_id in seen:
+            raise ConfigError(f"--raft-dial given twice for {peer_id}")
+        seen[peer_id] = normalize_address(target, f"--raft-dial {peer_id} address")
+    return tuple(seen.items())
 
 
 def build_node_config(
@@ -126,6 +155,7 @@ def build_node_config(
     quorum_tick_ms: int,
     heartbeat_timeout_ms: int,
     election_timeout_ms: int | None = None,
+    raft_dial: list[str] | tuple[str, ...] = (),
 ) -> NodeConfig:
     """Validate raw settings into a NodeConfig, or raise ConfigError naming the problem."""
     check_node_id(node_id)
@@ -158,6 +188,7 @@ def build_node_config(
     if election_timeout_ms is not None and election_timeout_ms < 50:
         raise ConfigError("--election-timeout-ms must be at least 50")
     raft = RaftSettings.from_election_timeout_ms(election_timeout_ms) if election_timeout_ms else RaftSettings()
+    dial = parse_raft_dial(raft_dial, specs, node_id)
     return NodeConfig(
         node_id=node_id,
         peers=specs,
@@ -169,4 +200,5 @@ def build_node_config(
                               heartbeat_timeout_ms=heartbeat_timeout_ms),
         quorum_tick_ms=quorum_tick_ms,
         raft=raft,
+        raft_dial=dial,
     )

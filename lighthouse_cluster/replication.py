@@ -7,7 +7,9 @@ This module is the only one that touches pysyncobj. It owns:
   never shifts between versions), and msgpack snapshots;
 * ``RaftNode``: starts the SyncObj with the journal and snapshot in the data directory, the
   cluster secret on the Raft port, and exposes role, term, leader and indexes to the rest of
-  the node.
+  the node;
+* ``DialNode``: a peer that keeps its Raft address as its identity but is dialed at another
+  ``host:port`` (``--raft-dial``: NAT, port forwarding, a fault-injection proxy).
 
 Everything pysyncobj calls back happens on its tick thread; callers that live in an event loop
 hop back with ``loop.call_soon_threadsafe``.
@@ -19,9 +21,10 @@ import enum
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj.dns_resolver import globalDnsResolver
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import _RAFT_STATE
 
@@ -110,6 +113,58 @@ class ReplicatedState(SyncObjConsumer):
         self.machine.restore_snapshot(data)
 
 
+class DialNode(TCPNode):
+    """A peer whose identity is its Raft address but which is dialed at ``dial_address``.
+
+    pysyncobj identifies a peer by ``address`` everywhere (equality and hashing go through the
+    id, which is the address; the greater address dials; the dialer announces its own address
+    as the first message, and the acceptor looks that string up), and dials ``(ip, port)``
+    only (``TCPTransport._connectIfNecessarySingle``). Overriding ``ip``/``port`` therefore
+    changes where this node connects to and nothing else. The override is local: it pickles as
+    a plain ``TCPNode`` (pysyncobj puts the cluster's nodes into every snapshot, and snapshots
+    go to other nodes), so journals and snapshots are the same as without it.
+    """
+
+    def __init__(self, address: str, dial_address: str) -> None:
+        super().__init__(address)
+        host, port = dial_address.rsplit(":", 1)
+        self.dial_address = dial_address
+        self._dial_host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        self._dial_port = int(port)
+
+    @property
+    def ip(self) -> str | None:  # type: ignore[override]
+        return globalDnsResolver().resolve(self._dial_host)
+
+    @property
+    def port(self) -> int:  # type: ignore[override]
+        return self._dial_port
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TCPNode, (self.address,))
+
+    def __copy__(self) -> "DialNode":  # copies stay local: keep the override
+        return DialNode(self.address, self.dial_address)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> "DialNode":
+        return self.__copy__()
+
+
+def peer_nodes(peer_addresses: list[str],
+               dial: Mapping[str, str]) -> tuple[list[TCPNode], Callable[[str], TCPNode]]:
+    """pysyncobj node objects for ``peer_addresses`` with the ``dial`` overrides (Raft address
+    -> host:port) applied, and a ``nodeClass`` factory that applies them to any node pysyncobj
+    builds later. Raises ValueError for an override naming no peer."""
+    unknown = sorted(set(dial) - set(peer_addresses))
+    if unknown:
+        raise ValueError(f"dial overrides for addresses that are not peers: {unknown}")
+
+    def make(address: str) -> TCPNode:
+        return DialNode(address, dial[address]) if address in dial else TCPNode(address)
+
+    return [make(a) for a in peer_addresses], make
+
+
 class RaftNode:
     """One member of the Raft group; thin wrapper over ``SyncObj``."""
 
@@ -124,7 +179,10 @@ class RaftNode:
         secret: str | None = None,
         settings: RaftSettings = RaftSettings(),
         on_state_changed: Callable[[Role, Role], None] | None = None,
+        dial: Mapping[str, str] | None = None,
     ) -> None:
+        """``dial`` maps a peer's Raft address to the ``host:port`` to connect to instead
+        (identity unchanged; see ``DialNode``)."""
         self.self_address = self_address
         self.state = state
         journal = dump = None
@@ -155,7 +213,11 @@ class RaftNode:
             logCompactionMinTime=settings.compaction_min_time_s,
             onStateChanged=state_changed,
         )
-        self._syncobj = SyncObj(self_address, peer_addresses, conf=conf, consumers=[state])
+        if dial:
+            nodes, node_class = peer_nodes(peer_addresses, dial)
+            self._syncobj = SyncObj(self_address, nodes, conf=conf, consumers=[state], nodeClass=node_class)
+        else:
+            self._syncobj = SyncObj(self_address, peer_addresses, conf=conf, consumers=[state])
 
     # -- writes ---------------------------------------------------------------------------
 
