@@ -89,7 +89,8 @@ def main() -> None:
               help="Where to serve gRPC (torchft.LighthouseService + cluster service). "
                    "Default: [::] and this node's client port.")
 @click.option("--raft-bind", envvar=ENV + "RAFT_BIND", metavar="HOST:PORT",
-              help="Where to listen for Raft peers. Default: this node's Raft address.")
+              help="Where to listen for Raft peers. Default: every interface (0.0.0.0, or :: for an IPv6 "
+                   "Raft address) on this node's Raft port.")
 @click.option("--raft-dial", "raft_dial", multiple=True, envvar=ENV + "RAFT_DIAL", metavar="ID=HOST:PORT",
               help="Reach peer ID's Raft port at HOST:PORT instead of its Raft address (NAT, port forwarding, "
                    "a proxy); its identity stays its Raft address (repeat; env: space-separated).")

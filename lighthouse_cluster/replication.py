@@ -74,6 +74,8 @@ class RaftSettings:
     reconnect_s: float = 0.25
     compaction_min_entries: int = 2000
     compaction_min_time_s: float = 60.0
+    dns_cache_s: float = 5.0
+    dns_fail_cache_s: float = 1.0
 
     @classmethod
     def from_election_timeout_ms(cls, election_timeout_ms: int) -> "RaftSettings":
@@ -185,6 +187,12 @@ class RaftNode:
         (identity unchanged; see ``DialNode``)."""
         self.self_address = self_address
         self.state = state
+        # pysyncobj resolves a "[v6]:port" host with the brackets and never connects: dial
+        # bracketed peers at their bare address (identity unchanged) and bind without brackets.
+        dial = {**{a: a for a in peer_addresses if a.startswith("[")}, **(dial or {})}
+        if bind_address is not None and bind_address.startswith("["):
+            host, port = bind_address.rsplit(":", 1)
+            bind_address = f"{host[1:-1]}:{port}"
         journal = dump = None
         if data_dir is not None:
             data_dir.mkdir(parents=True, exist_ok=True)
@@ -212,6 +220,10 @@ class RaftNode:
             logCompactionMinEntries=settings.compaction_min_entries,
             logCompactionMinTime=settings.compaction_min_time_s,
             onStateChanged=state_changed,
+            # Peers re-created with new addresses (Kubernetes pods, Slurm requeues) are found
+            # again within seconds, not pysyncobj's default 10 minutes.
+            dnsCacheTime=settings.dns_cache_s,
+            dnsFailCacheTime=settings.dns_fail_cache_s,
         )
         if dial:
             nodes, node_class = peer_nodes(peer_addresses, dial)

@@ -488,3 +488,28 @@ def test_graceful_stop_of_the_leader_hands_leadership_over(make_cluster) -> None
     # and the two-node cluster still serves quorums
     q = quorum_call(cluster.client_addresses[other], "after-stop", timeout=5.0)
     assert [m.replica_id for m in q.participants] == ["after-stop"], cluster.tail_logs()
+
+
+# -- IPv6 -------------------------------------------------------------------------------------------
+
+
+def _free_v6_ports(n: int) -> list[int]:
+    import socket
+
+    socks = [socket.socket(socket.AF_INET6) for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("::1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_a_cluster_on_ipv6_addresses_forms_and_serves(make_cluster) -> None:
+    """Raft addresses like [::1]:port: pysyncobj would resolve the bracketed host and never dial."""
+    ports = _free_v6_ports(6)
+    cluster = make_cluster(min_replicas=1, host="[::1]", client_ports=ports[:3], raft_ports=ports[3:])
+    wait_for(cluster, "a serving leader on IPv6, all peers connected", lambda: formed(cluster, connected=True), 10.0)
+    quorum = quorum_call(cluster.client_addresses[0], "v6-replica")
+    assert [m.replica_id for m in quorum.participants] == ["v6-replica"], cluster.tail_logs()
