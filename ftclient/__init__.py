@@ -6,61 +6,46 @@ Porting a torchft script: ``from ftclient import Manager`` (and the wrappers bel
 
 This package's modules: ``manager`` (Manager, WorldSizeMode), ``manager_server`` (the per-replica-
 group ManagerService server and its client), ``quorum_results`` (the pure quorum-results rules),
-``lighthouse_client`` (lighthouse calls with leader discovery). The process group, DDP, optimizer,
-data and checkpointing modules are exported when present.
+``lighthouse_client`` (lighthouse calls with leader discovery), ``process_group``, ``ddp``,
+``optim``, ``data``, ``checkpointing`` (live recovery over HTTP), ``local_sgd`` (LocalSGD, DiLoCo).
 """
 
+from .checkpointing import CheckpointTransport, HTTPTransport
+from .data import DistributedSampler
+from .ddp import DistributedDataParallel
 from .lighthouse_client import LighthouseClient, LighthouseError, parse_endpoints
 from .manager import ExceptionWithTraceback, Manager, WorldSizeMode
 from .manager_server import ManagerClient, ManagerServer
+from .optim import Optimizer, OptimizerWrapper
+from .process_group import ErrorSwallowingProcessGroupWrapper, ManagedProcessGroup, ProcessGroup, ProcessGroupGloo
 from .quorum_results import QuorumResult, compute_quorum_results
 
 __all__ = [
+    "CheckpointTransport",
+    "DistributedDataParallel",
+    "DistributedSampler",
+    "ErrorSwallowingProcessGroupWrapper",
     "ExceptionWithTraceback",
+    "HTTPTransport",
     "LighthouseClient",
     "LighthouseError",
+    "ManagedProcessGroup",
     "Manager",
     "ManagerClient",
     "ManagerServer",
+    "Optimizer",
+    "OptimizerWrapper",
+    "ProcessGroup",
+    "ProcessGroupGloo",
     "QuorumResult",
     "WorldSizeMode",
     "compute_quorum_results",
     "parse_endpoints",
 ]
 
-# Modules written alongside this one; exported once they land.
-try:
-    from .process_group import (  # noqa: F401
-        ErrorSwallowingProcessGroupWrapper,
-        ManagedProcessGroup,
-        ProcessGroup,
-        ProcessGroupGloo,
-    )
+try:  # written alongside; exported once it lands
+    from .local_sgd import DiLoCo, LocalSGD  # noqa: F401
 
-    __all__ += ["ErrorSwallowingProcessGroupWrapper", "ManagedProcessGroup", "ProcessGroup", "ProcessGroupGloo"]
-except ImportError:
-    pass
-try:
-    from .ddp import DistributedDataParallel  # noqa: F401
-
-    __all__.append("DistributedDataParallel")
-except ImportError:
-    pass
-try:
-    from .optim import OptimizerWrapper  # noqa: F401
-
-    __all__.append("OptimizerWrapper")
-except ImportError:
-    pass
-try:
-    from .data import DistributedSampler  # noqa: F401
-
-    __all__.append("DistributedSampler")
-except ImportError:
-    pass
-try:
-    from .checkpointing import CheckpointTransport, HTTPTransport  # noqa: F401
-
-    __all__ += ["CheckpointTransport", "HTTPTransport"]
+    __all__ += ["DiLoCo", "LocalSGD"]
 except ImportError:
     pass
