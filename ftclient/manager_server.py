@@ -286,6 +286,9 @@ class ManagerServer:
 
     def _run_quorum(self, rnd: _Round, member: pb.QuorumMember, timeout: float, deadline: Deadline) -> None:
         # ``timeout`` is the rank's; ``deadline`` a little before its end (see _ANSWER_MARGIN_S).
+        # The lighthouse round ends a little earlier still, so that the waiting ranks receive its
+        # explanation (endpoints, leader answers) rather than a bare "not ready in time".
+        deadline = Deadline(deadline.at - min(0.1, 0.1 * timeout))
         pause = max(0.1, timeout / (self._quorum_retries + 1))
         attempts = 0
         try:
@@ -302,7 +305,9 @@ class ManagerServer:
                         log.warning("[%s] lighthouse quorum attempt %d failed: %s", self._replica_id, attempts, e)
                         raise
         except TimeoutError as e:
-            rnd.error = (grpc.StatusCode.DEADLINE_EXCEEDED, f"{e} (after {attempts - 1} retries)")
+            rnd.error = (grpc.StatusCode.DEADLINE_EXCEEDED,
+                         f"no lighthouse quorum within the {timeout:g}s quorum timeout "
+                         f"(TORCHFT_QUORUM_TIMEOUT_SEC) after {attempts - 1} retries: {e}")
         except Exception as e:  # noqa: BLE001 -- becomes every waiting rank's error
             rnd.error = (grpc.StatusCode.INTERNAL, f"lighthouse quorum failed after {attempts - 1} retries: {e}")
         else:
