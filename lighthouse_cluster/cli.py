@@ -101,6 +101,10 @@ def main() -> None:
               help="Read the cluster secret from this file.")
 @click.option("--insecure", is_flag=True, envvar=ENV + "INSECURE",
               help="Run the Raft port without a secret (trusted networks only).")
+@click.option("--http-bind", envvar=ENV + "HTTP_BIND", metavar="HOST:PORT",
+              help="Serve /metrics, /livez, /readyz and the dashboard (/) over HTTP here. Default: off.")
+@click.option("--admin-token", envvar=ENV + "ADMIN_TOKEN",
+              help="Bearer token enabling the dashboard's kill button (prefer the env var). Default: kill disabled.")
 @torchft_flags
 @click.option("--election-timeout-ms", type=int, envvar=ENV + "ELECTION_TIMEOUT_MS",
               help="Raft election timeout lower bound (default 150; upper bound is three times it).")
@@ -110,7 +114,7 @@ def main() -> None:
               show_default=True)
 def serve(node_id: str, peers: tuple[str, ...], client_bind: str | None, raft_bind: str | None,
           raft_dial: tuple[str, ...], data_dir: Path | None, secret: str | None, secret_file: Path | None,
-          insecure: bool, min_replicas: int, join_timeout_ms: int, quorum_tick_ms: int, heartbeat_timeout_ms: int,
+          insecure: bool, http_bind: str | None, admin_token: str | None, min_replicas: int, join_timeout_ms: int, quorum_tick_ms: int, heartbeat_timeout_ms: int,
           election_timeout_ms: int | None, log_level: str, log_format: str) -> None:
     """Run one lighthouse node in the foreground (SIGTERM hands leadership over, then exits)."""
     from .logs import configure_logging
@@ -129,7 +133,8 @@ def serve(node_id: str, peers: tuple[str, ...], client_bind: str | None, raft_bi
             node_id=node_id, peers=list(peers), client_bind=client_bind, raft_bind=raft_bind, data_dir=data_dir,
             secret=secret, insecure=insecure, min_replicas=min_replicas, join_timeout_ms=join_timeout_ms,
             quorum_tick_ms=quorum_tick_ms, heartbeat_timeout_ms=heartbeat_timeout_ms,
-            election_timeout_ms=election_timeout_ms, raft_dial=list(raft_dial))
+            election_timeout_ms=election_timeout_ms, raft_dial=list(raft_dial), http_bind=http_bind,
+            admin_token=admin_token)
     except ConfigError as e:
         _exit_config_error(e)
     configure_logging(log_level, log_format, node_id)
@@ -184,14 +189,15 @@ def up(nodes: int, bind: str, raft_port: int | None, data_dir: Path | None, min_
     client_ports = [port + i for i in range(nodes)]
     raft_base = raft_port or port + 100
     raft_ports = [raft_base + i for i in range(nodes)]
-    busy = [p for p in client_ports + raft_ports if not port_is_free(p, advertise)]
+    http_ports = [port + 200 + i for i in range(nodes)]
+    busy = [p for p in client_ports + raft_ports + http_ports if not port_is_free(p, advertise)]
     if busy:
         _exit_config_error(ConfigError(f"ports already in use on {advertise}: {busy} (pick another --bind)"))
     root = data_dir or Path(tempfile.mkdtemp(prefix="lighthouse-cluster-"))
     cluster = LocalCluster(root=root, nodes=nodes, host=advertise, client_ports=client_ports, raft_ports=raft_ports,
                            min_replicas=min_replicas, join_timeout_ms=join_timeout_ms, quorum_tick_ms=quorum_tick_ms,
                            heartbeat_timeout_ms=heartbeat_timeout_ms, log_level=log_level,
-                           client_bind_host=host if wildcard else None)
+                           client_bind_host=host if wildcard else None, http_ports=http_ports)
     stopping = False
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -234,11 +240,15 @@ def _print_endpoints(console: Any, cluster: Any, leader: int, root: Path) -> Non
     from rich.table import Table
 
     table = Table(title="lighthouse-cluster is up", title_justify="left")
-    for col in ("node", "client (gRPC)", "raft", "log"):
-        table.add_column(col)
+    # Addresses are meant to be copied: never wrap or truncate them; the log path folds instead.
+    for col in ("node", "client (gRPC)", "raft", "http (dashboard)"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("log", overflow="fold")
     for i, m in enumerate(cluster.members):
         name = m.peer.node_id + (" (leader)" if i == leader else "")
-        table.add_row(name, m.peer.client_address, m.peer.raft_address, str(m.log_path))
+        http = cluster.http_address(i)
+        table.add_row(name, m.peer.client_address, m.peer.raft_address, f"http://{http}" if http else "-",
+                      str(m.log_path))
     console.print(table)
     # Plain echo: these lines are meant to be copied, so they must not be wrapped.
     click.echo(f"data: {root}")

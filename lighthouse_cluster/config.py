@@ -102,6 +102,10 @@ class NodeConfig:
     # --raft-dial: (peer id, HOST:PORT) pairs; that peer is dialed there, its identity stays
     # its Raft address.
     raft_dial: tuple[tuple[str, str], ...] = ()
+    # --http-bind: /metrics, /livez, /readyz, the dashboard; None = no HTTP port.
+    http_bind: str | None = None
+    # --admin-token: enables the dashboard's kill button; never printed (repr=False).
+    admin_token: str | None = field(default=None, repr=False)
 
     @property
     def self_peer(self) -> PeerSpec:
@@ -156,6 +160,8 @@ def build_node_config(
     heartbeat_timeout_ms: int,
     election_timeout_ms: int | None = None,
     raft_dial: list[str] | tuple[str, ...] = (),
+    http_bind: str | None = None,
+    admin_token: str | None = None,
 ) -> NodeConfig:
     """Validate raw settings into a NodeConfig, or raise ConfigError naming the problem."""
     check_node_id(node_id)
@@ -189,6 +195,9 @@ def build_node_config(
         raise ConfigError("--election-timeout-ms must be at least 50")
     raft = RaftSettings.from_election_timeout_ms(election_timeout_ms) if election_timeout_ms else RaftSettings()
     dial = parse_raft_dial(raft_dial, specs, node_id)
+    http = normalize_address(http_bind, "--http-bind") if http_bind else None
+    if http is not None and http in (bind, self_spec.client_address):
+        raise ConfigError(f"--http-bind {http} is the client (gRPC) address; give the HTTP port its own port")
     return NodeConfig(
         node_id=node_id,
         peers=specs,
@@ -201,4 +210,6 @@ def build_node_config(
         quorum_tick_ms=quorum_tick_ms,
         raft=raft,
         raft_dial=dial,
+        http_bind=http,
+        admin_token=admin_token or None,
     )

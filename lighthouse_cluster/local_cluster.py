@@ -25,6 +25,7 @@ from .proto import lighthouse_cluster_pb2 as cpb
 from .status_client import query_status
 
 SECRET_ENV = "LIGHTHOUSE_CLUSTER_SECRET"
+ADMIN_TOKEN_ENV = "LIGHTHOUSE_CLUSTER_ADMIN_TOKEN"
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
@@ -91,6 +92,10 @@ class LocalCluster:
     # Per-node command prefix (e.g. ``["ip", "netns", "exec", NS]``); it must exec the command
     # so that signals reach the node itself. None = launch the node directly.
     launch_prefix: Callable[[int], list[str]] | None = None
+    # Per-node HTTP port (--http-bind on the node's bind host); None = no HTTP port.
+    http_ports: list[int] | None = None
+    # Admin token for the HTTP kill endpoint, passed through the environment; None = kill disabled.
+    admin_token: str | None = None
     members: list[NodeProcess] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -104,6 +109,8 @@ class LocalCluster:
             raise ValueError("need one client port and one Raft port per node")
         if self.hosts is not None and len(self.hosts) != self.nodes:
             raise ValueError("need one host per node")
+        if self.http_ports is not None and len(self.http_ports) != self.nodes:
+            raise ValueError("need one HTTP port per node")
         for i in range(self.nodes):
             node_id = f"n{i + 1}"
             host = self.node_host(i)
@@ -124,6 +131,10 @@ class LocalCluster:
     @property
     def client_addresses(self) -> list[str]:
         return [m.peer.client_address for m in self.members]
+
+    def http_address(self, i: int) -> str | None:
+        """Where node ``i`` serves HTTP (/metrics, /readyz, the dashboard), if it does."""
+        return None if self.http_ports is None else f"{self.node_host(i)}:{self.http_ports[i]}"
 
     @property
     def endpoints(self) -> str:
@@ -148,6 +159,8 @@ class LocalCluster:
         ]
         if self.election_timeout_ms:
             cmd += ["--election-timeout-ms", str(self.election_timeout_ms)]
+        if self.http_ports is not None:
+            cmd += ["--http-bind", f"{bind_host}:{self.http_ports[i]}"]
         for p in self.peers:
             cmd += ["--peer", str(p)]
         return cmd + self.extra_args
@@ -169,6 +182,9 @@ class LocalCluster:
             raise RuntimeError(f"{m.peer.node_id} is already running")
         m.data_dir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, SECRET_ENV: self.secret or "", "PYTHONUNBUFFERED": "1"}
+        env.pop(ADMIN_TOKEN_ENV, None)
+        if self.admin_token:
+            env[ADMIN_TOKEN_ENV] = self.admin_token
         log = open(m.log_path, "ab")
         try:
             m.process = subprocess.Popen(self.launch_command(i), stdout=log, stderr=subprocess.STDOUT, env=env,

@@ -16,13 +16,17 @@ import time
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 from . import __version__
 from .codec import SCHEMA_VERSION, Command
 from .config import NodeConfig
+from .metrics import NodeMetrics
 from .coordinator import NotLeader, QuorumCoordinator, member_to_proto, quorum_to_proto
 from .proto import lighthouse_cluster_pb2 as cpb
 from .proto import lighthouse_cluster_pb2_grpc as cpb_grpc
+from .proto import torchft_pb2 as pb
 from .quorum import Member
 from .replication import CommitError, RaftNode, ReplicatedState, Role
 from .routing import HeartbeatBatcher, PeerChannels, QuorumForwarder
@@ -70,16 +74,34 @@ class LighthouseNode:
         self._stopped = asyncio.Event()
         self.forwarded_quorum_calls = 0
         self.rerouted_quorum_calls = 0
+        self.metrics = NodeMetrics(self)
+        self.health = health.aio.HealthServicer()
+        self._health_serving: bool | None = None
+        self.http = None  # http_endpoints.HttpEndpoints when --http-bind is set
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         cfg = self.config
-        self.coordinator = QuorumCoordinator(cfg.node_id, cfg.options, cfg.quorum_tick_ms, self.machine, self.submit)
+        self.coordinator = QuorumCoordinator(cfg.node_id, cfg.options, cfg.quorum_tick_ms, self.machine, self.submit,
+                                             on_issue=self.metrics.on_issue)
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         self.server.add_generic_rpc_handlers((LighthouseServiceAdapter(self).handler(),))
         cpb_grpc.add_LighthouseClusterServicer_to_server(ClusterServiceAdapter(self), self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (pb.DESCRIPTOR.services_by_name["LighthouseService"].full_name,
+             cpb.DESCRIPTOR.services_by_name["LighthouseCluster"].full_name,
+             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME),
+            self.server)
+        await self._update_health()
+        if cfg.http_bind:
+            from .http_endpoints import HttpEndpoints
+
+            self.http = HttpEndpoints(self, cfg.http_bind, cfg.admin_token)
+            await self.http.start()
         try:
             self.bound_port = self.server.add_insecure_port(cfg.client_bind)
         except RuntimeError as e:
@@ -98,6 +120,9 @@ class LighthouseNode:
         )
         self.heartbeats.start()
         self._watch_task = asyncio.get_running_loop().create_task(self._watch())
+        if self.http is not None:
+            log.info("node %s serving /metrics, /livez, /readyz and the dashboard on http://%s", cfg.node_id,
+                     self.http.address)
         log.info("node %s serving torchft.LighthouseService on %s (Raft %s, peers %s)", cfg.node_id,
                  cfg.client_bind, cfg.self_peer.raft_address, ", ".join(str(p) for p in cfg.other_peers))
 
@@ -116,6 +141,10 @@ class LighthouseNode:
         if self.coordinator is not None:
             self.coordinator.stop_leading()
         await self.heartbeats.stop()
+        self._health_serving = False
+        await self.health.enter_graceful_shutdown()
+        if self.http is not None:
+            await self.http.stop()
         if self.server is not None:
             await self.server.stop(grace=0.2)
         await self.channels.close()
@@ -141,8 +170,10 @@ class LighthouseNode:
         loop = self._loop
         assert loop is not None and self.raft is not None
         future: asyncio.Future[Any] = loop.create_future()
+        started = time.monotonic()
 
         def settle(result: Any, error: CommitError | None) -> None:
+            self.metrics.observe_raft_write(time.monotonic() - started, error is None)
             if future.done():
                 return
             if error is not None:
@@ -159,7 +190,40 @@ class LighthouseNode:
     async def _watch(self) -> None:
         while True:
             self._check_raft()
+            await self._update_health()
             await asyncio.sleep(WATCH_PERIOD_S)
+
+    # -- readiness -------------------------------------------------------------------------------
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, one-line reason): ready only as part of a cluster with a known, connected
+        leader, and, on the leader, while it serves quorum rounds with a majority connected."""
+        raft, coord = self.raft, self.coordinator
+        if self._stopped.is_set():
+            return False, "node is shutting down"
+        if raft is None or coord is None:
+            return False, "node is starting"
+        peer = self.leader_peer()
+        if peer is None:
+            return False, f"no known leader (role {raft.role.value}, term {raft.term})"
+        if peer.node_id != self.config.node_id:
+            return True, f"follower of {peer.node_id} in term {raft.term}"
+        others = self.config.other_peers
+        connected = sum(1 for p in others if raft.is_connected(p.raft_address))
+        if (connected + 1) * 2 <= len(self.config.peers):
+            return False, f"leader without a majority ({connected + 1}/{len(self.config.peers)} nodes connected)"
+        if coord.term is None or not coord.serving:
+            return False, f"leader of term {raft.term} is not serving yet (warming up)"
+        return True, f"leader in term {raft.term}"
+
+    async def _update_health(self) -> None:
+        ready, _ = self.readiness()
+        if ready == self._health_serving:
+            return
+        self._health_serving = ready
+        status = health_pb2.HealthCheckResponse.SERVING if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in ("", "torchft.LighthouseService", "lighthouse_cluster.LighthouseCluster"):
+            await self.health.set(service, status)
 
     def _check_raft(self) -> None:
         raft, coord = self.raft, self.coordinator

@@ -1,0 +1,313 @@
+"""Observability, end to end on real node processes: the HTTP port (/metrics, /livez, /readyz,
+/status.json, the dashboard, the kill endpoint), gRPC health checking and reflection.
+
+Every wait polls against a deadline; clusters come from the ``make_cluster`` fixture, which
+kills every node process when the test ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any, Callable
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from lighthouse_cluster.config import ConfigError, build_node_config
+from lighthouse_cluster.local_cluster import LocalCluster, free_ports
+from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+from lighthouse_cluster.proto import torchft_pb2 as pb
+from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
+from lighthouse_cluster.replica_sim import SimulatedReplicaGroup
+
+pytestmark = pytest.mark.integration
+
+TOKEN = "test-admin-token-3f9c"
+ROLE_NAMES = {cpb.FOLLOWER: "follower", cpb.CANDIDATE: "candidate", cpb.LEADER: "leader"}
+
+
+# -- helpers ----------------------------------------------------------------------------------------
+
+
+def http(cluster: LocalCluster, i: int, path: str, method: str = "GET",
+         headers: dict[str, str] | None = None) -> tuple[int, bytes, dict[str, str]]:
+    req = urllib.request.Request(f"http://{cluster.http_address(i)}{path}", method=method, headers=headers or {},
+                                 data=b"" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, resp.read(), dict(resp.headers)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(), dict(e.headers)
+
+
+def wait_for(cluster: LocalCluster, what: str, cond: Callable[[], Any], timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = cond()
+        except (OSError, urllib.error.URLError) as e:  # a port not bound yet
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})\n{cluster.tail_logs()}")
+
+
+def metrics(cluster: LocalCluster, i: int) -> dict[str, list[Any]]:
+    status, body, headers = http(cluster, i, "/metrics")
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/plain")
+    return {f.name: f.samples for f in text_string_to_metric_families(body.decode())}
+
+
+def sample(families: dict[str, list[Any]], family: str, name: str | None = None, **labels: str) -> float:
+    for s in families[family]:
+        if s.name == (name or family) and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    raise KeyError(f"{name or family} {labels}")
+
+
+def health(cluster: LocalCluster, i: int, service: str = "") -> int:
+    with grpc.insecure_channel(cluster.members[i].peer.client_address) as ch:
+        return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=2).status
+
+
+def formed(cluster: LocalCluster) -> list[cpb.NodeStatus] | None:
+    sts = [cluster.status(i) for i in range(cluster.nodes)]
+    if any(st is None for st in sts):
+        return None
+    leaders = [st for st in sts if st.role == cpb.LEADER and st.serving]
+    if len(leaders) != 1 or any(st.leader_id != leaders[0].node.id or st.term != leaders[0].term for st in sts):
+        return None
+    return sts
+
+
+def run_rounds(cluster: LocalCluster, groups: int, rounds: int) -> None:
+    async def main() -> None:
+        # Groups stop together once each has ``rounds`` quorums; a call sent just before the
+        # others stopped waits for them until its timeout, so late failures are expected.
+        sims = [SimulatedReplicaGroup(f"g{k}", cluster.client_addresses[k % cluster.nodes], quorum_timeout_s=2.0)
+                for k in range(groups)]
+
+        def ok(s: SimulatedReplicaGroup) -> int:
+            return sum(1 for r in s.rounds if not r.error)
+
+        def done() -> bool:
+            return all(ok(s) >= rounds for s in sims)
+
+        try:
+            await asyncio.wait_for(asyncio.gather(*(s.run(until=done) for s in sims)), 60)
+        finally:
+            for s in sims:
+                await s.close()
+        assert done(), [s.rounds for s in sims]
+
+    asyncio.run(main())
+
+
+@pytest.fixture
+def observed(make_cluster: Callable[..., LocalCluster]) -> Callable[..., LocalCluster]:
+    def make(**kwargs: Any) -> LocalCluster:
+        nodes = kwargs.get("nodes", 3)
+        cluster = make_cluster(http_ports=free_ports(nodes), **kwargs)
+        cluster.wait_for_leader(timeout=20)
+        wait_for(cluster, "a formed cluster", lambda: formed(cluster))
+        return cluster
+
+    return make
+
+
+# -- tests ------------------------------------------------------------------------------------------
+
+
+def test_metrics_probes_health_and_reflection_on_a_formed_cluster(observed) -> None:
+    cluster = observed()
+    for i in range(3):
+        wait_for(cluster, f"n{i + 1} /readyz 200", lambda i=i: http(cluster, i, "/readyz")[0] == 200)
+        assert http(cluster, i, "/livez")[:2] == (200, b"ok\n")
+        wait_for(cluster, f"n{i + 1} health SERVING", lambda i=i: health(cluster, i) == health_pb2.HealthCheckResponse.SERVING)
+        assert health(cluster, i, "torchft.LighthouseService") == health_pb2.HealthCheckResponse.SERVING
+
+    run_rounds(cluster, groups=2, rounds=4)
+
+    def consistent() -> bool:
+        for i in range(3):
+            st, fam = cluster.status(i), metrics(cluster, i)
+            if st is None or not st.has_quorum:
+                return False
+            role = ROLE_NAMES[st.role]
+            if sample(fam, "lighthouse_cluster_role", node=st.node.id, role=role) != 1.0:
+                return False
+            if sample(fam, "lighthouse_cluster_term") != st.term:
+                return False
+            if sample(fam, "lighthouse_cluster_quorum_id") != st.quorum.quorum_id:
+                return False
+            if sample(fam, "lighthouse_cluster_quorum_participants") != len(st.quorum.participants):
+                return False
+        return True
+
+    wait_for(cluster, "/metrics consistent with Status on every node", consistent)
+    leader = cluster.leader_index()
+    assert leader is not None
+    fam = metrics(cluster, leader)
+    # 4 rounds of 2 groups: at least 4 quorums were committed through Raft and observed.
+    assert sample(fam, "lighthouse_cluster_quorum_commit_seconds", "lighthouse_cluster_quorum_commit_seconds_count") >= 4
+    assert sample(fam, "lighthouse_cluster_raft_write_seconds", "lighthouse_cluster_raft_write_seconds_count",
+                  outcome="ok") >= 5  # the TermStart and the quorums
+    assert sample(fam, "lighthouse_cluster_heartbeating_replicas") >= 0
+    assert sample(fam, "lighthouse_cluster_ready") == 1.0
+    # Group g1 talked to n2: unless n2 leads, its calls were forwarded.
+    if leader != 1:
+        assert sample(metrics(cluster, 1), "lighthouse_cluster_forwarded_quorum_calls",
+                      "lighthouse_cluster_forwarded_quorum_calls_total") >= 4
+    for name in ("lighthouse_cluster_commit_index", "lighthouse_cluster_last_applied",
+                 "lighthouse_cluster_rerouted_quorum_calls"):
+        assert name in fam
+
+    with grpc.insecure_channel(cluster.client_addresses[0]) as ch:
+        responses = reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5)
+        services = {s.name for r in responses for s in r.list_services_response.service}
+    assert {"torchft.LighthouseService", "lighthouse_cluster.LighthouseCluster", "grpc.health.v1.Health",
+            "grpc.reflection.v1alpha.ServerReflection"} <= services
+
+    status, body, headers = http(cluster, 0, "/")
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    assert b"/status.json" in body and b"<script" in body and b"https://" not in body  # self-contained
+    assert http(cluster, 0, "/nope")[0] == 404
+    assert http(cluster, 0, "/metrics", method="POST")[0] == 405
+
+
+def test_status_json_matches_status_cli(observed) -> None:
+    cluster = observed()
+    run_rounds(cluster, groups=2, rounds=2)
+
+    def both() -> tuple[dict[str, Any], dict[str, Any]] | None:
+        status, body, _ = http(cluster, 2, "/status.json")
+        assert status == 200
+        mine = json.loads(body)
+        res = subprocess.run([sys.executable, "-m", "lighthouse_cluster", "status", "--endpoints",
+                              cluster.endpoints, "-o", "json"], capture_output=True, text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+        theirs = json.loads(res.stdout)
+        stable = ("leader", "term", "quorum", "settings")
+        if any(mine[k] != theirs[k] for k in stable):
+            return None
+        strip = lambda nodes: [{k: n[k] for k in ("id", "address", "role", "term", "reachable")} for n in nodes]
+        if strip(mine["nodes"]) != strip(theirs["nodes"]):
+            return None
+        return mine, theirs
+
+    mine, theirs = wait_for(cluster, "/status.json to match `status -o json`", both)
+    assert set(theirs) <= set(mine)
+    assert mine["self"]["id"] == "n3" and mine["self"]["ready"] is True
+    assert mine["self"]["kill_enabled"] is False
+    assert {p["replica_id"] for p in mine["quorum"]["participants"]} == {"g0", "g1"}
+    assert {h["replica_id"] for h in mine["heartbeats"]} >= {"g0", "g1"}
+
+
+def test_isolated_survivor_is_not_ready(observed) -> None:
+    cluster = observed()
+    survivor = 2
+    cluster.kill(0)
+    cluster.kill(1)
+    wait_for(cluster, "the survivor's /readyz 503", lambda: http(cluster, survivor, "/readyz")[0] == 503, timeout=20)
+    status, body, _ = http(cluster, survivor, "/readyz")
+    assert status == 503 and body.count(b"\n") == 1 and body.strip()
+    wait_for(cluster, "health NOT_SERVING",
+             lambda: health(cluster, survivor) == health_pb2.HealthCheckResponse.NOT_SERVING)
+    assert http(cluster, survivor, "/livez")[0] == 200
+    assert sample(metrics(cluster, survivor), "lighthouse_cluster_ready") == 0.0
+    # /status.json answers despite dead peers; a survivor that led steps down after pysyncobj's
+    # leader fallback timeout (until then Status still says leader, as `status` would show).
+    view = wait_for(cluster, "/status.json without a leader",
+                    lambda: (v := json.loads(http(cluster, survivor, "/status.json")[1]))["leader"] is None and v)
+    assert {n["id"]: n["reachable"] for n in view["nodes"]} == {"n1": False, "n2": False, "n3": True}
+
+
+class FakeManager(pb_grpc.ManagerServiceServicer):
+    def __init__(self) -> None:
+        self.kills: list[str] = []
+
+    async def Kill(self, request: pb.KillRequest, context: Any) -> pb.KillResponse:  # noqa: N802
+        self.kills.append(request.msg)
+        return pb.KillResponse()
+
+
+def test_kill_endpoint(observed) -> None:
+    cluster = observed(admin_token=TOKEN)
+    open_cluster = observed()  # no token configured
+
+    async def main() -> None:
+        fake = FakeManager()
+        server = grpc.aio.server()
+        pb_grpc.add_ManagerServiceServicer_to_server(fake, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(cluster.client_addresses[0]) as ch:
+                stub = pb_grpc.LighthouseServiceStub(ch)
+                await stub.Heartbeat(pb.LighthouseHeartbeatRequest(replica_id="victim"), timeout=5)
+                resp = await stub.Quorum(pb.LighthouseQuorumRequest(requester=pb.QuorumMember(
+                    replica_id="victim", address=f"http://127.0.0.1:{port}", store_address="store:1", step=3,
+                    world_size=1)), timeout=20)
+            assert [m.replica_id for m in resp.quorum.participants] == ["victim"]
+
+            def call(c: LocalCluster, i: int, path: str, **headers: str) -> tuple[int, bytes, dict[str, str]]:
+                return http(c, i, path, method="POST", headers=headers)
+
+            # The quorum is replicated: any node can reach the member; wait until n2 has applied it.
+            def applied() -> bool:
+                st = cluster.status(1)
+                return st is not None and st.has_quorum and st.quorum.participants[0].replica_id == "victim"
+            await asyncio.to_thread(wait_for, cluster, "n2 to apply the quorum", applied)
+
+            status, body, _ = await asyncio.to_thread(call, open_cluster, 0, "/replica/victim/kill",
+                                                      Authorization=f"Bearer {TOKEN}")
+            assert status == 403 and b"no admin token" in body
+            status, _, headers = await asyncio.to_thread(call, cluster, 1, "/replica/victim/kill")
+            assert status == 401 and headers.get("WWW-Authenticate", "").startswith("Bearer")
+            status, _, _ = await asyncio.to_thread(call, cluster, 1, "/replica/victim/kill",
+                                                   Authorization="Bearer wrong-token")
+            assert status == 401
+            assert http(cluster, 1, "/replica/victim/kill")[0] == 405  # GET
+            assert fake.kills == []
+            status, _, _ = await asyncio.to_thread(call, cluster, 1, "/replica/ghost/kill",
+                                                   Authorization=f"Bearer {TOKEN}")
+            assert status == 404
+            status, body, _ = await asyncio.to_thread(call, cluster, 1, "/replica/victim/kill",
+                                                      Authorization=f"Bearer {TOKEN}")
+            assert status == 200, body
+            assert json.loads(body)["killed"] == "victim"
+            assert len(fake.kills) == 1 and "n2" in fake.kills[0]
+        finally:
+            await server.stop(None)
+
+    asyncio.run(main())
+    for m in cluster.members:  # the token is never logged
+        assert TOKEN not in m.log_path.read_text(errors="replace")
+
+
+def test_http_bind_config() -> None:
+    common = dict(node_id="a", peers=["a=127.0.0.1:1000,127.0.0.1:2000"], client_bind=None, raft_bind=None,
+                  data_dir=None, secret=None, insecure=True, min_replicas=1, join_timeout_ms=1000,
+                  quorum_tick_ms=100, heartbeat_timeout_ms=1000)
+    cfg = build_node_config(**common, http_bind="127.0.0.1:2200", admin_token="tok")
+    assert cfg.http_bind == "127.0.0.1:2200" and cfg.admin_token == "tok"
+    assert "tok" not in repr(cfg)
+    assert build_node_config(**common).http_bind is None
+    with pytest.raises(ConfigError, match="--http-bind"):
+        build_node_config(**common, http_bind="127.0.0.1:2000")
+    with pytest.raises(ConfigError, match="--http-bind"):
+        build_node_config(**common, http_bind="nonsense")
