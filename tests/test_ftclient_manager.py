@@ -361,7 +361,9 @@ def test_quorum_timeout_raises_from_wait_quorum(cluster: LocalCluster, harness: 
     alone.manager.start_quorum()
     with pytest.raises(TimeoutError) as info:
         alone.manager.wait_quorum()
-    assert 1.4 <= time.monotonic() - started <= 4.0
+    # The manager answers 0.5 s before the 2 s deadline and its lighthouse round ends 0.1 s
+    # before that (so the error can name the endpoints): ~1.4 s, never much earlier.
+    assert 1.3 <= time.monotonic() - started <= 4.0
     for address in cluster.client_addresses:
         assert address in str(info.value)  # names the lighthouse endpoints
 
