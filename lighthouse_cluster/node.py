@@ -235,7 +235,7 @@ class LighthouseNode:
             return
         old, self._seen = self._seen, seen
         role, term, leader = seen
-        if role is Role.LEADER:
+        if role is Role.LEADER and raft.led_term == term:
             if coord.term != term:
                 coord.start_leading(term)
         elif coord.term is not None:

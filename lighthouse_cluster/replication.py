@@ -46,6 +46,9 @@ _ROLE_OF_STATE = {
     _RAFT_STATE.LEADER: Role.LEADER,
 }
 
+# Leadership won before SyncObj() returned (a one-node cluster): its term is read on first use.
+_TERM_AT_START = -1
+
 _FAIL_NAMES = {v: k for k, v in vars(FAIL_REASON).items() if isinstance(v, int) and k.isupper()}
 
 
@@ -199,7 +202,18 @@ class RaftNode:
             journal = str(data_dir / "raft.journal")
             dump = str(data_dir / "raft.snapshot")
 
+        self._led_term: int | None = None
+
         def state_changed(old: int, new: int) -> None:
+            # On pysyncobj's tick thread, at the transition itself: the term read here is the
+            # one this node won. A poll from another thread can see the old LEADER state next to
+            # a newer term (pysyncobj raises the term before stepping down) and must not take
+            # that for leadership of the newer term.
+            syncobj = self.__dict__.get("_syncobj")  # None only while SyncObj() is still starting
+            if new != _RAFT_STATE.LEADER:
+                self._led_term = None
+            else:
+                self._led_term = syncobj.raftCurrentTerm if syncobj is not None else _TERM_AT_START
             if on_state_changed is not None:
                 on_state_changed(_ROLE_OF_STATE.get(old, Role.FOLLOWER), _ROLE_OF_STATE.get(new, Role.FOLLOWER))
 
@@ -259,6 +273,13 @@ class RaftNode:
     @property
     def is_leader(self) -> bool:
         return self._syncobj._isLeader()
+
+    @property
+    def led_term(self) -> int | None:
+        """The term this node became leader in, while it still is leader; else None."""
+        if not self._syncobj._isLeader():
+            return None
+        return self._syncobj.raftCurrentTerm if self._led_term == _TERM_AT_START else self._led_term
 
     @property
     def leader_address(self) -> str | None:
