@@ -297,5 +297,14 @@ def status(endpoints: str | None, output: str, timeout: float) -> None:
         sys.exit(1)
 
 
+def _add_bench() -> None:
+    from .bench.cli import bench
+
+    main.add_command(bench)
+
+
+_add_bench()
+
+
 if __name__ == "__main__":
     main()

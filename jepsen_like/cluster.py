@@ -1,0 +1,264 @@
+"""The cluster under test: real node processes behind a network backend, with process faults.
+
+``HarnessCluster`` owns a ``LocalCluster`` (node processes, each with its own data directory and
+log under ``<run>/cluster/``), the network backend the nodes are wired through, and optionally
+the libfaketime clock backend. It adds what a nemesis needs on top of ``LocalCluster``: the
+current leader, ``restart_all``, ``recover`` (the fully healthy cluster again), a parallel
+status poll, and a ``close()`` that always kills every process and removes every namespace,
+whatever failed before (use it as a context manager).
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from lighthouse_cluster.local_cluster import LocalCluster
+from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+
+from . import network
+
+ROLE_NAMES = {cpb.FOLLOWER: "follower", cpb.CANDIDATE: "candidate", cpb.LEADER: "leader", cpb.ROLE_UNKNOWN: "unknown"}
+
+
+@dataclass
+class ClusterSettings:
+    """Knobs of the nodes under test (small timeouts: faults and recoveries in seconds)."""
+
+    nodes: int = 3
+    min_replicas: int = 1
+    join_timeout_ms: int = 1000
+    heartbeat_timeout_ms: int = 500
+    quorum_tick_ms: int = 50
+    election_timeout_ms: int | None = None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "ClusterSettings":
+        known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+class ClockUnavailable(RuntimeError):
+    pass
+
+
+def open_clock(nodes: int, root: Path) -> Any:
+    """The libfaketime backend (``jepsen_like.clock``), imported lazily; raises ClockUnavailable.
+
+    Expected interface: ``available() -> (bool, why)`` (optional) and a class ``ClockSkew(nodes,
+    root)`` with ``setup()``, ``launch_prefix(i) -> list[str]`` (or ``env(i) -> dict``),
+    ``set_rate(i, rate)``, ``reset()`` and ``teardown()``."""
+    try:
+        clock = importlib.import_module("jepsen_like.clock")
+    except ImportError as e:
+        raise ClockUnavailable(f"clock backend not importable: {e}") from e
+    available = getattr(clock, "available", None)
+    if available is not None:
+        ok, why = available()
+        if not ok:
+            raise ClockUnavailable(f"clock skew unavailable: {why}")
+    cls = getattr(clock, "ClockSkew", None)
+    if cls is None:
+        raise ClockUnavailable("jepsen_like.clock has no ClockSkew class")
+    return cls(nodes, root)
+
+
+@dataclass
+class HarnessCluster:
+    """Nodes + network (+ clock); see the module docstring."""
+
+    root: Path
+    settings: ClusterSettings = field(default_factory=ClusterSettings)
+    backend: str = "auto"
+    clock: bool = False
+    net: Any = field(init=False, default=None)
+    skew: Any = field(init=False, default=None)
+    local: LocalCluster | None = field(init=False, default=None)
+    clock_error: str = field(init=False, default="")
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self, leader_timeout_s: float = 20.0) -> "HarnessCluster":
+        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.net = network.make_network(self.backend, self.settings.nodes)
+            self.net.setup()
+            kwargs = network.cluster_kwargs(self.net)
+            if self.clock:
+                try:
+                    self.skew = open_clock(self.settings.nodes, self.root / "clock")
+                    self.skew.setup()
+                except Exception as e:   # optional: the run goes on without clock faults
+                    self.skew, self.clock_error = None, str(e)
+            kwargs["launch_prefix"] = self._launch_prefix(kwargs.get("launch_prefix"))
+            s = self.settings
+            self.local = LocalCluster(
+                root=self.root / "cluster", nodes=s.nodes, min_replicas=s.min_replicas,
+                join_timeout_ms=s.join_timeout_ms, heartbeat_timeout_ms=s.heartbeat_timeout_ms,
+                quorum_tick_ms=s.quorum_tick_ms, election_timeout_ms=s.election_timeout_ms, **kwargs)
+            network.attach(self.net, self.local)
+            self.local.start()
+            self.local.wait_for_leader(timeout=leader_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _launch_prefix(self, base: Callable[[int], list[str]] | None) -> Callable[[int], list[str]] | None:
+        skew = self.skew
+        if skew is None:
+            return base
+
+        def prefix(i: int) -> list[str]:
+            head = base(i) if base is not None else []
+            if hasattr(skew, "launch_prefix"):
+                return [*head, *skew.launch_prefix(i)]
+            env = skew.env(i)
+            return [*head, "env", *(f"{k}={v}" for k, v in env.items())]
+        return prefix
+
+    def close(self) -> list[str]:
+        """Kill every node, remove the network and clock state. Never raises; returns problems."""
+        problems: list[str] = []
+        if self.local is not None:
+            try:
+                self.local.stop_all()
+            except Exception as e:  # pragma: no cover - best effort
+                problems.append(f"stopping nodes: {e}")
+        for what, obj in (("network", self.net), ("clock", self.skew)):
+            if obj is not None:
+                try:
+                    obj.teardown()
+                except Exception as e:
+                    problems.append(f"tearing down {what}: {e}")
+        return problems
+
+    def __enter__(self) -> "HarnessCluster":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- names and state -------------------------------------------------------------------------
+
+    @property
+    def cluster(self) -> LocalCluster:
+        assert self.local is not None, "start() first"
+        return self.local
+
+    @property
+    def nodes(self) -> int:
+        return self.settings.nodes
+
+    def node_id(self, i: int) -> str:
+        return f"n{i + 1}"
+
+    def index_of(self, node_id: str) -> int:
+        return int(node_id[1:]) - 1
+
+    def running(self, i: int) -> bool:
+        return self.cluster.members[i].running
+
+    def paused(self, i: int) -> bool:
+        return self.cluster.members[i].paused
+
+    @property
+    def healthy(self) -> bool:
+        """Every node running and not paused, no network cut, no clock skew."""
+        skewed = bool(getattr(self, "_skewed", None))
+        return (all(self.running(i) and not self.paused(i) for i in range(self.nodes))
+                and not self.net.blocked and not skewed)
+
+    def describe(self) -> dict[str, Any]:
+        return {"down": [self.node_id(i) for i in range(self.nodes) if not self.running(i)],
+                "paused": [self.node_id(i) for i in range(self.nodes) if self.running(i) and self.paused(i)],
+                "cuts": sorted([self.node_id(a), self.node_id(b)] for a, b in self.net.blocked)}
+
+    # -- observation --------------------------------------------------------------------------------
+
+    def statuses(self, timeout: float = 0.5) -> list[cpb.NodeStatus | None]:
+        """Every node's Status, polled in parallel (None: down, paused or not answering)."""
+        def one(i: int) -> cpb.NodeStatus | None:
+            if not self.running(i) or self.paused(i):
+                return None
+            return self.cluster.status(i, timeout=timeout)
+        with ThreadPoolExecutor(max_workers=self.nodes) as pool:
+            return list(pool.map(one, range(self.nodes)))
+
+    def leader(self, statuses: list[cpb.NodeStatus | None] | None = None) -> int | None:
+        """The running node that reports itself leader in the highest term, if any."""
+        sts = self.statuses() if statuses is None else statuses
+        best: tuple[int, int] | None = None
+        for i, st in enumerate(sts):
+            if st is not None and st.role == cpb.LEADER and (best is None or st.term > best[0]):
+                best = (st.term, i)
+        return best[1] if best is not None else None
+
+    def wait_for_leader(self, timeout: float) -> int | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            i = self.leader()
+            if i is not None:
+                return i
+            time.sleep(0.05)
+        return None
+
+    # -- process faults ------------------------------------------------------------------------------
+
+    def kill(self, i: int) -> None:
+        self.cluster.kill(i)
+
+    def restart(self, i: int) -> None:
+        """Start node ``i`` again if it is down (a running node is left alone)."""
+        if not self.running(i):
+            self.cluster.start_node(i)
+
+    def pause(self, i: int) -> None:
+        if self.running(i):
+            self.cluster.pause(i)
+
+    def resume(self, i: int) -> None:
+        if self.running(i) and self.paused(i):
+            self.cluster.resume(i)
+
+    def restart_all(self) -> None:
+        for i in range(self.nodes):
+            self.cluster.kill(i)
+        for i in range(self.nodes):
+            self.cluster.start_node(i)
+
+    def set_clock_rate(self, i: int, rate: float) -> None:
+        if self.skew is None:
+            raise ClockUnavailable(self.clock_error or "clock skew not enabled (run with the clock nemesis)")
+        self.skew.set_rate(i, rate)
+        self._skewed = True
+
+    def recover(self) -> None:
+        """Heal the network, resume paused nodes, start killed ones, reset clocks."""
+        self.net.heal()
+        for i in range(self.nodes):
+            if self.running(i) and self.paused(i):
+                self.cluster.resume(i)
+            elif not self.running(i):
+                self.cluster.start_node(i)
+        if self.skew is not None and getattr(self, "_skewed", False):
+            self.skew.reset()
+            self._skewed = False
+
+    def signal_all_stopped(self) -> None:
+        """SIGCONT anything paused (before a final stop: a stopped process ignores SIGTERM)."""
+        for i in range(self.nodes):
+            if self.paused(i):
+                self.cluster.signal(i, signal.SIGCONT)
+                self.cluster.members[i].paused = False
+
+    def data_dir(self, i: int) -> Path:
+        return self.cluster.members[i].data_dir
+
+    def log_path(self, i: int) -> Path:
+        return self.cluster.members[i].log_path

@@ -1,0 +1,221 @@
+"""Each node's committed Raft log, read from its data directory, replayed through the real state
+machine.
+
+pysyncobj's ``FileJournal`` is an mmap'd file: a header (``PYSYNCOBJ``, version, format, the
+offset after the last record) then records ``[len][index, term, command][len]``. ``parse_journal``
+reads it *read-only* (the node may be running: the file is read twice and only a stable, self-
+consistent prefix is kept), so the monitor can collect committed entries during a run, before
+log compaction drops them. Only entries at or below a commit index the node reported *before*
+the read are taken as committed: those never change.
+
+``summarize`` replays committed entries through ``QuorumStateMachine`` (compare-and-set
+rejections included) and returns what the checkers need, as JSON-able data: the distinct
+committed quorums (id, member ids), every ``TermStart`` and the (term, node) of every command,
+and digests of the log per bucket of ``DIGEST_EVERY`` indexes so logs of different nodes can
+be compared. ``read_snapshot`` reads the node's snapshot file; the monitor keeps every one it
+sees, so a gap left by log compaction between two reads is bridged by a snapshot.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pysyncobj import pickle as pso_pickle
+
+from lighthouse_cluster import codec
+from lighthouse_cluster.codec import CommitQuorum, TermStart
+from lighthouse_cluster.state_machine import HISTORY_LENGTH, CommitResult, QuorumStateMachine
+
+_NAME_SIZE, _VERSION_SIZE = 24, 8
+_LAST_RECORD_OFFSET_OFFSET = _NAME_SIZE + _VERSION_SIZE + 4
+_FIRST_RECORD_OFFSET = _LAST_RECORD_OFFSET_OFFSET + 4
+_REGULAR_COMMAND = 0       # pysyncobj's _COMMAND_TYPE.REGULAR: first byte of a client command
+DIGEST_EVERY = 100         # committed-log digests per bucket of this many indexes
+
+Entry = tuple[int, int, bytes]   # (index, term, command bytes)
+
+
+def parse_journal_bytes(data: bytes) -> list[Entry]:
+    """The records of a journal file's bytes, up to the last self-consistent one."""
+    if len(data) < _FIRST_RECORD_OFFSET or not data.startswith(b"PYSYNCOBJ"):
+        return []
+    last = struct.unpack_from("<I", data, _LAST_RECORD_OFFSET_OFFSET)[0]
+    last = min(last, len(data))
+    out: list[Entry] = []
+    off = _FIRST_RECORD_OFFSET
+    while off + 4 <= last:
+        size = struct.unpack_from("<I", data, off)[0]
+        if size < 16 or off + 8 + size > len(data):
+            break
+        (trailer,) = struct.unpack_from("<I", data, off + 4 + size)
+        if trailer != size:
+            break
+        idx, term = struct.unpack_from("<QQ", data, off + 4)
+        if out and idx != out[-1][0] + 1:
+            break
+        out.append((idx, term, bytes(data[off + 20: off + 4 + size])))
+        off += size + 8
+    return out
+
+
+def parse_journal(path: Path) -> list[Entry]:
+    """Read a (possibly live) journal file twice; keep the longest prefix both reads agree on."""
+    try:
+        first = path.read_bytes()
+        second = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    a, b = parse_journal_bytes(first), parse_journal_bytes(second)
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+def read_meta_commit_index(data_dir: Path) -> int | None:
+    """The commit index pysyncobj last saved in ``raft.journal.meta`` (saved about once a second)."""
+    try:
+        meta = pso_pickle.loads((data_dir / "raft.journal.meta").read_bytes())
+    except Exception:  # absent, or torn while being replaced
+        return None
+    value = meta.get("raftCommitIndex") if isinstance(meta, dict) else None
+    return int(value) if isinstance(value, int) else None
+
+
+def read_snapshot(data_dir: Path) -> tuple[int, bytes] | None:
+    """(last included index, the state machine's msgpack snapshot), if the node ever compacted."""
+    path = data_dir / "raft.snapshot"
+    try:
+        with gzip.open(path, "rb") as g:
+            data = pso_pickle.load(g)
+    except Exception:
+        return None
+    try:
+        consumers = data[0][1:]
+        return int(data[1][1]), bytes(consumers[0])
+    except (TypeError, IndexError, ValueError):
+        return None
+
+
+@dataclass
+class CommittedLog:
+    """Committed entries of one node, accumulated from repeated reads (index -> term, command)."""
+
+    node: str
+    entries: dict[int, tuple[int, bytes]] = field(default_factory=dict)
+    commit_index: int = 0
+    conflicts: list[int] = field(default_factory=list)   # indexes whose committed bytes changed (!)
+
+    def absorb(self, entries: list[Entry], commit_index: int) -> None:
+        for idx, term, cmd in entries:
+            if idx > commit_index:
+                break
+            old = self.entries.get(idx)
+            if old is None:
+                self.entries[idx] = (term, cmd)
+            elif old != (term, cmd) and idx not in self.conflicts:
+                self.conflicts.append(idx)
+        self.commit_index = max(self.commit_index, commit_index)
+
+
+def _decode(cmd: bytes) -> codec.Command | None:
+    if not cmd or cmd[0] != _REGULAR_COMMAND:
+        return None  # pysyncobj's own entries (no-op of a new leader, membership changes)
+    try:
+        call = pso_pickle.loads(cmd[1:])
+        return codec.decode_command(call[1][0])
+    except Exception:
+        return None
+
+
+def summarize(log: CommittedLog, snapshots: dict[int, bytes] | None = None) -> dict[str, Any]:
+    """Replay the committed entries through ``QuorumStateMachine``.
+
+    Where entries are missing (log compaction removed them between two reads of the journal),
+    the replay jumps over the gap with a snapshot of the node taken at an index inside or at the
+    end of it (``snapshots``: index -> state-machine snapshot, collected during the run): the
+    snapshot's ``history`` holds the last ``HISTORY_LENGTH`` quorums committed before it."""
+    snaps = dict(snapshots or {})
+    machine = QuorumStateMachine()
+    indexes = sorted(i for i in log.entries if i <= log.commit_index)
+    quorums: dict[tuple[int, tuple[str, ...]], list[int]] = {}   # -> [first index (0: from a snapshot), term]
+    term_starts: list[list[Any]] = []
+    leaders: dict[int, list[str]] = {}
+    buckets: dict[int, Any] = {}
+    bucket_len: dict[int, int] = {}
+    bridged: list[list[int]] = []
+    unverifiable: list[list[int]] = []     # [lo, hi]: quorum ids strictly between are unknown
+    unbridged: list[int] | None = None
+    expected, last, started_from = 1, 0, 0
+    for idx in indexes:
+        if idx < expected:
+            continue
+        if idx > expected:
+            usable = [k for k in snaps if k >= expected - 1 and k >= idx - 1]
+            if not usable:
+                unbridged = [expected, idx - 1]
+                break
+            k = min(usable)
+            before = machine.quorum_id
+            machine.restore_snapshot(snaps[k])
+            if len(machine.history) >= HISTORY_LENGTH:
+                # Quorums committed in the gap before the snapshot's history window are unknown here.
+                oldest = min(h.quorum_id for h in machine.history)
+                if oldest - before > 1:
+                    unverifiable.append([before, oldest])
+            for h in machine.history:
+                quorums.setdefault((h.quorum_id, tuple(h.replica_ids)), [0, h.term])
+            if expected == 1:
+                started_from = k
+            bridged.append([expected, k])
+            expected = k + 1
+            if idx < expected:
+                continue
+        term, cmd = log.entries[idx]
+        b = idx // DIGEST_EVERY
+        buckets.setdefault(b, hashlib.sha256()).update(struct.pack("<QQ", idx, term) + cmd)
+        bucket_len[b] = bucket_len.get(b, 0) + 1
+        expected = last = idx
+        expected += 1
+        command = _decode(cmd)
+        if command is None:
+            continue
+        result = machine.apply(command)
+        if isinstance(command, TermStart):
+            term_starts.append([command.term, command.node_id, idx])
+            _note_leader(leaders, command.term, command.node_id)
+        elif isinstance(command, CommitQuorum):
+            _note_leader(leaders, command.term, command.node_id)
+            if isinstance(result, CommitResult) and result.applied:
+                key = (command.quorum.quorum_id, tuple(m.replica_id for m in command.quorum.participants))
+                quorums.setdefault(key, [idx, command.term])
+    # A bucket [b*N, (b+1)*N) is comparable across nodes only when this node has all of it.
+    digests = {str(b * DIGEST_EVERY): h.hexdigest()[:16] for b, h in buckets.items()
+               if bucket_len[b] == DIGEST_EVERY - (1 if b == 0 else 0)}
+    return {
+        "commit_index": log.commit_index,
+        "replayed_to": last,
+        "complete": unbridged is None and started_from == 0,
+        "gaps_bridged_by_snapshot": bridged,
+        "missing": unbridged,
+        "from_snapshot": started_from,
+        "unverifiable_quorum_ids": unverifiable,
+        "quorum_id": machine.quorum_id,
+        "quorums": [[q, list(m), first, term] for (q, m), (first, term) in sorted(quorums.items())],
+        "term_starts": term_starts,
+        "leaders": {str(t): nodes for t, nodes in sorted(leaders.items())},
+        "digests": digests,
+        "conflicts": list(log.conflicts),
+        "rejected_commits": machine.rejected_commits,
+    }
+
+
+def _note_leader(leaders: dict[int, list[str]], term: int, node: str) -> None:
+    seen = leaders.setdefault(term, [])
+    if node not in seen:
+        seen.append(node)

@@ -1,0 +1,100 @@
+"""The nemesis: carries out one ``FaultOp`` on the cluster and records it in the history.
+
+Every action is an ``invoke`` then an ``ok`` (done; ``value`` says exactly what was done, with
+leader-relative targets resolved and the cluster's state afterwards) or ``info`` (it failed
+half-way, ``error`` says why). Process ``nemesis``, ``f`` the action's name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .cluster import HarnessCluster
+from .history import INFO, INVOKE, NEMESIS, OK, HistoryWriter
+from .schedule import FaultOp
+
+LEADER = "leader"
+FOLLOWER = "follower"
+
+
+class NemesisError(RuntimeError):
+    pass
+
+
+class Nemesis:
+    def __init__(self, cluster: HarnessCluster, history: HistoryWriter,
+                 on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.cluster = cluster
+        self.history = history
+        self.on_event = on_event
+
+    def _node(self, arg: Any) -> int:
+        if arg in (LEADER, FOLLOWER):
+            i = self.cluster.wait_for_leader(timeout=5.0)
+            if i is None:
+                raise NemesisError(f"no leader (to target it or a follower) within 5s")
+            if arg == FOLLOWER:   # the lowest-numbered running follower: deterministic for replays
+                i = next(j for j in range(self.cluster.nodes) if j != i and self.cluster.running(j))
+            return i
+        i = int(arg)
+        if not 0 <= i < self.cluster.nodes:
+            raise NemesisError(f"no node {i}")
+        return i
+
+    def apply(self, op: FaultOp) -> dict[str, Any]:
+        """Do ``op`` now; returns the completion event."""
+        c = self.cluster
+        node_arg = op.args.get("node")
+        self.history.append(NEMESIS, INVOKE, op.f, dict(op.args),
+                            c.node_id(node_arg) if isinstance(node_arg, int) else None)
+        done: dict[str, Any] = {}
+        node: str | None = None
+        try:
+            if op.f in ("isolate", "isolate-leader", "isolate-follower"):
+                i = self._node(node_arg)
+                c.net.isolate(i)
+                node, done = c.node_id(i), {"node": i}
+            elif op.f in ("halves", "bridge", "partition"):
+                c.net.partition(*op.args["sides"])
+                done = {"sides": op.args["sides"]}
+            elif op.f in ("ring", "oneway", "cut"):
+                for src, dst in op.args["cuts"]:
+                    c.net.cut(int(src), int(dst))
+                done = {"cuts": op.args["cuts"]}
+            elif op.f in ("kill", "kill-leader"):
+                i = self._node(node_arg)
+                c.kill(i)
+                node, done = c.node_id(i), {"node": i}
+            elif op.f == "restart":
+                i = self._node(node_arg)
+                c.restart(i)
+                node, done = c.node_id(i), {"node": i}
+            elif op.f in ("pause", "pause-leader"):
+                i = self._node(node_arg)
+                c.pause(i)
+                node, done = c.node_id(i), {"node": i}
+            elif op.f == "resume":
+                i = self._node(node_arg)
+                c.resume(i)
+                node, done = c.node_id(i), {"node": i}
+            elif op.f == "restart-all":
+                c.restart_all()
+            elif op.f == "clock":
+                i = self._node(node_arg)
+                c.set_clock_rate(i, float(op.args.get("rate", 2.0)))
+                node, done = c.node_id(i), {"node": i, "rate": op.args.get("rate", 2.0)}
+            elif op.f == "heal":
+                c.net.heal()
+            elif op.f == "recover":
+                c.recover()
+            elif op.f == "wait":
+                pass
+            else:
+                raise NemesisError(f"unknown nemesis action {op.f!r}")
+        except Exception as e:
+            event = self.history.append(NEMESIS, INFO, op.f, {**done, **c.describe()}, node, f"{type(e).__name__}: {e}")
+        else:
+            event = self.history.append(NEMESIS, OK, op.f, {**done, **c.describe(), "healthy": c.healthy}, node)
+        if self.on_event is not None:
+            self.on_event(event)
+        return event

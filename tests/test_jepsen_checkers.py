@@ -1,0 +1,410 @@
+"""The fault-injection harness's pure parts: every checker passes a good history and fails a
+hand-made history that violates it (naming the offending operations); schedules, partition
+shapes, journal parsing, figures and the timeline."""
+
+from __future__ import annotations
+
+import json
+import random
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jepsen_like import checkers, schedule, stats, timeline
+from jepsen_like.history import HistoryWriter, make_event, pair_operations, read_history
+from jepsen_like.journal import CommittedLog, parse_journal_bytes, summarize
+from jepsen_like.schedule import FaultOp, Schedule
+
+S = 1_000_000_000  # one second in ns
+
+
+class H:
+    """Builds a history by hand: ``h.op("c0", 1.0, 1.2, "ok", quorum_id=3, participants=[...])``."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def add(self, t: float, process: str, type: str, f: str, value: Any = None, node: str | None = "n1",
+            error: str | None = None) -> "H":
+        self.events.append(make_event(len(self.events), int(t * S), process, type, f, value, node, error))
+        return self
+
+    def quorum(self, process: str, t0: float, t1: float, type: str = "ok", qid: int | None = None,
+               members: tuple[str, ...] = ("c0", "c1"), node: str = "n1") -> "H":
+        self.add(t0, process, "invoke", "quorum", {"step": 0}, node)
+        value = {"quorum_id": qid, "participants": list(members), "step": 0} if type == "ok" else {"step": 0}
+        return self.add(t1, process, type, "quorum", value, node, None if type == "ok" else "DEADLINE_EXCEEDED")
+
+    def nemesis(self, t0: float, t1: float, f: str, value: Any = None, type: str = "ok") -> "H":
+        self.add(t0, "nemesis", "invoke", f, value or {}, None)
+        return self.add(t1, "nemesis", type, f, value or {}, None)
+
+    def final(self, node: str, quorums: list[tuple[int, tuple[str, ...]]], leaders: dict[int, list[str]] | None = None,
+              digests: dict[str, str] | None = None, unknown: list[list[int]] | None = None) -> "H":
+        value = {"commit_index": 100, "quorums": [[q, list(m), i + 1, 1] for i, (q, m) in enumerate(quorums)],
+                 "leaders": {str(t): n for t, n in (leaders or {1: ["n1"]}).items()},
+                 "digests": digests or {}, "conflicts": [], "unverifiable_quorum_ids": unknown or []}
+        return self.add(1000.0, "journal", "info", "final-state", value, node)
+
+    def status(self, t: float, node: str, role: str, term: int) -> "H":
+        return self.add(t, "monitor", "info", "status", {"reachable": True, "role": role, "term": term}, node)
+
+
+def good() -> H:
+    """A healthy run: a fault, a heal, quorums before and after, the same final state everywhere."""
+    h = H()
+    h.status(0.1, "n1", "leader", 1).status(0.1, "n2", "follower", 1)
+    h.quorum("c0", 0.5, 0.6, qid=1).quorum("c1", 0.5, 0.6, qid=1)
+    h.nemesis(1.0, 1.01, "isolate-leader", {"node": 0})
+    h.status(1.5, "n2", "leader", 2)
+    h.quorum("c0", 1.0, 3.0, "info")
+    h.quorum("c1", 1.0, 1.8, qid=2, members=("c1",))
+    h.nemesis(3.0, 3.01, "recover", {"healthy": True})
+    h.quorum("c0", 3.1, 3.5, qid=3).quorum("c1", 3.1, 3.5, qid=3)
+    h.quorum("c0", 20.0, 20.1, qid=3).quorum("c1", 20.0, 20.1, qid=3)
+    for n in ("n1", "n2", "n3"):
+        h.final(n, [(1, ("c0", "c1")), (2, ("c1",)), (3, ("c0", "c1"))], {1: ["n1"], 2: ["n2"]}, {"100": "abc"})
+    return h
+
+
+def by_name(results: list[checkers.CheckResult]) -> dict[str, checkers.CheckResult]:
+    return {r.name: r for r in results}
+
+
+def test_every_checker_passes_a_good_history() -> None:
+    results = checkers.check_all(good().events)
+    assert [r.name for r in results] == ["no-split-brain", "monotonic-quorum-ids", "acknowledged-committed",
+                                         "one-leader-per-term", "recovery-after-heal", "durable-after-restart-all",
+                                         "logs-agree"]
+    assert all(r.valid for r in results), [(r.name, r.summary, r.offending) for r in results if not r.valid]
+    assert all(r.status == "PASS" for r in results)
+
+
+def test_split_brain_in_client_answers_fails() -> None:
+    h = good().quorum("c0", 30.0, 30.1, qid=2, members=("c0", "c1"))   # id 2 was {c1}
+    r = checkers.no_split_brain(h.events)
+    assert not r.valid and r.status == "FAIL" and r.count == 1
+    assert r.offending[0]["quorum_id"] == 2
+    assert sorted(map(tuple, r.offending[0]["member_sets"])) == [("c0", "c1"), ("c1",)]
+
+
+def test_split_brain_between_committed_logs_fails() -> None:
+    h = H().quorum("c0", 0.1, 0.2, qid=1)
+    h.final("n1", [(1, ("c0", "c1")), (2, ("c0",))]).final("n2", [(1, ("c0", "c1")), (2, ("c1",))])
+    r = checkers.no_split_brain(h.events)
+    assert not r.valid and [o["quorum_id"] for o in r.offending] == [2]
+
+
+def test_quorum_id_going_back_for_one_client_fails() -> None:
+    h = H().quorum("c0", 0.0, 0.1, qid=5).quorum("c0", 0.2, 0.3, qid=4)
+    r = checkers.monotonic_quorum_ids(h.events)
+    assert not r.valid
+    assert any(o["kind"] == "client" and o["later"]["value"]["quorum_id"] == 4 for o in r.offending)
+
+
+def test_quorum_id_going_back_in_real_time_fails() -> None:
+    # c1 invoked after c0's call returned id 7, yet got 6: stale.
+    h = H().quorum("c0", 0.0, 1.0, qid=7).quorum("c1", 1.5, 2.0, qid=6)
+    r = checkers.monotonic_quorum_ids(h.events)
+    assert not r.valid and r.offending[0]["kind"] == "real-time"
+    assert r.offending[0]["returned"]["value"]["quorum_id"] == 6
+    # Concurrent calls may complete in either order.
+    ok = H().quorum("c0", 0.0, 1.0, qid=7).quorum("c1", 0.5, 2.0, qid=6)
+    assert checkers.monotonic_quorum_ids(ok.events).valid
+
+
+def test_acknowledged_quorum_missing_from_a_node_fails() -> None:
+    h = H().quorum("c0", 0.0, 0.1, qid=1).quorum("c0", 0.2, 0.3, qid=2, members=("c0",))
+    h.final("n1", [(1, ("c0", "c1")), (2, ("c0",))]).final("n2", [(1, ("c0", "c1"))])
+    r = checkers.acknowledged_committed(h.events)
+    assert not r.valid and r.count == 1
+    assert r.offending[0]["node"] == "n2" and r.offending[0]["quorum_id"] == 2
+    assert r.offending[0]["acknowledged"]["index"] == 3
+    # Same members, other id: still missing.
+    h2 = H().quorum("c0", 0.0, 0.1, qid=3).final("n1", [(3, ("c0",))])
+    assert not checkers.acknowledged_committed(h2.events).valid
+
+
+def test_acknowledged_committed_needs_final_states_and_skips_what_a_snapshot_hides() -> None:
+    h = H().quorum("c0", 0.0, 0.1, qid=3)
+    r = checkers.acknowledged_committed(h.events)
+    assert not r.valid and "cannot check" in r.summary
+    h.final("n1", [(2, ("c0", "c1")), (5, ("c0", "c1"))], unknown=[[2, 5]])   # ids 3, 4 only in a snapshot
+    r = checkers.acknowledged_committed(h.events)
+    assert r.valid and "not verifiable" in r.summary
+    h2 = H().quorum("c0", 0.0, 0.1, qid=5, members=("c0",)).final("n1", [(2, ("c0", "c1"))], unknown=[[2, 5]])
+    assert not checkers.acknowledged_committed(h2.events).valid               # 5 is not strictly inside
+
+
+def test_two_leaders_in_one_term_fail() -> None:
+    observed = good().status(5.0, "n3", "leader", 2)          # n2 led term 2 already
+    r = checkers.one_leader_per_term(observed.events)
+    assert not r.valid and r.offending[0]["term"] == 2 and r.offending[0]["leaders"] == ["n2", "n3"]
+    committed = H().final("n1", [], {4: ["n1", "n2"]})
+    r = checkers.one_leader_per_term(committed.events)
+    assert not r.valid and r.offending[0]["term"] == 4
+
+
+def test_no_quorum_within_bound_after_heal_fails() -> None:
+    h = H().quorum("c0", 0.0, 0.1, qid=1).quorum("c1", 0.0, 0.1, qid=1)
+    h.nemesis(1.0, 1.1, "kill", {"node": 0}).nemesis(2.0, 2.1, "recover", {"healthy": True})
+    h.quorum("c0", 2.2, 3.0, qid=1)
+    t = 2.2
+    while t < 20.0:                       # c1 keeps timing out for 18 s after the heal
+        h.quorum("c1", t, t + 2.0, "info")
+        t += 2.05
+    r = checkers.recovery_after_heal(h.events, bound_s=10.0)
+    assert not r.valid and [o["process"] for o in r.offending] == ["c1"]
+    # With a bound longer than the rest of the run, it is inconclusive, not a failure.
+    assert checkers.recovery_after_heal(h.events, bound_s=30.0).valid
+
+
+def test_heal_cut_short_by_next_fault_is_not_judged() -> None:
+    h = H().nemesis(1.0, 1.1, "recover").quorum("c0", 1.2, 3.2, "info").nemesis(3.3, 3.4, "kill", {"node": 1})
+    h.quorum("c0", 3.5, 30.0, "info").nemesis(30.0, 30.1, "recover").quorum("c0", 30.2, 30.3, qid=1)
+    r = checkers.recovery_after_heal(h.events, bound_s=5.0)
+    assert r.valid, r.offending
+
+
+def test_lower_quorum_id_after_full_restart_fails() -> None:
+    h = H().quorum("c0", 0.0, 0.1, qid=9)
+    h.nemesis(1.0, 1.5, "restart-all").quorum("c0", 2.0, 2.5, qid=1, members=("c0",))
+    r = checkers.durable_after_restart_all(h.events)
+    assert not r.valid and r.offending[0]["after"]["value"]["quorum_id"] == 1
+    assert r.offending[0]["highest_before"]["value"]["quorum_id"] == 9
+    ok = H().quorum("c0", 0.0, 0.1, qid=9).nemesis(1.0, 1.5, "restart-all").quorum("c0", 2.0, 2.5, qid=9)
+    assert checkers.durable_after_restart_all(ok.events).valid
+
+
+def test_diverging_logs_fail() -> None:
+    h = H().final("n1", [], digests={"100": "aa", "200": "bb"}).final("n2", [], digests={"100": "aa", "200": "cc"})
+    r = checkers.logs_agree(h.events)
+    assert not r.valid and r.offending[0]["index"] == 200
+
+
+def test_check_cheap_is_a_subset() -> None:
+    assert [r.name for r in checkers.check_cheap(good().events)] == ["no-split-brain", "monotonic-quorum-ids"]
+
+
+# -- history ------------------------------------------------------------------------------------
+
+
+def test_history_writer_round_trip_and_pairing(tmp_path: Path) -> None:
+    w = HistoryWriter(tmp_path / "h.jsonl")
+    w.append("c0", "invoke", "quorum", {"step": 0}, "n1")
+    w.append("c0", "invoke", "heartbeat", None, "n1")
+    w.append("c0", "ok", "heartbeat", None, "n1")
+    w.append("c0", "ok", "quorum", {"quorum_id": 1, "participants": ["c0"]}, "n1")
+    w.append("c1", "invoke", "quorum", {"step": 0}, "n2")
+    w.close()
+    with open(tmp_path / "h.jsonl", "a") as f:
+        f.write('{"index": 5, "time')               # a torn last line is ignored
+    events = read_history(tmp_path / "h.jsonl")
+    assert [e["index"] for e in events] == [0, 1, 2, 3, 4]
+    assert set(events[0]) == {"index", "time_ns", "process", "type", "f", "value", "node", "error"}
+    ops = pair_operations(events)
+    assert [(o.process, o.f, o.type) for o in ops] == [("c0", "quorum", "ok"), ("c0", "heartbeat", "ok"),
+                                                        ("c1", "quorum", "info")]
+    assert ops[2].complete is None
+
+
+# -- schedules ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nodes", [3, 5])
+def test_majorities_ring_gives_each_node_a_distinct_majority(nodes: int) -> None:
+    for seed in range(20):
+        cuts = {tuple(c) for c in schedule.majorities_ring(random.Random(seed), nodes)}
+        hears = [frozenset(s for s in range(nodes) if (s, d) not in cuts) for d in range(nodes)]
+        assert all(d in h and len(h) == nodes // 2 + 1 for d, h in enumerate(hears)), hears
+        assert len(set(hears)) == nodes
+
+
+@pytest.mark.parametrize("nodes", [3, 5])
+def test_halves_and_bridge_shapes(nodes: int) -> None:
+    rng = random.Random(1)
+    small, big = schedule.random_halves(rng, nodes)
+    assert len(small) == nodes // 2 and sorted(small + big) == list(range(nodes))
+    sides, middle = schedule.bridge(rng, nodes)
+    assert middle not in sides[0] + sides[1] and sorted(sides[0] + sides[1] + [middle]) == list(range(nodes))
+    blocked = schedule.blocked_pairs(FaultOp(0, "bridge", {"sides": sides, "bridge": middle}), nodes)
+    assert all(middle not in pair for pair in blocked) and blocked
+
+
+def test_generate_is_deterministic_and_round_trips() -> None:
+    a = schedule.generate(42, nodes=5, time_limit_s=60, nemeses=["halves", "kill-leader", "ring"])
+    b = schedule.generate(42, nodes=5, time_limit_s=60, nemeses=["halves", "kill-leader", "ring"])
+    assert a.to_json() == b.to_json()
+    assert a.ops and all(op.at < 60 for op in a.ops)
+    assert [op.f == "recover" for op in a.ops] == [i % 2 == 1 for i in range(len(a.ops))]
+    assert Schedule.loads(a.dumps()).to_json() == a.to_json()
+    with pytest.raises(ValueError):
+        schedule.generate(1, nemeses=["meteor"])
+
+
+# -- journal ------------------------------------------------------------------------------------
+
+
+def _journal_bytes(entries: list[tuple[int, int, bytes]]) -> bytes:
+    header = b"PYSYNCOBJ".ljust(24, b"\0") + b"0.3.17".ljust(8, b"\0") + struct.pack("<I", 1)
+    body = b""
+    for idx, term, cmd in entries:
+        rec = struct.pack("<QQ", idx, term) + cmd
+        body += struct.pack("<I", len(rec)) + rec + struct.pack("<I", len(rec))
+    return header + struct.pack("<I", 40 + len(body)) + body + b"\0" * 64
+
+
+def _command(cmd: Any) -> bytes:
+    from pysyncobj import pickle as pso_pickle
+
+    from lighthouse_cluster import codec
+    return bytes([0]) + pso_pickle.dumps((0, (codec.encode_command(cmd),), {}))
+
+
+def test_journal_parse_and_replay() -> None:
+    from lighthouse_cluster.codec import CommitQuorum, TermStart
+    from lighthouse_cluster.quorum import Member, Quorum
+
+    q1 = Quorum(1, (Member("a"), Member("b")), 0)
+    q2 = Quorum(2, (Member("a"),), 0)
+    entries = [(1, 1, _command(TermStart(1, "n1", 0))), (2, 1, _command(CommitQuorum(0, q1, 1, "n1"))),
+               (3, 2, _command(TermStart(2, "n2", 0))), (4, 2, _command(CommitQuorum(0, q2, 2, "n2"))),  # rejected
+               (5, 2, _command(CommitQuorum(1, q2, 2, "n2")))]
+    data = _journal_bytes(entries)
+    assert parse_journal_bytes(data) == entries
+    torn = bytearray(data)
+    torn[-64 - 2] ^= 0xFF                     # the last record's trailing length no longer matches
+    assert parse_journal_bytes(bytes(torn)) == entries[:-1]
+    log = CommittedLog("n1")
+    log.absorb(entries, commit_index=4)
+    s = summarize(log)
+    assert s["complete"] and s["replayed_to"] == 4 and s["quorum_id"] == 1 and s["rejected_commits"] == 1
+    assert s["quorums"] == [[1, ["a", "b"], 2, 1]]
+    assert s["leaders"] == {"1": ["n1"], "2": ["n2"]}
+    log.absorb(entries, commit_index=5)
+    s = summarize(log)
+    assert [q[0] for q in s["quorums"]] == [1, 2] and s["term_starts"] == [[1, "n1", 1], [2, "n2", 3]]
+    changed = [(5, 3, entries[4][2])]
+    log.absorb(changed, commit_index=5)
+    assert log.conflicts == [5]
+
+
+# -- figures and timeline -------------------------------------------------------------------------
+
+
+def test_unavailability_per_fault() -> None:
+    h = H().quorum("c0", 0.0, 0.5, qid=1)
+    h.nemesis(1.0, 1.0, "kill-leader", {"node": 0}).quorum("c0", 0.9, 3.0, qid=2).quorum("c0", 3.0, 3.2, qid=2)
+    h.nemesis(4.0, 4.1, "recover").quorum("c0", 4.2, 4.6, qid=2).quorum("c0", 4.6, 6.0, qid=2)
+    windows = stats.fault_windows(h.events)
+    assert len(windows) == 1 and windows[0]["f"] == "kill-leader"
+    assert windows[0]["unavailable_s"] == pytest.approx(2.0) and windows[0]["recovery_s"] == pytest.approx(0.5)
+    by_kind = stats.unavailability_by_kind(windows)
+    assert by_kind["kill-leader"]["count"] == 1 and by_kind["kill-leader"]["unavailable_max_s"] == pytest.approx(2.0)
+    counts = stats.operation_counts(h.events)
+    assert counts["client"]["quorum"]["ok"] == 5 and counts["nemesis"] == {"kill-leader": 1, "recover": 1}
+
+
+def test_timeline_is_self_contained() -> None:
+    h = good()
+    page = timeline.render(h.events, [c.to_json() for c in checkers.check_all(h.events)], title="t</script>")
+    assert page.startswith("<!doctype html>") and "<script>" in page
+    assert "http://" not in page and "https://" not in page and "src=" not in page
+    assert "isolate-leader" in page and "t&lt;/script&gt;" in page
+    data = page[page.index("const D=") + 8: page.index(";\nconst C=")]
+    parsed = json.loads(data.replace("<\\/", "</"))
+    assert set(parsed["lanes"]) == {"c0", "c1"} and parsed["bands"][0][2] == "isolate-leader"
+
+
+def test_journal_gap_left_by_compaction_is_bridged_by_a_snapshot() -> None:
+    from lighthouse_cluster.codec import CommitQuorum, TermStart, decode_command
+    from lighthouse_cluster.quorum import Member, Quorum
+    from lighthouse_cluster.state_machine import QuorumStateMachine
+    from pysyncobj import pickle as pso_pickle
+
+    cmds = [TermStart(1, "n1", 0)] + [CommitQuorum(i, Quorum(i + 1, (Member("a"),), 0), 1, "n1") for i in range(6)]
+    entries = [(i + 1, 1, _command(c)) for i, c in enumerate(cmds)]      # quorum ids 1..6 at indexes 2..7
+    machine = QuorumStateMachine()
+    for _idx, _term, cmd in entries[:5]:
+        machine.apply(decode_command(pso_pickle.loads(cmd[1:])[1][0]))
+    snapshot_at_5 = machine.to_snapshot()
+    log = CommittedLog("n1")
+    log.absorb(entries[:2], commit_index=2)          # read before compaction: 1..2
+    log.absorb(entries[3:], commit_index=7)          # compacted at 5: pysyncobj keeps 4 (= 5 - 1) on
+    gap = summarize(log)
+    assert not gap["complete"] and gap["missing"] == [3, 3] and gap["replayed_to"] == 2
+    bridged = summarize(log, {5: snapshot_at_5})
+    assert bridged["replayed_to"] == 7 and bridged["gaps_bridged_by_snapshot"] == [[3, 5]]
+    assert [q[0] for q in bridged["quorums"]] == [1, 2, 3, 4, 5, 6] and bridged["quorum_id"] == 6
+
+
+def test_known_bug_signature_explains_only_a_stale_leaders_term_start() -> None:
+    from jepsen_like import known_bugs
+
+    def final(term_starts: list[list[Any]]) -> H:
+        h = H()
+        leaders: dict[str, list[str]] = {}
+        for term, node, _idx in term_starts:
+            leaders.setdefault(str(term), []).append(node)
+        h.add(1000.0, "journal", "info", "final-state", {"quorums": [], "term_starts": term_starts,
+                                                           "leaders": leaders, "digests": {}, "conflicts": []}, "n1")
+        return h
+
+    # n1 led term 57; deposed by term 58, its TermStart(58) was committed after n2's: BUG-2.
+    stale = final([[57, "n1", 10], [58, "n2", 20], [58, "n1", 21]])
+    r = checkers.one_leader_per_term(stale.events)
+    assert not r.valid and known_bugs.explain(r, stale.events) == "BUG-2"
+    assert known_bugs.unexplained([r], stale.events) == []
+    # Two nodes starting one term, neither a former leader: not explained, stays a failure.
+    fresh = final([[5, "n2", 20], [5, "n3", 21]])
+    r = checkers.one_leader_per_term(fresh.events)
+    assert not r.valid and known_bugs.explain(r, fresh.events) is None
+    assert known_bugs.unexplained([r], fresh.events) == [r]
+
+
+def test_snapshot_bridge_marks_quorums_older_than_its_history_as_unverifiable() -> None:
+    from lighthouse_cluster.codec import CommitQuorum, TermStart, decode_command
+    from lighthouse_cluster.quorum import Member, Quorum
+    from lighthouse_cluster.state_machine import HISTORY_LENGTH, QuorumStateMachine
+    from pysyncobj import pickle as pso_pickle
+
+    n = HISTORY_LENGTH + 40            # more commits in the gap than the snapshot's history keeps
+    cmds = [TermStart(1, "n1", 0)] + [CommitQuorum(i, Quorum(i + 1, (Member("a"),), 0), 1, "n1") for i in range(n)]
+    entries = [(i + 1, 1, _command(c)) for i, c in enumerate(cmds)]
+    machine = QuorumStateMachine()
+    for _idx, _term, cmd in entries[:n]:
+        machine.apply(decode_command(pso_pickle.loads(cmd[1:])[1][0]))
+    log = CommittedLog("n1")
+    log.absorb(entries[:2], commit_index=2)                     # quorum 1 seen; then compaction at n
+    log.absorb(entries[n - 2:], commit_index=len(entries))
+    s = summarize(log, {n: machine.to_snapshot()})
+    oldest = n - 1 - HISTORY_LENGTH + 1                         # first quorum id still in the snapshot's history
+    assert s["unverifiable_quorum_ids"] == [[1, oldest]]
+    ids = {q[0] for q in s["quorums"]}
+    assert 1 in ids and oldest in ids and (oldest - 1) not in ids and n + 0 in ids
+
+
+def test_known_bug_signature_for_a_node_cut_off_after_the_heal() -> None:
+    from jepsen_like import known_bugs
+
+    def run(pinned_to: str) -> H:
+        h = H().quorum("c0", 0.0, 0.1, qid=1, node=pinned_to)
+        h.nemesis(1.0, 1.0, "isolate", {"node": 0, "cuts": [["n1", "n2"], ["n2", "n1"], ["n1", "n3"], ["n3", "n1"]]})
+        h.status(1.5, "n1", "follower", 1).status(1.6, "n2", "leader", 2)
+        h.events[-1]["value"]["serving"] = True
+        h.events[-2]["value"]["leader"] = ""
+        h.nemesis(5.0, 5.0, "recover", {"cuts": []})
+        t = 5.1
+        while t < 20.0:
+            h.quorum("c0", t, t + 2.0, "info", node=pinned_to)
+            t += 2.05
+        return h
+
+    stuck = run("n1")
+    r = checkers.recovery_after_heal(stuck.events, bound_s=10.0)
+    assert not r.valid and known_bugs.explain(r, stuck.events) == "BUG-1"
+    elsewhere = run("n2")          # starving on a node that was never cut off: not BUG-1
+    r = checkers.recovery_after_heal(elsewhere.events, bound_s=10.0)
+    assert not r.valid and known_bugs.explain(r, elsewhere.events) is None
