@@ -73,7 +73,8 @@ def _wait_caught_up(cluster: LocalCluster, i: int, timeout: float) -> bool:
 
 
 def cluster_failover(n: int, trials: int, workdir: Path, say: Callable[[str], None], max_workers: int = 2) -> dict:
-    cluster = LocalCluster(root=Path(tempfile.mkdtemp(prefix=f"failover-{n}-", dir=workdir)), nodes=3, min_replicas=n, join_timeout_ms=JOIN_TIMEOUT_MS,
+    root = Path(tempfile.mkdtemp(prefix=f"failover-{n}-", dir=workdir))
+    cluster = LocalCluster(root=root, nodes=3, min_replicas=n, join_timeout_ms=JOIN_TIMEOUT_MS,
                            quorum_tick_ms=QUORUM_TICK_MS, heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
     lg: LoadGenerator | None = None
     meta: list[dict[str, Any]] = []

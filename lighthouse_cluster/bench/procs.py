@@ -10,6 +10,7 @@ server) as a child process and always kills it.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -176,13 +177,16 @@ def wait_port(host: str, port: int, timeout: float) -> bool:
 
 def lighthouse_command() -> list[str]:
     """torchft's ``torchft_lighthouse`` console script, run by this interpreter directly (no
-    pyenv shim or wrapper process in between, so the pid we measure is the server)."""
-    script = Path(sys.executable).parent / "torchft_lighthouse"
-    if script.exists():
-        return [sys.executable, str(script)]
-    return [sys.executable, "-c",
-            "import sys; from torchft._torchft import lighthouse_main; sys.argv[0] = 'torchft_lighthouse'; "
-            "sys.exit(lighthouse_main())"]
+    pyenv shim or wrapper process in between, so the pid we measure is the server). The Rust
+    entry point parses the process's own argv, so it cannot be started with ``python -c``."""
+    for bin_dir in (Path(sys.executable).parent, Path(sys.base_prefix) / "bin"):
+        script = bin_dir / "torchft_lighthouse"
+        if script.exists():
+            return [sys.executable, str(script)]
+    found = shutil.which("torchft_lighthouse")
+    if found:
+        return [found]
+    raise RuntimeError("torchft_lighthouse not found: install the interop extra (torchft==0.2.0)")
 
 
 @dataclass

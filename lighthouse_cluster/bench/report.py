@@ -179,7 +179,8 @@ def _md_recovery(s: dict) -> list[str]:
     out = ["## Live recovery", "",
            f"State dict sent from a healthy to a healing process over loopback HTTP (num_chunks=0, as the managers "
            f"use), median of {s.get('trials')} trial(s); receiver's recv_checkpoint wall time.", "",
-           "| size | torchft HTTPTransport | ftclient HTTPTransport | throughput ratio | peak RSS receiver (torchft / ftclient) |",
+           "| size | torchft HTTPTransport | ftclient HTTPTransport | throughput ratio "
+           "| peak RSS receiver (torchft / ftclient) |",
            "|---|---|---|---|---|"]
     for row in s.get("summary", []):
         def cell(impl: str) -> str:

@@ -13,7 +13,6 @@ over its processes), the generator's CPU, resident memory of every lighthouse pr
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from dataclasses import dataclass
