@@ -210,6 +210,10 @@ def up(nodes: int, bind: str, raft_port: int | None, data_dir: Path | None, min_
         cluster.start()
         with console.status(f"starting {nodes} nodes, waiting for a leader ..."):
             leader = cluster.wait_for_leader(timeout=30)
+        with console.status("waiting for every node to follow the leader ..."):
+            if not cluster.wait_for_followers(leader, timeout=10):
+                console.print("[yellow]warning:[/] not every node follows the leader yet; "
+                              "`lighthouse-cluster status` shows which")
         _print_endpoints(console, cluster, leader, root)
         if demo:
             from .demo import run_demo

@@ -285,6 +285,23 @@ class LocalCluster:
             time.sleep(0.02)
         raise TimeoutError(f"no serving leader within {timeout:.1f}s\n{self.tail_logs()}")
 
+    def wait_for_followers(self, leader: int, timeout: float = 10.0) -> bool:
+        """Wait until every running node reports ``leader`` as its leader in the leader's term
+        (a freshly elected leader is known to a majority at once, to the rest a heartbeat later).
+        Returns False, rather than raising, when some node has not caught up in time."""
+        deadline = time.monotonic() + timeout
+        leader_id = self.members[leader].peer.node_id
+        while time.monotonic() < deadline:
+            lst = self.status(leader, timeout=0.5)
+            running = [i for i, m in enumerate(self.members) if m.running and not m.paused]
+            views = [self.status(i, timeout=0.5) for i in running]
+            if lst is not None and all(v is not None and v.leader_id == leader_id and v.term == lst.term
+                                       for v in views):
+                return True
+            self._raise_if_all_exited()
+            time.sleep(0.02)
+        return False
+
     def _raise_if_all_exited(self) -> None:
         started = [m for m in self.members if m.process is not None]
         if started and all(m.process.poll() is not None for m in started):
