@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -27,6 +28,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, SyncObjConsumer, replic
 from pysyncobj.dns_resolver import globalDnsResolver
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import _RAFT_STATE
+from pysyncobj.tcp_connection import CONNECTION_STATE
 
 from . import codec
 from .state_machine import QuorumStateMachine
@@ -224,6 +226,9 @@ class RaftNode:
             fullDumpFile=dump,
             useFork=False,
             appendEntriesUseBatch=False,
+            # Above any command we write: pysyncobj 0.3.17 mis-marks the last chunk of an entry
+            # it splits (>= this size alone in a batch) and followers fail to unpickle it.
+            appendEntriesBatchSizeBytes=16 * 2**20,
             autoTickPeriod=settings.tick_period_s,
             raftMinTimeout=settings.election_timeout_min_s,
             raftMaxTimeout=settings.election_timeout_max_s,
@@ -244,6 +249,30 @@ class RaftNode:
             self._syncobj = SyncObj(self_address, nodes, conf=conf, consumers=[state], nodeClass=node_class)
         else:
             self._syncobj = SyncObj(self_address, peer_addresses, conf=conf, consumers=[state])
+
+        self._connect_timeout_s = conf.connectionTimeout
+        self._syncobj.addOnTickCallback(self._expire_stuck_connects)
+
+    def _expire_stuck_connects(self) -> None:
+        """Drop outgoing connects that have waited longer than the connection timeout (on the
+        tick thread; pysyncobj re-dials them after ``connectionRetryTime``).
+
+        pysyncobj checks a connection's timeout only when its socket has a poll event, and
+        re-dials only a DISCONNECTED connection. A connect whose SYNs were dropped by a
+        partition gets no event, so it sat in SYN-SENT until the kernel's next SYN
+        retransmission (1, 3, 7, 15, 31 s ...) however long ago the partition healed: a node
+        stayed cut off from Raft for 10-30 s after a long partition (jepsen_like BUG-1)."""
+        try:
+            connections = list(self._syncobj._SyncObj__transport._connections.values())  # type: ignore[attr-defined]
+        except AttributeError:  # pysyncobj internals moved: keep its own behaviour
+            return
+        now = time.monotonic()
+        for conn in connections:
+            started = getattr(conn, "_TcpConnection__lastReadTime", None)
+            if conn.state == CONNECTION_STATE.CONNECTING and started is not None \
+                    and now - started > self._connect_timeout_s:
+                log.debug("abandoning a connect pending for %.1fs", now - started)
+                conn.disconnect()
 
     # -- writes ---------------------------------------------------------------------------
 

@@ -143,6 +143,9 @@ def test_no_option_constructs_syncobj_exactly_as_before(monkeypatch: pytest.Monk
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             calls.append((args, kwargs))
 
+        def addOnTickCallback(self, callback: Any) -> None:
+            pass
+
     monkeypatch.setattr(replication, "SyncObj", FakeSyncObj)
     peers = ["127.0.0.1:7002", "127.0.0.1:7003"]
     RaftNode("127.0.0.1:7001", peers, ReplicatedState(QuorumStateMachine()))
