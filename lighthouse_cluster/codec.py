@@ -23,8 +23,10 @@ import msgpack
 
 from .quorum import Member, Quorum
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MIN_READABLE_VERSION = 1
+# Version 2 adds the ``set_members`` command (the replicated member table).
+MEMBERS_SCHEMA_VERSION = 2
 
 
 class SchemaError(ValueError):
@@ -64,7 +66,16 @@ class UnknownCommand:
     kind: str
 
 
-Command = Union[TermStart, CommitQuorum, EnableSchema, UnknownCommand]
+@dataclass(frozen=True, slots=True)
+class SetMembers:
+    """Compare-and-set of the member table: install ``members`` (node id, Raft address, client
+    address) only if the table's version is ``expected_version``. Schema 2."""
+
+    expected_version: int
+    members: tuple[tuple[str, str, str], ...]
+
+
+Command = Union[TermStart, CommitQuorum, EnableSchema, SetMembers, UnknownCommand]
 
 def member_to_wire(m: Member) -> dict[str, Any]:
     return {
@@ -119,6 +130,10 @@ def encode_command(cmd: Command, version: int = SCHEMA_VERSION) -> bytes:
                 "term": cmd.term, "node": cmd.node_id}
     elif isinstance(cmd, EnableSchema):
         body = {"k": "enable_schema", "version": cmd.version}
+    elif isinstance(cmd, SetMembers):
+        if version < MEMBERS_SCHEMA_VERSION:
+            raise ValueError(f"set_members needs schema {MEMBERS_SCHEMA_VERSION}; the cluster has {version} enabled")
+        body = {"k": "set_members", "expect": cmd.expected_version, "m": [list(m) for m in cmd.members]}
     else:
         raise TypeError(f"cannot encode {cmd!r}")
     body["v"] = version
@@ -137,6 +152,9 @@ def decode_command(data: bytes) -> Command:
                                 term=obj["term"], node_id=obj["node"])
         if kind == "enable_schema":
             return EnableSchema(version=obj["version"])
+        if kind == "set_members":
+            return SetMembers(expected_version=obj["expect"],
+                              members=tuple((str(m[0]), str(m[1]), str(m[2])) for m in obj["m"]))
     except (KeyError, TypeError) as e:
         raise SchemaError(f"malformed {kind} command: missing {e}") from e
     return UnknownCommand(kind=str(kind))

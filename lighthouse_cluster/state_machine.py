@@ -14,6 +14,9 @@ State:
   audits (the fault-injection checkers compare it across nodes).
 * ``leader_term`` / ``leader_id`` / ``leader_since_ms``: the last ``TermStart`` applied.
 * ``schema_version``: the codec version writers may use.
+* ``members`` / ``members_version``: the replicated member table (node id, Raft address,
+  client address), written by ``SetMembers`` (compare-and-set on the version) when an admin
+  changes the membership; empty until the first change (then the configured peers apply).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import codec
-from .codec import CommitQuorum, EnableSchema, TermStart, UnknownCommand
+from .codec import CommitQuorum, EnableSchema, SetMembers, TermStart, UnknownCommand
 from .quorum import Quorum
 
 HISTORY_LENGTH = 256
@@ -57,6 +60,8 @@ class QuorumStateMachine:
         self.schema_version = codec.MIN_READABLE_VERSION
         self.commands_applied = 0
         self.rejected_commits = 0
+        self.members: tuple[tuple[str, str, str], ...] = ()
+        self.members_version = 0
 
     @property
     def quorum_id(self) -> int:
@@ -77,6 +82,12 @@ class QuorumStateMachine:
             if codec.MIN_READABLE_VERSION <= command.version <= codec.SCHEMA_VERSION:
                 self.schema_version = max(self.schema_version, command.version)
             return self.schema_version
+        if isinstance(command, SetMembers):
+            if command.expected_version != self.members_version:
+                return CommitResult(applied=False, current_quorum_id=self.members_version)
+            self.members = command.members
+            self.members_version += 1
+            return CommitResult(applied=True, current_quorum_id=self.members_version)
         if isinstance(command, UnknownCommand):
             return None
         raise TypeError(f"not a command: {command!r}")
@@ -113,6 +124,8 @@ class QuorumStateMachine:
             "schema": self.schema_version,
             "applied": self.commands_applied,
             "rejected": self.rejected_commits,
+            **({"members": [list(m) for m in self.members], "members_v": self.members_version}
+               if self.members_version else {}),
         }, version=self.schema_version)
 
     def restore_snapshot(self, data: bytes) -> None:
@@ -128,3 +141,5 @@ class QuorumStateMachine:
         self.schema_version = obj.get("schema", codec.MIN_READABLE_VERSION)
         self.commands_applied = obj.get("applied", 0)
         self.rejected_commits = obj.get("rejected", 0)
+        self.members = tuple((str(m[0]), str(m[1]), str(m[2])) for m in obj.get("members", []))
+        self.members_version = obj.get("members_v", 0)

@@ -79,7 +79,7 @@ def test_snapshot_is_msgpack_not_pickle() -> None:
     sm = QuorumStateMachine()
     sm.apply(commit(0, q(1, "a")))
     obj = msgpack.unpackb(sm.to_snapshot())
-    assert obj["v"] == codec.SCHEMA_VERSION
+    assert obj["v"] == sm.schema_version  # the version the cluster has enabled
     assert obj["quorum"]["id"] == 1
 
 
@@ -133,3 +133,17 @@ def test_apply_is_deterministic_and_ids_monotonic(ops: list[tuple[int, Quorum]])
     assert a.to_snapshot() == b.to_snapshot()
     ids = [h.quorum_id for h in a.history]
     assert ids == sorted(ids)
+
+
+def test_member_table_is_a_compare_and_set_and_survives_snapshots() -> None:
+    sm = QuorumStateMachine()
+    members = (("n1", "h:1", "h:2"), ("n4", "h:7", "h:8"))
+    assert sm.apply(EnableSchema(version=codec.MEMBERS_SCHEMA_VERSION)) == 2
+    raw = codec.encode_command(codec.SetMembers(expected_version=0, members=members), version=sm.schema_version)
+    assert sm.apply_bytes(raw).applied and sm.members == members and sm.members_version == 1
+    assert not sm.apply(codec.SetMembers(expected_version=0, members=())).applied  # stale: rejected
+    restored = QuorumStateMachine()
+    restored.restore_snapshot(sm.to_snapshot())
+    assert (restored.members, restored.members_version) == (members, 1)
+    with pytest.raises(ValueError, match="needs schema 2"):
+        codec.encode_command(codec.SetMembers(expected_version=0, members=()), version=1)
