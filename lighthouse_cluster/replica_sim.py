@@ -42,6 +42,9 @@ class SimulatedReplicaGroup:
     step_time_s: float = 0.0
     world_size: int = 1
     data: str = ""
+    # The member address in Quorum requests (torchft: the manager server, which the lighthouse's
+    # kill reaches); empty = the placeholder ``sim://ID``.
+    address: str = ""
     on_round: Callable[[RoundResult], None] | None = None
     # Other nodes to move to when the current one is unreachable (what a client with the
     # endpoint list does); empty = stay on ``endpoint``.
@@ -70,7 +73,7 @@ class SimulatedReplicaGroup:
 
     async def quorum_once(self) -> RoundResult:
         request = pb.LighthouseQuorumRequest(requester=pb.QuorumMember(
-            replica_id=self.replica_id, address=f"sim://{self.replica_id}", store_address=f"sim-store://{self.replica_id}",
+            replica_id=self.replica_id, address=self.address or f"sim://{self.replica_id}", store_address=f"sim-store://{self.replica_id}",
             step=self.step, world_size=self.world_size, data=self.data))
         started = time.monotonic()
         try:
