@@ -270,9 +270,17 @@ class HttpEndpoints:
         log.warning("kill of replica %s at %s requested over HTTP", replica_id, target)
         try:
             async with grpc.aio.insecure_channel(target) as channel:
+                try:
+                    await asyncio.wait_for(channel.channel_ready(), KILL_TIMEOUT_S)
+                except asyncio.TimeoutError:
+                    return Response.text(502, f"Kill at {target} failed: not reachable within {KILL_TIMEOUT_S:g} s")
                 await pb_grpc.ManagerServiceStub(channel).Kill(
                     pb.KillRequest(msg=f"killed from lighthouse-cluster node {self.node.config.node_id}"),
                     timeout=KILL_TIMEOUT_S)
         except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                # Connected, then the connection dropped unanswered: torchft's manager acknowledges
+                # a Kill by exiting at once (std::process::exit inside the handler).
+                return Response.json(200, {"killed": replica_id, "address": member.address, "answered": False})
             return Response.text(502, f"Kill at {target} failed: {e.code().name}: {e.details()}")
-        return Response.json(200, {"killed": replica_id, "address": member.address})
+        return Response.json(200, {"killed": replica_id, "address": member.address, "answered": True})
