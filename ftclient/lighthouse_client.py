@@ -41,6 +41,9 @@ from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
 
+from lighthouse_cluster.tls import channel as tls_channel
+from lighthouse_cluster.tls import client_tls_for
+
 from ._env import lighthouse_addr as _lighthouse_addr_from_env
 from ._timeouts import Deadline, stop_at, to_seconds, wait_within
 
@@ -98,8 +101,9 @@ def parse_endpoints(value: str | Sequence[str]) -> list[str]:
             continue
         if "://" in entry:
             scheme, entry = entry.split("://", 1)
-            if scheme.lower() != "http":
-                raise ValueError(f"lighthouse endpoint {raw.strip()!r}: only http:// (plaintext gRPC) is supported")
+            if scheme.lower() not in ("http", "https", "grpcs"):
+                raise ValueError(f"lighthouse endpoint {raw.strip()!r}: use http:// (plaintext gRPC) or "
+                                 "https:// / grpcs:// (TLS)")
         entry = entry.rstrip("/")
         host, sep, port = entry.rpartition(":")
         if not sep or not host or not port.isdigit():
@@ -186,6 +190,8 @@ class LighthouseClient:
                  probe_timeout: float = 1.0, leader_watch_interval: float | None = 1.0) -> None:
         given = _lighthouse_addr_from_env(addr if isinstance(addr, str) or addr is None else ",".join(addr))
         self._given = parse_endpoints(given)
+        # TLS when an endpoint is https:// or grpcs://, or LIGHTHOUSE_CLUSTER_TLS_CA is set.
+        self._tls = client_tls_for(given)
         self._learned: list[str] = []
         self._connect_timeout = to_seconds(connect_timeout) or 0.0
         self._probe_timeout = probe_timeout
@@ -213,7 +219,8 @@ class LighthouseClient:
             return self._target
 
     def describe(self) -> str:
-        return ", ".join(f"http://{e}" for e in self.endpoints)
+        scheme = "https" if self._tls is not None else "http"
+        return ", ".join(f"{scheme}://{e}" for e in self.endpoints)
 
     def _channel(self, address: str) -> grpc.Channel:
         with self._lock:
@@ -221,7 +228,7 @@ class LighthouseClient:
                 raise RuntimeError("LighthouseClient is closed")
             ch = self._channels.get(address)
             if ch is None:
-                ch = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                ch = tls_channel(address, self._tls, CHANNEL_OPTIONS)
                 self._channels[address] = ch
             return ch
 

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from .status_client import query_status
 from .proto import lighthouse_cluster_pb2 as cpb
+from .tls import ClientTLS
 
 _ROLE_NAMES = {cpb.FOLLOWER: "follower", cpb.CANDIDATE: "candidate", cpb.LEADER: "leader", cpb.ROLE_UNKNOWN: "unknown"}
 
@@ -41,13 +42,14 @@ class ClusterView:
     settings: dict[str, int] = field(default_factory=dict)
 
 
-def collect(endpoints: Sequence[str], timeout: float = 2.0) -> list[tuple[str, cpb.NodeStatus | None]]:
+def collect(endpoints: Sequence[str], timeout: float = 2.0,
+            tls: ClientTLS | None = None) -> list[tuple[str, cpb.NodeStatus | None]]:
     """Ask every endpoint, then every peer those answers name that was not asked yet."""
     asked: dict[str, cpb.NodeStatus | None] = {}
     todo = list(dict.fromkeys(endpoints))
     with ThreadPoolExecutor(max_workers=8) as pool:
         while todo:
-            for endpoint, answer in zip(todo, pool.map(lambda e: query_status(e, timeout), todo)):
+            for endpoint, answer in zip(todo, pool.map(lambda e: query_status(e, timeout, tls), todo)):
                 asked[endpoint] = answer
             named = [p.node.client_address for st in asked.values() if st is not None for p in st.peers]
             todo = [a for a in dict.fromkeys(named) if a not in asked]
@@ -165,3 +167,100 @@ def render(view: ClusterView, console: Any) -> None:
             age = f"{h['age_ms']} ms"
             hb.add_row(h["replica_id"], f"[red]{age}[/]" if timeout and h["age_ms"] >= timeout else age)
         console.print(hb)
+
+
+# -- health ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class HealthRow:
+    id: str
+    address: str
+    live: bool
+    ready: bool
+    reason: str
+    role: str
+    term: int
+    leader_id: str
+    commit_index: int
+    lag: int | None
+
+
+@dataclass
+class Health:
+    healthy: bool
+    leader: str | None
+    term: int
+    nodes: list[HealthRow]
+    problems: list[str]
+
+
+def build_health(answers: Sequence[tuple[str, cpb.NodeStatus | None]], max_lag: int = 100) -> Health:
+    """Healthy when every node named anywhere answers, is ready, follows the same leader in the
+    same term, and is within ``max_lag`` entries of the leader's commit index."""
+    by_id: dict[str, cpb.NodeStatus] = {}
+    named: dict[str, str] = {}
+    unanswered: list[str] = []
+    for endpoint, st in answers:
+        if st is None:
+            unanswered.append(endpoint)
+            continue
+        by_id[st.node.id] = st
+        named.setdefault(st.node.id, st.node.client_address)
+        for p in st.peers:
+            named.setdefault(p.node.id, p.node.client_address)
+    leaders = [st for st in by_id.values() if st.role == cpb.LEADER]
+    leader = max(leaders, key=lambda st: st.term) if leaders else None
+    rows: list[HealthRow] = []
+    problems: list[str] = []
+    for node_id, address in sorted(named.items()):
+        st = by_id.get(node_id)
+        if st is None:
+            rows.append(HealthRow(node_id, address, False, False, "does not answer", "unknown", 0, "", 0, None))
+            problems.append(f"{node_id} ({address}) does not answer")
+            continue
+        lag = leader.commit_index - st.commit_index if leader is not None else None
+        rows.append(HealthRow(node_id, address, True, st.ready, st.ready_reason, _ROLE_NAMES[st.role], st.term,
+                              st.leader_id, st.commit_index, lag))
+        if not st.ready:
+            problems.append(f"{node_id} is not ready: {st.ready_reason}")
+        if leader is not None and (st.leader_id != leader.node.id or st.term != leader.term):
+            problems.append(f"{node_id} follows {st.leader_id or 'nobody'} in term {st.term}, "
+                            f"not {leader.node.id} in term {leader.term}")
+        if lag is not None and lag > max_lag:
+            problems.append(f"{node_id} is {lag} entries behind the leader (more than {max_lag})")
+    listed = set(named.values())
+    for endpoint in unanswered:
+        if endpoint not in listed:
+            rows.append(HealthRow("?", endpoint, False, False, "does not answer", "unknown", 0, "", 0, None))
+            problems.append(f"{endpoint} does not answer")
+    if leader is None:
+        problems.insert(0, "no leader is known")
+    return Health(healthy=not problems, leader=leader.node.id if leader else None,
+                  term=leader.term if leader else max((r.term for r in rows), default=0), nodes=rows,
+                  problems=problems)
+
+
+def health_to_json(h: Health) -> dict[str, Any]:
+    return {"healthy": h.healthy, "leader": h.leader, "term": h.term, "problems": h.problems,
+            "nodes": [{"id": r.id, "address": r.address, "live": r.live, "ready": r.ready, "reason": r.reason,
+                       "role": r.role, "term": r.term, "leader_id": r.leader_id, "commit_index": r.commit_index,
+                       "lag": r.lag} for r in h.nodes]}
+
+
+def render_health(h: Health, console: Any) -> None:
+    from rich.table import Table
+
+    t = Table(title="health", title_justify="left")
+    for col in ("id", "client address", "live", "ready", "role", "term", "leader", "commit index", "lag"):
+        t.add_column(col, no_wrap=col in ("id", "client address"))
+    for r in h.nodes:
+        t.add_row(r.id, r.address, "yes" if r.live else "[red]no[/]",
+                  "yes" if r.ready else f"[red]no[/] ({r.reason})", r.role, str(r.term) if r.live else "-",
+                  r.leader_id or "-", str(r.commit_index) if r.live else "-", "-" if r.lag is None else str(r.lag))
+    console.print(t)
+    if h.healthy:
+        console.print(f"[bold green]healthy[/]: leader {h.leader} in term {h.term}")
+    else:
+        for p in h.problems:
+            console.print(f"[red]unhealthy[/]: {p}")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .quorum import QuorumOptions
 from .replication import RaftSettings
+from .tls import ClientTLS, ServerTLS, TLSConfigError
 
 DEFAULT_CLIENT_PORT = 29510
 MAX_DATA_BYTES = 64 * 1024
@@ -104,8 +105,13 @@ class NodeConfig:
     raft_dial: tuple[tuple[str, str], ...] = ()
     # --http-bind: /metrics, /livez, /readyz, the dashboard; None = no HTTP port.
     http_bind: str | None = None
-    # --admin-token: enables the dashboard's kill button; never printed (repr=False).
+    # --admin-token: required by the admin RPCs and the dashboard's kill button; never printed
+    # (repr=False). None: those are refused.
     admin_token: str | None = field(default=None, repr=False)
+    # --tls-cert/--tls-key[/--tls-client-ca]: the client port serves TLS (None: plaintext).
+    tls: ServerTLS | None = field(default=None, repr=False)
+    # How this node dials its peers' client ports (forwarding, heartbeat batches).
+    peer_tls: ClientTLS | None = field(default=None, repr=False)
 
     @property
     def self_peer(self) -> PeerSpec:
@@ -162,6 +168,11 @@ def build_node_config(
     raft_dial: list[str] | tuple[str, ...] = (),
     http_bind: str | None = None,
     admin_token: str | None = None,
+    tls_cert: str | Path | None = None,
+    tls_key: str | Path | None = None,
+    tls_client_ca: str | Path | None = None,
+    tls_ca: str | Path | None = None,
+    join: bool = False,
 ) -> NodeConfig:
     """Validate raw settings into a NodeConfig, or raise ConfigError naming the problem."""
     check_node_id(node_id)
@@ -177,8 +188,9 @@ def build_node_config(
             raise ConfigError(f"two peers share a {attr.replace('_', ' ')}: {sorted(values)}")
     if node_id not in ids:
         raise ConfigError(f"node id {node_id!r} is not among the peers {ids}")
-    if len(specs) % 2 == 0:
-        raise ConfigError(f"{len(specs)} nodes: use an odd number (3 or 5) so a majority survives a split")
+    if len(specs) % 2 == 0 and not join:
+        raise ConfigError(f"{len(specs)} nodes: use an odd number (3 or 5) so a majority survives a split "
+                          "(a node joining a running cluster passes --join)")
     if not secret and not insecure:
         raise ConfigError("no cluster secret: set --secret/--secret-file/LIGHTHOUSE_CLUSTER_SECRET "
                           "(the Raft port carries pickled data), or pass --insecure on a trusted network")
@@ -196,6 +208,17 @@ def build_node_config(
     raft = RaftSettings.from_election_timeout_ms(election_timeout_ms) if election_timeout_ms else RaftSettings()
     dial = parse_raft_dial(raft_dial, specs, node_id)
     http = normalize_address(http_bind, "--http-bind") if http_bind else None
+    try:
+        server_tls = ServerTLS.from_files(tls_cert, tls_key, tls_client_ca)
+        # Peers are dialed with this node's own certificate (when they require one) and trust
+        # --tls-ca, else the client CA, else the system's roots.
+        peer_tls = None if server_tls is None else ClientTLS(
+            root_ca=ClientTLS.from_files(tls_ca).root_ca if tls_ca else server_tls.client_ca,
+            client_cert=server_tls.cert_chain, client_key=server_tls.private_key)
+    except TLSConfigError as e:
+        raise ConfigError(str(e)) from None
+    if tls_ca and server_tls is None:
+        raise ConfigError("--tls-ca is for dialing TLS peers: it needs --tls-cert and --tls-key too")
     if http is not None and http in (bind, self_spec.client_address):
         raise ConfigError(f"--http-bind {http} is the client (gRPC) address; give the HTTP port its own port")
     return NodeConfig(
@@ -212,4 +235,6 @@ def build_node_config(
         raft_dial=dial,
         http_bind=http,
         admin_token=admin_token or None,
+        tls=server_tls,
+        peer_tls=peer_tls,
     )

@@ -244,9 +244,9 @@ class HttpEndpoints:
         node = self.node
         cfg = node.config
         own = node.status()
-        others = [p.client_address for p in cfg.other_peers]
+        others = [p.client_address for p in node.other_members]
         answers = await asyncio.gather(
-            *(asyncio.to_thread(query_status, a, PEER_STATUS_TIMEOUT_S) for a in others))
+            *(asyncio.to_thread(query_status, a, PEER_STATUS_TIMEOUT_S, cfg.peer_tls) for a in others))
         view = build_view([(cfg.self_peer.client_address, own), *zip(others, answers)])
         data = to_json(view)
         ready, reason = node.readiness()

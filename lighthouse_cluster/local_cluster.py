@@ -23,6 +23,7 @@ from typing import Callable
 from .config import PeerSpec
 from .proto import lighthouse_cluster_pb2 as cpb
 from .status_client import query_status
+from .tls import ClientTLS, PKIFiles
 
 SECRET_ENV = "LIGHTHOUSE_CLUSTER_SECRET"
 ADMIN_TOKEN_ENV = "LIGHTHOUSE_CLUSTER_ADMIN_TOKEN"
@@ -96,6 +97,13 @@ class LocalCluster:
     http_ports: list[int] | None = None
     # Admin token for the HTTP kill endpoint, passed through the environment; None = kill disabled.
     admin_token: str | None = None
+    # TLS on every node's client port with these files (``tls.generate_pki``); with
+    # ``mutual_tls`` the nodes also require client certificates signed by the CA.
+    pki: PKIFiles | None = None
+    mutual_tls: bool = False
+    # Per-node Raft secret overrides (index -> secret; None = --insecure): tests of nodes that
+    # must not be able to join.
+    node_secrets: dict[int, str | None] = field(default_factory=dict)
     members: list[NodeProcess] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -139,7 +147,8 @@ class LocalCluster:
     @property
     def endpoints(self) -> str:
         """The comma-separated URL list ftclient and `lighthouse-cluster status` take."""
-        return ",".join(f"http://{a}" for a in self.client_addresses)
+        scheme = "https" if self.pki is not None else "http"
+        return ",".join(f"{scheme}://{a}" for a in self.client_addresses)
 
     # -- processes ------------------------------------------------------------------------------
 
@@ -161,6 +170,15 @@ class LocalCluster:
             cmd += ["--election-timeout-ms", str(self.election_timeout_ms)]
         if self.http_ports is not None:
             cmd += ["--http-bind", f"{bind_host}:{self.http_ports[i]}"]
+        if self.pki is not None:
+            cmd += ["--tls-cert", str(self.pki.server_cert), "--tls-key", str(self.pki.server_key),
+                    "--tls-ca", str(self.pki.ca_cert)]
+            if self.mutual_tls:
+                cmd += ["--tls-client-ca", str(self.pki.ca_cert)]
+        if i in self.node_secrets and self.node_secrets[i] is None:
+            cmd += ["--insecure"]
+        if len(self.members) % 2 == 0:
+            cmd += ["--join"]
         for p in self.peers:
             cmd += ["--peer", str(p)]
         return cmd + self.extra_args
@@ -181,7 +199,8 @@ class LocalCluster:
         if m.running:
             raise RuntimeError(f"{m.peer.node_id} is already running")
         m.data_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, SECRET_ENV: self.secret or "", "PYTHONUNBUFFERED": "1"}
+        secret = self.node_secrets.get(i, self.secret) if i in self.node_secrets else self.secret
+        env = {**os.environ, SECRET_ENV: secret or "", "PYTHONUNBUFFERED": "1"}
         env.pop(ADMIN_TOKEN_ENV, None)
         if self.admin_token:
             env[ADMIN_TOKEN_ENV] = self.admin_token
@@ -255,10 +274,29 @@ class LocalCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop_all()
 
+    def add_node(self, node_id: str | None = None) -> int:
+        """Describe one more node (fresh ports, ``--join``: it starts knowing every member);
+        start it with ``start_node`` and add it with ``members add``. Returns its index."""
+        i = len(self.members)
+        node_id = node_id or f"n{i + 1}"
+        client, raft = free_ports(2, self.host)
+        if self.http_ports is not None:
+            self.http_ports.append(free_ports(1, self.host)[0])
+        host = self.host
+        self.members.append(NodeProcess(peer=PeerSpec(node_id, f"{host}:{raft}", f"{host}:{client}"),
+                                        data_dir=self.root / node_id, log_path=self.root / f"{node_id}.log"))
+        self.nodes = len(self.members)
+        return i
+
     # -- observation ------------------------------------------------------------------------------
 
+    @property
+    def client_tls(self) -> ClientTLS | None:
+        """How clients dial these nodes (with the client certificate when mTLS is on)."""
+        return None if self.pki is None else self.pki.client_tls(with_cert=self.mutual_tls)
+
     def status(self, i: int, timeout: float = 1.0) -> cpb.NodeStatus | None:
-        return query_status(self.members[i].peer.client_address, timeout)
+        return query_status(self.members[i].peer.client_address, timeout, self.client_tls)
 
     def leader_index(self, among: list[int] | None = None) -> int | None:
         """The index of a running node that reports itself serving leader, if any."""

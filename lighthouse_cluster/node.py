@@ -10,7 +10,9 @@ is re-sent to the new leader until the caller's deadline.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import signal
 import time
 from typing import Any
@@ -21,7 +23,7 @@ from grpc_reflection.v1alpha import reflection
 
 from . import __version__
 from .codec import SCHEMA_VERSION, Command
-from .config import NodeConfig
+from .config import NodeConfig, PeerSpec
 from .metrics import NodeMetrics
 from .coordinator import NotLeader, QuorumCoordinator, member_to_proto, quorum_to_proto
 from .proto import lighthouse_cluster_pb2 as cpb
@@ -30,7 +32,7 @@ from .proto import torchft_pb2 as pb
 from .quorum import Member
 from .replication import CommitError, RaftNode, ReplicatedState, Role
 from .routing import HeartbeatBatcher, PeerChannels, QuorumForwarder
-from .servicers import ClusterServiceAdapter, LighthouseServiceAdapter
+from .servicers import AdminServiceAdapter, ClusterServiceAdapter, LighthouseServiceAdapter
 from .state_machine import QuorumStateMachine
 
 log = logging.getLogger(__name__)
@@ -63,7 +65,11 @@ class LighthouseNode:
         self.raft: RaftNode | None = None
         self.coordinator: QuorumCoordinator | None = None
         self.server: grpc.aio.Server | None = None
-        self.channels = PeerChannels()
+        self.channels = PeerChannels(config.peer_tls)
+        # The cluster's members: the replicated member table once an admin changed it, else
+        # the last table this node persisted (MEMBERS_FILE), else the --peer list.
+        self._members: tuple[PeerSpec, ...] = load_members(config) or config.peers
+        self._members_version = self.machine.members_version
         self.forwarder = QuorumForwarder(self.channels, config.node_id)
         self.heartbeats = HeartbeatBatcher(self.channels, config.node_id, self._remote_leader_address)
         self.bound_port: int | None = None
@@ -89,10 +95,12 @@ class LighthouseNode:
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         self.server.add_generic_rpc_handlers((LighthouseServiceAdapter(self).handler(),))
         cpb_grpc.add_LighthouseClusterServicer_to_server(ClusterServiceAdapter(self), self.server)
+        cpb_grpc.add_LighthouseAdminServicer_to_server(AdminServiceAdapter(self), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (pb.DESCRIPTOR.services_by_name["LighthouseService"].full_name,
              cpb.DESCRIPTOR.services_by_name["LighthouseCluster"].full_name,
+             cpb.DESCRIPTOR.services_by_name["LighthouseAdmin"].full_name,
              health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME),
             self.server)
@@ -103,13 +111,16 @@ class LighthouseNode:
             self.http = HttpEndpoints(self, cfg.http_bind, cfg.admin_token)
             await self.http.start()
         try:
-            self.bound_port = self.server.add_insecure_port(cfg.client_bind)
+            if cfg.tls is not None:
+                self.bound_port = self.server.add_secure_port(cfg.client_bind, cfg.tls.credentials())
+            else:
+                self.bound_port = self.server.add_insecure_port(cfg.client_bind)
         except RuntimeError as e:
             raise OSError(f"cannot bind client address {cfg.client_bind}: {e}") from e
         await self.server.start()
         self.raft = RaftNode(
             cfg.self_peer.raft_address,
-            [p.raft_address for p in cfg.other_peers],
+            [p.raft_address for p in self.other_members],
             ReplicatedState(self.machine),
             bind_address=cfg.raft_bind,
             data_dir=cfg.data_dir,
@@ -123,14 +134,15 @@ class LighthouseNode:
         if self.http is not None:
             log.info("node %s serving /metrics, /livez, /readyz and the dashboard on http://%s", cfg.node_id,
                      self.http.address)
-        log.info("node %s serving torchft.LighthouseService on %s (Raft %s, peers %s)", cfg.node_id,
-                 cfg.client_bind, cfg.self_peer.raft_address, ", ".join(str(p) for p in cfg.other_peers))
+        log.info("node %s serving torchft.LighthouseService on %s%s (Raft %s, peers %s)", cfg.node_id,
+                 cfg.client_bind, "" if cfg.tls is None else (" with mutual TLS" if cfg.tls.mutual else " with TLS"),
+                 cfg.self_peer.raft_address, ", ".join(str(p) for p in self.other_members))
 
     async def stop(self, grace_s: float = 1.0) -> None:
         """Hand leadership over if leading, then stop serving and leave the Raft group."""
         if self._stopped.is_set():
             return
-        if self.raft is not None and self.raft.is_leader and self.config.other_peers:
+        if self.raft is not None and self.raft.is_leader and self.other_members:
             self.raft.transfer_leadership()
             deadline = time.monotonic() + grace_s
             while self.raft.is_leader and time.monotonic() < deadline:
@@ -190,8 +202,36 @@ class LighthouseNode:
     async def _watch(self) -> None:
         while True:
             self._check_raft()
+            self.refresh_members()
             await self._update_health()
             await asyncio.sleep(WATCH_PERIOD_S)
+
+    # -- members -------------------------------------------------------------------------------
+
+    @property
+    def members(self) -> tuple[PeerSpec, ...]:
+        """Every member of the cluster, this node included (see ``__init__``)."""
+        return self._members
+
+    @property
+    def other_members(self) -> tuple[PeerSpec, ...]:
+        return tuple(p for p in self._members if p.node_id != self.config.node_id)
+
+    def member_by_raft_address(self, address: str | None) -> PeerSpec | None:
+        return next((p for p in self._members if p.raft_address == address), None)
+
+    def refresh_members(self) -> None:
+        """Adopt the replicated member table when it changed, and persist it for restarts."""
+        version = self.machine.members_version
+        if version == self._members_version:
+            return
+        self._members_version = version
+        members = tuple(PeerSpec(*m) for m in self.machine.members)
+        if not members:
+            return
+        self._members = members
+        log.info("member table version %d: %s", version, ", ".join(str(p) for p in members))
+        save_members(self.config, version, members)
 
     # -- readiness -------------------------------------------------------------------------------
 
@@ -208,10 +248,10 @@ class LighthouseNode:
             return False, f"no known leader (role {raft.role.value}, term {raft.term})"
         if peer.node_id != self.config.node_id:
             return True, f"follower of {peer.node_id} in term {raft.term}"
-        others = self.config.other_peers
+        others = self.other_members
         connected = sum(1 for p in others if raft.is_connected(p.raft_address))
-        if (connected + 1) * 2 <= len(self.config.peers):
-            return False, f"leader without a majority ({connected + 1}/{len(self.config.peers)} nodes connected)"
+        if (connected + 1) * 2 <= len(self._members):
+            return False, f"leader without a majority ({connected + 1}/{len(self._members)} nodes connected)"
         if coord.term is None or not coord.serving:
             return False, f"leader of term {raft.term} is not serving yet (warming up)"
         return True, f"leader in term {raft.term}"
@@ -241,7 +281,7 @@ class LighthouseNode:
         elif coord.term is not None:
             coord.stop_leading()
         if old is None or old[2] != leader or old[0] != role:
-            peer = self.config.peer_by_raft_address(leader)
+            peer = self.member_by_raft_address(leader)
             log.info("raft: %s in term %d, leader %s", role.value, term, peer.node_id if peer else "unknown")
         self._changed.set()
         self._changed = asyncio.Event()
@@ -266,7 +306,7 @@ class LighthouseNode:
             return None
         if address != self.config.self_peer.raft_address and not raft.is_connected(address):
             return None
-        return self.config.peer_by_raft_address(address)
+        return self.member_by_raft_address(address)
 
     def _remote_leader_address(self) -> str | None:
         peer = self.leader_peer()
@@ -376,7 +416,7 @@ class LighthouseNode:
             leader_client_address=peer.client_address if peer else "",
             term=self.raft.term if self.raft else 0,
             nodes=[cpb.NodeInfo(id=p.node_id, client_address=p.client_address, raft_address=p.raft_address)
-                   for p in self.config.peers],
+                   for p in self._members],
         )
 
     def status(self) -> cpb.NodeStatus:
@@ -394,15 +434,18 @@ class LighthouseNode:
             peers=[cpb.PeerState(node=cpb.NodeInfo(id=p.node_id, client_address=p.client_address,
                                                    raft_address=p.raft_address),
                                  connected=bool(raft and raft.is_connected(p.raft_address)))
-                   for p in cfg.other_peers],
+                   for p in self.other_members],
             uptime_ms=int((time.monotonic() - self.started) * 1000),
             version=__version__,
             schema_version=SCHEMA_VERSION,
+            members_version=self.machine.members_version,
+            tls=cfg.tls is not None,
             settings=cpb.QuorumSettings(min_replicas=cfg.options.min_replicas,
                                         join_timeout_ms=cfg.options.join_timeout_ms,
                                         quorum_tick_ms=cfg.quorum_tick_ms,
                                         heartbeat_timeout_ms=cfg.options.heartbeat_timeout_ms),
         )
+        st.ready, st.ready_reason = self.readiness()
         q = self.machine.quorum
         if q is not None:
             st.has_quorum = True
@@ -415,3 +458,42 @@ class LighthouseNode:
             for m, waiting in coord.pending():
                 st.pending.append(cpb.PendingRequester(member=member_to_proto(m), waiting_ms=waiting))
         return st
+
+
+# -- the persisted member table ------------------------------------------------------------------
+
+MEMBERS_FILE = "members.json"
+
+
+def load_members(config: NodeConfig) -> tuple[PeerSpec, ...] | None:
+    """The member table this node last saw committed (in its data directory), if it has one
+    that still names this node; a restart then needs no updated --peer list."""
+    if config.data_dir is None:
+        return None
+    path = config.data_dir / MEMBERS_FILE
+    try:
+        data = json.loads(path.read_text())
+        members = tuple(PeerSpec(*m) for m in data["members"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("ignoring %s (%s); using the --peer list", path, e)
+        return None
+    if config.node_id not in {m.node_id for m in members}:
+        log.warning("%s does not name this node (it was removed); using the --peer list", path)
+        return None
+    log.info("members from %s (version %s): %s", path, data.get("version"), ", ".join(str(m) for m in members))
+    return members
+
+
+def save_members(config: NodeConfig, version: int, members: tuple[PeerSpec, ...]) -> None:
+    if config.data_dir is None:
+        return
+    path = config.data_dir / MEMBERS_FILE
+    tmp = path.with_suffix(".tmp")
+    try:
+        tmp.write_text(json.dumps({"version": version, "members": [
+            [m.node_id, m.raft_address, m.client_address] for m in members]}, indent=1))
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("cannot save the member table to %s: %s", path, e)

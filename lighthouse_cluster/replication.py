@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import queue
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -243,6 +244,9 @@ class RaftNode:
             # again within seconds, not pysyncobj's default 10 minutes.
             dnsCacheTime=settings.dns_cache_s,
             dnsFailCacheTime=settings.dns_fail_cache_s,
+            # Runtime membership change (`lighthouse-cluster members add/remove`); the changes
+            # are log entries, replayed from the journal after a restart.
+            dynamicMembershipChange=True,
         )
         if dial:
             nodes, node_class = peer_nodes(peer_addresses, dial)
@@ -252,6 +256,51 @@ class RaftNode:
 
         self._connect_timeout_s = conf.connectionTimeout
         self._syncobj.addOnTickCallback(self._expire_stuck_connects)
+        self._tick_jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._syncobj.addOnTickCallback(self._run_tick_jobs)
+
+    def _run_tick_jobs(self) -> None:
+        while True:
+            try:
+                job = self._tick_jobs.get_nowait()
+            except queue.Empty:
+                return
+            job()
+
+    def call_on_tick_thread(self, fn: Callable[[], Any], callback: Callable[[Any, Exception | None], None]) -> None:
+        """Run ``fn()`` once on pysyncobj's tick thread, between two applied entries (so it sees
+        the state machine as of ``last_applied``); ``callback(result, error)`` runs there too."""
+        def job() -> None:
+            try:
+                result, error = fn(), None
+            except Exception as e:  # handed to the caller
+                result, error = None, e
+            callback(result, error)
+
+        self._tick_jobs.put(job)
+
+    def change_membership(self, add: bool, address: str, callback: Callable[[str | None], None]) -> None:
+        """Add or remove the Raft member ``address`` (one change at a time; call on the leader).
+        ``callback(None)`` once the change is committed, ``callback(reason)`` on failure; both
+        on the tick thread."""
+        def done(_result: Any, err: int) -> None:
+            callback(None if err == FAIL_REASON.SUCCESS else _FAIL_NAMES.get(err, str(err)))
+
+        try:
+            if add:
+                self._syncobj.addNodeToCluster(address, callback=done)
+            else:
+                self._syncobj.removeNodeFromCluster(address, callback=done)
+        except Exception as e:  # pysyncobj raises plain Exception for a disabled feature
+            callback(str(e))
+
+    @property
+    def raft_members(self) -> list[str]:
+        """The Raft addresses of every member as this node's pysyncobj sees them (self included)."""
+        status = self._syncobj.getStatus()
+        others = [k[len("partner_node_status_server_"):] for k in status
+                  if k.startswith("partner_node_status_server_")]
+        return sorted([self.self_address, *others])
 
     def _expire_stuck_connects(self) -> None:
         """Drop outgoing connects that have waited longer than the connection timeout (on the

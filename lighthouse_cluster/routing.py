@@ -22,6 +22,7 @@ from typing import Callable
 import grpc
 
 from .proto import lighthouse_cluster_pb2 as cpb
+from .tls import ClientTLS, aio_channel
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +52,14 @@ def _identity(x: bytes) -> bytes:
 class PeerChannels:
     """One long-lived grpc.aio channel per peer client address."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ClientTLS | None = None) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._tls = tls  # None: plaintext; else how to dial peers' TLS client ports
 
     def get(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
         if ch is None:
-            ch = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            ch = aio_channel(address, self._tls, CHANNEL_OPTIONS)
             self._channels[address] = ch
         return ch
 

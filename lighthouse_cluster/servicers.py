@@ -109,3 +109,51 @@ class ClusterServiceAdapter(cpb_grpc.LighthouseClusterServicer):
         if not self.node.accept_heartbeat_batch(request.replica_ids):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"node {self.node.config.node_id} is not the leader")
         return cpb.HeartbeatBatchResponse()
+
+
+class AdminServiceAdapter(cpb_grpc.LighthouseAdminServicer):
+    """lighthouse_cluster.LighthouseAdmin: the token check, then ``admin.NodeAdmin``."""
+
+    def __init__(self, node: "LighthouseNode") -> None:
+        from .admin import NodeAdmin
+
+        self.node = node
+        self.admin = NodeAdmin(node)
+
+    async def _authorized(self, context: grpc.aio.ServicerContext, what: str) -> None:
+        from .admin import check_token
+
+        error = check_token(context.invocation_metadata(), self.node.config.admin_token)
+        if error is not None:
+            log.warning("refused %s from %s: %s", what, context.peer(), error.code.name)
+            await context.abort(error.code, error.message)
+
+    async def _run(self, context: grpc.aio.ServicerContext, what: str, call):  # type: ignore[no-untyped-def]
+        from .admin import AdminError
+
+        await self._authorized(context, what)
+        try:
+            return await call()
+        except AdminError as e:
+            await context.abort(e.code, e.message)
+
+    async def ListMembers(self, request: cpb.MembersRequest, context: grpc.aio.ServicerContext) -> cpb.MembersResponse:
+        return self.admin.list_members()  # read-only, like Status: no token
+
+    async def AddMember(self, request: cpb.AddMemberRequest, context: grpc.aio.ServicerContext) -> cpb.MembersResponse:
+        return await self._run(context, "members add", lambda: self.admin.add_member(request.node))
+
+    async def RemoveMember(self, request: cpb.RemoveMemberRequest,
+                           context: grpc.aio.ServicerContext) -> cpb.MembersResponse:
+        return await self._run(context, "members remove", lambda: self.admin.remove_member(request.node_id))
+
+    async def TransferLeader(self, request: cpb.TransferLeaderRequest,
+                             context: grpc.aio.ServicerContext) -> cpb.TransferLeaderResponse:
+        return await self._run(context, "transfer-leader", lambda: self.admin.transfer_leader(request.to_node_id))
+
+    async def SaveSnapshot(self, request: cpb.SnapshotRequest, context: grpc.aio.ServicerContext) -> cpb.Snapshot:
+        return await self._run(context, "snapshot save", self.admin.save_snapshot)
+
+    async def RestoreSnapshot(self, request: cpb.Snapshot,
+                              context: grpc.aio.ServicerContext) -> cpb.RestoreResponse:
+        return await self._run(context, "snapshot restore", lambda: self.admin.restore_snapshot(request))

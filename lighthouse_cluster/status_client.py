@@ -1,17 +1,80 @@
-"""Blocking client calls to the lighthouse_cluster.LighthouseCluster service (CLI and harnesses)."""
+"""Blocking client calls to a cluster's own services (CLI and harnesses): Status, Leader and the
+admin RPCs, routed to the leader."""
 
 from __future__ import annotations
+
+from typing import Any, Callable, Sequence
 
 import grpc
 
 from .proto import lighthouse_cluster_pb2 as cpb
 from .proto import lighthouse_cluster_pb2_grpc as cpb_grpc
+from .tls import ClientTLS, channel
 
 
-def query_status(address: str, timeout: float = 1.0) -> cpb.NodeStatus | None:
+def query_status(address: str, timeout: float = 1.0, tls: ClientTLS | None = None) -> cpb.NodeStatus | None:
     """One node's Status, or None when it does not answer in time."""
     try:
-        with grpc.insecure_channel(address) as ch:
+        with channel(address, tls) as ch:
             return cpb_grpc.LighthouseClusterStub(ch).Status(cpb.StatusRequest(), timeout=timeout)
     except grpc.RpcError:
         return None
+
+
+class AdminCallError(Exception):
+    """An admin call failed; the message is one line for the operator."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class AdminClient:
+    """Calls ``LighthouseAdmin`` on the leader, found through any of ``endpoints``."""
+
+    def __init__(self, endpoints: Sequence[str], tls: ClientTLS | None = None, token: str | None = None,
+                 timeout: float = 10.0) -> None:
+        self.endpoints = list(endpoints)
+        self.tls = tls
+        self.timeout = timeout
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+
+    def leader(self) -> tuple[str, cpb.LeaderResponse]:
+        """(leader's client address, the Leader answer naming it); AdminCallError when no
+        endpoint names a leader."""
+        errors = []
+        for address in self.endpoints:
+            try:
+                with channel(address, self.tls) as ch:
+                    r = cpb_grpc.LighthouseClusterStub(ch).Leader(cpb.LeaderRequest(), timeout=min(self.timeout, 2.0))
+            except grpc.RpcError as e:
+                errors.append(f"{address}: {e.code().name}")
+                continue
+            if r.leader_client_address:
+                return r.leader_client_address, r
+            errors.append(f"{address}: no leader known")
+        raise AdminCallError("no leader found (" + "; ".join(errors) + ")")
+
+    def call(self, method: str, request: Any, at: str | None = None) -> Any:
+        """``LighthouseAdmin/<method>`` on ``at`` (default: the leader)."""
+        address = at or self.leader()[0]
+        try:
+            with channel(address, self.tls) as ch:
+                rpc: Callable[..., Any] = getattr(cpb_grpc.LighthouseAdminStub(ch), method)
+                return rpc(request, timeout=self.timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            code = e.code()
+            raise AdminCallError(f"{address}: {code.name}: {e.details()}", code) from None
+
+    def any_node(self, method: str, request: Any) -> Any:
+        """``method`` on the first endpoint that answers (read-only calls)."""
+        last: AdminCallError | None = None
+        for address in self.endpoints:
+            try:
+                return self.call(method, request, at=address)
+            except AdminCallError as e:
+                last = e
+                if e.code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise
+        assert last is not None
+        raise last

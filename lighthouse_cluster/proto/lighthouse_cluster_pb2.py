@@ -26,15 +26,15 @@ _sym_db = _symbol_database.Default()
 from . import torchft_pb2 as torchft__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18lighthouse_cluster.proto\x12\x12lighthouse_cluster\x1a\rtorchft.proto\"D\n\x08NodeInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0e\x63lient_address\x18\x02 \x01(\t\x12\x14\n\x0craft_address\x18\x03 \x01(\t\"J\n\tPeerState\x12*\n\x04node\x18\x01 \x01(\x0b\x32\x1c.lighthouse_cluster.NodeInfo\x12\x11\n\tconnected\x18\x02 \x01(\x08\"2\n\x0cHeartbeatAge\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61ge_ms\x18\x02 \x01(\x03\"M\n\x10PendingRequester\x12%\n\x06member\x18\x01 \x01(\x0b\x32\x15.torchft.QuorumMember\x12\x12\n\nwaiting_ms\x18\x02 \x01(\x03\"u\n\x0eQuorumSettings\x12\x14\n\x0cmin_replicas\x18\x01 \x01(\x03\x12\x17\n\x0fjoin_timeout_ms\x18\x02 \x01(\x03\x12\x16\n\x0equorum_tick_ms\x18\x03 \x01(\x03\x12\x1c\n\x14heartbeat_timeout_ms\x18\x04 \x01(\x03\"\x0f\n\rStatusRequest\"\xb6\x04\n\nNodeStatus\x12*\n\x04node\x18\x01 \x01(\x0b\x32\x1c.lighthouse_cluster.NodeInfo\x12&\n\x04role\x18\x02 \x01(\x0e\x32\x18.lighthouse_cluster.Role\x12\x0c\n\x04term\x18\x03 \x01(\x03\x12\x14\n\x0c\x63ommit_index\x18\x04 \x01(\x03\x12\x14\n\x0clast_applied\x18\x05 \x01(\x03\x12\x11\n\tleader_id\x18\x06 \x01(\t\x12\x1d\n\x15leader_client_address\x18\x07 \x01(\t\x12,\n\x05peers\x18\x08 \x03(\x0b\x32\x1d.lighthouse_cluster.PeerState\x12\x12\n\nhas_quorum\x18\t \x01(\x08\x12\x1f\n\x06quorum\x18\n \x01(\x0b\x32\x0f.torchft.Quorum\x12\x34\n\nheartbeats\x18\x0b \x03(\x0b\x32 .lighthouse_cluster.HeartbeatAge\x12\x35\n\x07pending\x18\x0c \x03(\x0b\x32$.lighthouse_cluster.PendingRequester\x12\x15\n\rquorum_reason\x18\r \x01(\t\x12\x0f\n\x07serving\x18\x0e \x01(\x08\x12\x11\n\tuptime_ms\x18\x0f \x01(\x03\x12\x0f\n\x07version\x18\x10 \x01(\t\x12\x16\n\x0eschema_version\x18\x11 \x01(\x05\x12\x34\n\x08settings\x18\x12 \x01(\x0b\x32\".lighthouse_cluster.QuorumSettings\"\x0f\n\rLeaderRequest\"}\n\x0eLeaderResponse\x12\x11\n\tleader_id\x18\x01 \x01(\t\x12\x1d\n\x15leader_client_address\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x03\x12+\n\x05nodes\x18\x04 \x03(\x0b\x32\x1c.lighthouse_cluster.NodeInfo\"8\n\x0eHeartbeatBatch\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12\x13\n\x0breplica_ids\x18\x02 \x03(\t\"\x18\n\x16HeartbeatBatchResponse*A\n\x04Role\x12\x10\n\x0cROLE_UNKNOWN\x10\x00\x12\x0c\n\x08\x46OLLOWER\x10\x01\x12\r\n\tCANDIDATE\x10\x02\x12\n\n\x06LEADER\x10\x03\x32\x96\x02\n\x11LighthouseCluster\x12K\n\x06Status\x12!.lighthouse_cluster.StatusRequest\x1a\x1e.lighthouse_cluster.NodeStatus\x12O\n\x06Leader\x12!.lighthouse_cluster.LeaderRequest\x1a\".lighthouse_cluster.LeaderResponse\x12\x63\n\x11\x46orwardHeartbeats\x12\".lighthouse_cluster.HeartbeatBatch\x1a*.lighthouse_cluster.HeartbeatBatchResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18lighthouse_cluster.proto\x12\x12lighthouse_cluster\x1a\rtorchft.proto\"D\n\x08NodeInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0e\x63lient_address\x18\x02 \x01(\t\x12\x14\n\x0craft_address\x18\x03 \x01(\t\"J\n\tPeerState\x12*\n\x04node\x18\x01 \x01(\x0b\x32\x1c.lighthouse_cluster.NodeInfo\x12\x11\n\tconnected\x18\x02 \x01(\x08\"2\n\x0cHeartbeatAge\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61ge_ms\x18\x02 \x01(\x03\"M\n\x10PendingRequester\x12%\n\x06member\x18\x01 \x01(\x0b\x32\x15.torchft.QuorumMember\x12\x12\n\nwaiting_ms\x18\x02 \x01(\x03\"u\n\x0eQuorumSettings\x12\x14\n\x0cmin_replicas\x18\x01 \x01(\x03\x12\x17\n\x0fjoin_timeout_ms\x18\x02 \x01(\x03\x12\x16\n\x0equorum_tick_ms\x18\x03 \x01(\x03\x12\x1c\n\x14heartbeat_timeout_ms\x18\x04 \x01(\x03\"\x0f\n\rStatusRequest\"\x81\x05\n\nNodeStatus\x12*\n\x04node\x18\x01 \x01(\x0b\x32\x1c.lighthouse_cluster.NodeInfo\x12&\n\x04role\x18\x02 \x01(\x0e\x32\x18.lighthouse_cluster.Role\x12\x0c\n\x04term\x18\x03 \x01(\x03\x12\x14\n\x0c\x63ommit_index\x18\x04 \x01(\x03\x12\x14\n\x0clast_applied\x18\x05 \x01(\x03\x12\x11\n\tleader_id\x18\x06 \x01(\t\x12\x1d\n\x15leader_client_address\x18\x07 \x01(\t\x12,\n\x05peers\x18\x08 \x03(\x0b\x32\x1d.lighthouse_cluster.PeerState\x12\x12\n\nhas_quorum\x18\t \x01(\x08\x12\x1f\n\x06quorum\x18\n \x01(\x0b\x32\x0f.torchft.Quorum\x12\x34\n\nheartbeats\x18\x0b \x03(\x0b\x32 .lighthouse_cluster.HeartbeatAge\x12\x35\n\x07pending\x18\x0c \x03(\x0b\x32$.lighthouse_cluster.PendingRequester\x12\x15\n\rquorum_reason\x18\r \x01(\t\x12\x0f\n\x07serving\x18\x0e \x01(\x08\x12\x11\n\tuptime_ms\x18\x0f \x01(\x03\x12\x0f\n\x07version\x18\x10 \x01(\t\x12\x16\n\x0eschema_version\x18\x11 \x01(\x05\x12\x34\n\x08settings\x18\x12 \x01(\x0b\x32\".lighthouse_cluster.QuorumSettings\x12\r\n\x05ready\x18\x13 \x01(\x08\x12\x14\n\x0cready_reason\x18\x14 \x01(\t\x12\x17\n\x0fmembers_version\x18\x15 \x01(\x03\x12\x0b\n\x03tls\x18\x16 \x01(\x08\"\x0f\n\rLeaderRequest\"}\n\x0eLeaderResponse\x12\x11\n\tleader_id\x18\x01 \x01(\t\x12\x1d\n\x15leader_client_address\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x03\x12+\n\x05nodes\x18\x04 \x03(\x0b\x32\x1c.lighthouse_cluster.NodeInfo\"8\n\x0eHeartbeatBatch\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12\x13\n\x0breplica_ids\x18\x02 \x03(\t\"\x18\n\x16HeartbeatBatchResponse\"\x10\n\x0eMembersRequest\"\x85\x01\n\x0fMembersResponse\x12-\n\x07members\x18\x01 \x03(\x0b\x32\x1c.lighthouse_cluster.NodeInfo\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x11\n\tconnected\x18\x05 \x03(\t\">\n\x10\x41\x64\x64MemberRequest\x12*\n\x04node\x18\x01 \x01(\x0b\x32\x1c.lighthouse_cluster.NodeInfo\"&\n\x13RemoveMemberRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\"+\n\x15TransferLeaderRequest\x12\x12\n\nto_node_id\x18\x01 \x01(\t\"U\n\x16TransferLeaderResponse\x12\x1a\n\x12previous_leader_id\x18\x01 \x01(\t\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\x0c\n\x04term\x18\x03 \x01(\x03\"\x11\n\x0fSnapshotRequest\"\x8d\x01\n\x08Snapshot\x12\r\n\x05state\x18\x01 \x01(\x0c\x12\x0c\n\x04term\x18\x02 \x01(\x03\x12\x14\n\x0clast_applied\x18\x03 \x01(\x03\x12\x11\n\tquorum_id\x18\x04 \x01(\x03\x12\x11\n\tleader_id\x18\x05 \x01(\t\x12\x10\n\x08taken_ms\x18\x06 \x01(\x03\x12\x16\n\x0eschema_version\x18\x07 \x01(\x05\"Q\n\x0fRestoreResponse\x12\x0f\n\x07\x61pplied\x18\x01 \x01(\x08\x12\x11\n\tquorum_id\x18\x02 \x01(\x03\x12\x1a\n\x12previous_quorum_id\x18\x03 \x01(\x03*A\n\x04Role\x12\x10\n\x0cROLE_UNKNOWN\x10\x00\x12\x0c\n\x08\x46OLLOWER\x10\x01\x12\r\n\tCANDIDATE\x10\x02\x12\n\n\x06LEADER\x10\x03\x32\x96\x02\n\x11LighthouseCluster\x12K\n\x06Status\x12!.lighthouse_cluster.StatusRequest\x1a\x1e.lighthouse_cluster.NodeStatus\x12O\n\x06Leader\x12!.lighthouse_cluster.LeaderRequest\x1a\".lighthouse_cluster.LeaderResponse\x12\x63\n\x11\x46orwardHeartbeats\x12\".lighthouse_cluster.HeartbeatBatch\x1a*.lighthouse_cluster.HeartbeatBatchResponse2\xb1\x04\n\x0fLighthouseAdmin\x12V\n\x0bListMembers\x12\".lighthouse_cluster.MembersRequest\x1a#.lighthouse_cluster.MembersResponse\x12V\n\tAddMember\x12$.lighthouse_cluster.AddMemberRequest\x1a#.lighthouse_cluster.MembersResponse\x12\\\n\x0cRemoveMember\x12\'.lighthouse_cluster.RemoveMemberRequest\x1a#.lighthouse_cluster.MembersResponse\x12g\n\x0eTransferLeader\x12).lighthouse_cluster.TransferLeaderRequest\x1a*.lighthouse_cluster.TransferLeaderResponse\x12Q\n\x0cSaveSnapshot\x12#.lighthouse_cluster.SnapshotRequest\x1a\x1c.lighthouse_cluster.Snapshot\x12T\n\x0fRestoreSnapshot\x12\x1c.lighthouse_cluster.Snapshot\x1a#.lighthouse_cluster.RestoreResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'lighthouse_cluster_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROLE']._serialized_start=1273
-  _globals['_ROLE']._serialized_end=1338
+  _globals['_ROLE']._serialized_start=1984
+  _globals['_ROLE']._serialized_end=2049
   _globals['_NODEINFO']._serialized_start=63
   _globals['_NODEINFO']._serialized_end=131
   _globals['_PEERSTATE']._serialized_start=133
@@ -48,15 +48,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATUSREQUEST']._serialized_start=459
   _globals['_STATUSREQUEST']._serialized_end=474
   _globals['_NODESTATUS']._serialized_start=477
-  _globals['_NODESTATUS']._serialized_end=1043
-  _globals['_LEADERREQUEST']._serialized_start=1045
-  _globals['_LEADERREQUEST']._serialized_end=1060
-  _globals['_LEADERRESPONSE']._serialized_start=1062
-  _globals['_LEADERRESPONSE']._serialized_end=1187
-  _globals['_HEARTBEATBATCH']._serialized_start=1189
-  _globals['_HEARTBEATBATCH']._serialized_end=1245
-  _globals['_HEARTBEATBATCHRESPONSE']._serialized_start=1247
-  _globals['_HEARTBEATBATCHRESPONSE']._serialized_end=1271
-  _globals['_LIGHTHOUSECLUSTER']._serialized_start=1341
-  _globals['_LIGHTHOUSECLUSTER']._serialized_end=1619
+  _globals['_NODESTATUS']._serialized_end=1118
+  _globals['_LEADERREQUEST']._serialized_start=1120
+  _globals['_LEADERREQUEST']._serialized_end=1135
+  _globals['_LEADERRESPONSE']._serialized_start=1137
+  _globals['_LEADERRESPONSE']._serialized_end=1262
+  _globals['_HEARTBEATBATCH']._serialized_start=1264
+  _globals['_HEARTBEATBATCH']._serialized_end=1320
+  _globals['_HEARTBEATBATCHRESPONSE']._serialized_start=1322
+  _globals['_HEARTBEATBATCHRESPONSE']._serialized_end=1346
+  _globals['_MEMBERSREQUEST']._serialized_start=1348
+  _globals['_MEMBERSREQUEST']._serialized_end=1364
+  _globals['_MEMBERSRESPONSE']._serialized_start=1367
+  _globals['_MEMBERSRESPONSE']._serialized_end=1500
+  _globals['_ADDMEMBERREQUEST']._serialized_start=1502
+  _globals['_ADDMEMBERREQUEST']._serialized_end=1564
+  _globals['_REMOVEMEMBERREQUEST']._serialized_start=1566
+  _globals['_REMOVEMEMBERREQUEST']._serialized_end=1604
+  _globals['_TRANSFERLEADERREQUEST']._serialized_start=1606
+  _globals['_TRANSFERLEADERREQUEST']._serialized_end=1649
+  _globals['_TRANSFERLEADERRESPONSE']._serialized_start=1651
+  _globals['_TRANSFERLEADERRESPONSE']._serialized_end=1736
+  _globals['_SNAPSHOTREQUEST']._serialized_start=1738
+  _globals['_SNAPSHOTREQUEST']._serialized_end=1755
+  _globals['_SNAPSHOT']._serialized_start=1758
+  _globals['_SNAPSHOT']._serialized_end=1899
+  _globals['_RESTORERESPONSE']._serialized_start=1901
+  _globals['_RESTORERESPONSE']._serialized_end=1982
+  _globals['_LIGHTHOUSECLUSTER']._serialized_start=2052
+  _globals['_LIGHTHOUSECLUSTER']._serialized_end=2330
+  _globals['_LIGHTHOUSEADMIN']._serialized_start=2333
+  _globals['_LIGHTHOUSEADMIN']._serialized_end=2894
 # @@protoc_insertion_point(module_scope)

@@ -70,7 +70,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node", "role", "term", "commit_index", "last_applied", "leader_id", "leader_client_address", "peers", "has_quorum", "quorum", "heartbeats", "pending", "quorum_reason", "serving", "uptime_ms", "version", "schema_version", "settings")
+    __slots__ = ("node", "role", "term", "commit_index", "last_applied", "leader_id", "leader_client_address", "peers", "has_quorum", "quorum", "heartbeats", "pending", "quorum_reason", "serving", "uptime_ms", "version", "schema_version", "settings", "ready", "ready_reason", "members_version", "tls")
     NODE_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,10 @@ class NodeStatus(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    READY_REASON_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TLS_FIELD_NUMBER: _ClassVar[int]
     node: NodeInfo
     role: Role
     term: int
@@ -107,7 +111,11 @@ class NodeStatus(_message.Message):
     version: str
     schema_version: int
     settings: QuorumSettings
-    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., role: _Optional[_Union[Role, str]] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_client_address: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerState, _Mapping]]] = ..., has_quorum: _Optional[bool] = ..., quorum: _Optional[_Union[_torchft_pb2.Quorum, _Mapping]] = ..., heartbeats: _Optional[_Iterable[_Union[HeartbeatAge, _Mapping]]] = ..., pending: _Optional[_Iterable[_Union[PendingRequester, _Mapping]]] = ..., quorum_reason: _Optional[str] = ..., serving: _Optional[bool] = ..., uptime_ms: _Optional[int] = ..., version: _Optional[str] = ..., schema_version: _Optional[int] = ..., settings: _Optional[_Union[QuorumSettings, _Mapping]] = ...) -> None: ...
+    ready: bool
+    ready_reason: str
+    members_version: int
+    tls: bool
+    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., role: _Optional[_Union[Role, str]] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_client_address: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerState, _Mapping]]] = ..., has_quorum: _Optional[bool] = ..., quorum: _Optional[_Union[_torchft_pb2.Quorum, _Mapping]] = ..., heartbeats: _Optional[_Iterable[_Union[HeartbeatAge, _Mapping]]] = ..., pending: _Optional[_Iterable[_Union[PendingRequester, _Mapping]]] = ..., quorum_reason: _Optional[str] = ..., serving: _Optional[bool] = ..., uptime_ms: _Optional[int] = ..., version: _Optional[str] = ..., schema_version: _Optional[int] = ..., settings: _Optional[_Union[QuorumSettings, _Mapping]] = ..., ready: _Optional[bool] = ..., ready_reason: _Optional[str] = ..., members_version: _Optional[int] = ..., tls: _Optional[bool] = ...) -> None: ...
 
 class LeaderRequest(_message.Message):
     __slots__ = ()
@@ -136,3 +144,81 @@ class HeartbeatBatch(_message.Message):
 class HeartbeatBatchResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class MembersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MembersResponse(_message.Message):
+    __slots__ = ("members", "leader_id", "term", "version", "connected")
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    members: _containers.RepeatedCompositeFieldContainer[NodeInfo]
+    leader_id: str
+    term: int
+    version: int
+    connected: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, members: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ..., leader_id: _Optional[str] = ..., term: _Optional[int] = ..., version: _Optional[int] = ..., connected: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AddMemberRequest(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: NodeInfo
+    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ...) -> None: ...
+
+class RemoveMemberRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class TransferLeaderRequest(_message.Message):
+    __slots__ = ("to_node_id",)
+    TO_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    to_node_id: str
+    def __init__(self, to_node_id: _Optional[str] = ...) -> None: ...
+
+class TransferLeaderResponse(_message.Message):
+    __slots__ = ("previous_leader_id", "leader_id", "term")
+    PREVIOUS_LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    previous_leader_id: str
+    leader_id: str
+    term: int
+    def __init__(self, previous_leader_id: _Optional[str] = ..., leader_id: _Optional[str] = ..., term: _Optional[int] = ...) -> None: ...
+
+class SnapshotRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Snapshot(_message.Message):
+    __slots__ = ("state", "term", "last_applied", "quorum_id", "leader_id", "taken_ms", "schema_version")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LAST_APPLIED_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    TAKEN_MS_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    state: bytes
+    term: int
+    last_applied: int
+    quorum_id: int
+    leader_id: str
+    taken_ms: int
+    schema_version: int
+    def __init__(self, state: _Optional[bytes] = ..., term: _Optional[int] = ..., last_applied: _Optional[int] = ..., quorum_id: _Optional[int] = ..., leader_id: _Optional[str] = ..., taken_ms: _Optional[int] = ..., schema_version: _Optional[int] = ...) -> None: ...
+
+class RestoreResponse(_message.Message):
+    __slots__ = ("applied", "quorum_id", "previous_quorum_id")
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    applied: bool
+    quorum_id: int
+    previous_quorum_id: int
+    def __init__(self, applied: _Optional[bool] = ..., quorum_id: _Optional[int] = ..., previous_quorum_id: _Optional[int] = ...) -> None: ...

@@ -183,3 +183,292 @@ class LighthouseCluster:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class LighthouseAdminStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ListMembers = channel.unary_unary(
+                '/lighthouse_cluster.LighthouseAdmin/ListMembers',
+                request_serializer=lighthouse__cluster__pb2.MembersRequest.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.MembersResponse.FromString,
+                _registered_method=True)
+        self.AddMember = channel.unary_unary(
+                '/lighthouse_cluster.LighthouseAdmin/AddMember',
+                request_serializer=lighthouse__cluster__pb2.AddMemberRequest.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.MembersResponse.FromString,
+                _registered_method=True)
+        self.RemoveMember = channel.unary_unary(
+                '/lighthouse_cluster.LighthouseAdmin/RemoveMember',
+                request_serializer=lighthouse__cluster__pb2.RemoveMemberRequest.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.MembersResponse.FromString,
+                _registered_method=True)
+        self.TransferLeader = channel.unary_unary(
+                '/lighthouse_cluster.LighthouseAdmin/TransferLeader',
+                request_serializer=lighthouse__cluster__pb2.TransferLeaderRequest.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.TransferLeaderResponse.FromString,
+                _registered_method=True)
+        self.SaveSnapshot = channel.unary_unary(
+                '/lighthouse_cluster.LighthouseAdmin/SaveSnapshot',
+                request_serializer=lighthouse__cluster__pb2.SnapshotRequest.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.Snapshot.FromString,
+                _registered_method=True)
+        self.RestoreSnapshot = channel.unary_unary(
+                '/lighthouse_cluster.LighthouseAdmin/RestoreSnapshot',
+                request_serializer=lighthouse__cluster__pb2.Snapshot.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.RestoreResponse.FromString,
+                _registered_method=True)
+
+
+class LighthouseAdminServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def ListMembers(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddMember(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveMember(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TransferLeader(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SaveSnapshot(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestoreSnapshot(self, request, context):
+        """Commits the snapshot's quorum through the ordinary compare-and-set: only when its id is
+        above the cluster's (quorum ids never go backwards).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_LighthouseAdminServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ListMembers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMembers,
+                    request_deserializer=lighthouse__cluster__pb2.MembersRequest.FromString,
+                    response_serializer=lighthouse__cluster__pb2.MembersResponse.SerializeToString,
+            ),
+            'AddMember': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddMember,
+                    request_deserializer=lighthouse__cluster__pb2.AddMemberRequest.FromString,
+                    response_serializer=lighthouse__cluster__pb2.MembersResponse.SerializeToString,
+            ),
+            'RemoveMember': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveMember,
+                    request_deserializer=lighthouse__cluster__pb2.RemoveMemberRequest.FromString,
+                    response_serializer=lighthouse__cluster__pb2.MembersResponse.SerializeToString,
+            ),
+            'TransferLeader': grpc.unary_unary_rpc_method_handler(
+                    servicer.TransferLeader,
+                    request_deserializer=lighthouse__cluster__pb2.TransferLeaderRequest.FromString,
+                    response_serializer=lighthouse__cluster__pb2.TransferLeaderResponse.SerializeToString,
+            ),
+            'SaveSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.SaveSnapshot,
+                    request_deserializer=lighthouse__cluster__pb2.SnapshotRequest.FromString,
+                    response_serializer=lighthouse__cluster__pb2.Snapshot.SerializeToString,
+            ),
+            'RestoreSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestoreSnapshot,
+                    request_deserializer=lighthouse__cluster__pb2.Snapshot.FromString,
+                    response_serializer=lighthouse__cluster__pb2.RestoreResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'lighthouse_cluster.LighthouseAdmin', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('lighthouse_cluster.LighthouseAdmin', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class LighthouseAdmin:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def ListMembers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_cluster.LighthouseAdmin/ListMembers',
+            lighthouse__cluster__pb2.MembersRequest.SerializeToString,
+            lighthouse__cluster__pb2.MembersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddMember(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_cluster.LighthouseAdmin/AddMember',
+            lighthouse__cluster__pb2.AddMemberRequest.SerializeToString,
+            lighthouse__cluster__pb2.MembersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveMember(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_cluster.LighthouseAdmin/RemoveMember',
+            lighthouse__cluster__pb2.RemoveMemberRequest.SerializeToString,
+            lighthouse__cluster__pb2.MembersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TransferLeader(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_cluster.LighthouseAdmin/TransferLeader',
+            lighthouse__cluster__pb2.TransferLeaderRequest.SerializeToString,
+            lighthouse__cluster__pb2.TransferLeaderResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SaveSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_cluster.LighthouseAdmin/SaveSnapshot',
+            lighthouse__cluster__pb2.SnapshotRequest.SerializeToString,
+            lighthouse__cluster__pb2.Snapshot.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RestoreSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_cluster.LighthouseAdmin/RestoreSnapshot',
+            lighthouse__cluster__pb2.Snapshot.SerializeToString,
+            lighthouse__cluster__pb2.RestoreResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -1,0 +1,288 @@
+"""Administration on a node: who may call (the admin token) and what the admin RPCs do.
+
+``check_token`` decides whether a call carries the admin token (``authorization: Bearer <token>``
+gRPC metadata, compared in constant time). ``NodeAdmin`` carries the calls out on the node:
+
+* members: ``list`` (any node), ``add`` / ``remove`` (leader): a runtime membership change
+  through pysyncobj's dynamic membership, with the member table (id, Raft address, client
+  address) replicated through the state machine (``codec.SetMembers``) so every node can route
+  to every member, and persisted by each node in its data directory for restarts;
+* ``transfer_leader`` (leader): Raft's TimeoutNow to a caught-up follower;
+* ``save_snapshot`` (leader): the state machine read on the Raft thread, so consistent as of
+  ``last_applied``;
+* ``restore_snapshot`` (leader): the snapshot's quorum committed through the ordinary
+  compare-and-set, and only when its id is above the cluster's: quorum ids never go backwards.
+
+Failures are ``AdminError`` with a gRPC status code and a one-line message for the operator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Iterable
+
+import grpc
+
+from . import codec
+from .codec import CommitQuorum, EnableSchema, SetMembers
+from .config import PeerSpec
+from .proto import lighthouse_cluster_pb2 as cpb
+from .replication import CommitError
+from .state_machine import CommitResult, QuorumStateMachine
+
+if TYPE_CHECKING:
+    from .node import LighthouseNode
+
+log = logging.getLogger(__name__)
+
+AUTH_HEADER = "authorization"
+NO_TOKEN_MESSAGE = ("admin calls are disabled on this node: it has no admin token "
+                    "(start it with LIGHTHOUSE_CLUSTER_ADMIN_TOKEN or --admin-token)")
+BAD_TOKEN_MESSAGE = "admin calls need 'authorization: Bearer <admin token>' metadata with this cluster's token"
+COMMIT_TIMEOUT_S = 5.0
+MEMBERSHIP_TIMEOUT_S = 10.0
+TRANSFER_TIMEOUT_S = 2.0
+TRANSFER_ATTEMPTS = 3
+
+
+class AdminError(Exception):
+    """An admin call that cannot be carried out; ``code`` is the gRPC status to answer."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def check_token(metadata: Iterable[tuple[str, Any]] | None, token: str | None) -> AdminError | None:
+    """None when ``metadata`` carries ``token`` as a bearer token; else the error to answer."""
+    if not token:
+        return AdminError(grpc.StatusCode.PERMISSION_DENIED, NO_TOKEN_MESSAGE)
+    presented = ""
+    for key, value in metadata or ():
+        if key.lower() == AUTH_HEADER:
+            presented = value.decode() if isinstance(value, bytes) else value
+    scheme, _, credential = presented.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(credential.strip().encode(), token.encode()):
+        return AdminError(grpc.StatusCode.UNAUTHENTICATED, BAD_TOKEN_MESSAGE)
+    return None
+
+
+def token_metadata(token: str) -> tuple[tuple[str, str], ...]:
+    return ((AUTH_HEADER, f"Bearer {token}"),)
+
+
+def _info(p: PeerSpec) -> cpb.NodeInfo:
+    return cpb.NodeInfo(id=p.node_id, client_address=p.client_address, raft_address=p.raft_address)
+
+
+class NodeAdmin:
+    """The admin calls, carried out on ``node``; see the module docstring."""
+
+    def __init__(self, node: "LighthouseNode") -> None:
+        self.node = node
+        self._membership_lock = asyncio.Lock()
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _require_leader(self, what: str) -> None:
+        node = self.node
+        raft, coord = node.raft, node.coordinator
+        if raft is None or coord is None or not raft.is_leader or coord.term is None or not coord.serving:
+            leader = node.leader_peer()
+            where = f"the leader is {leader.node_id} at {leader.client_address}" if leader is not None and \
+                leader.node_id != node.config.node_id else "no leader is serving yet; retry shortly"
+            raise AdminError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"{what} must run on the leader; node {node.config.node_id} is not ({where})")
+
+    async def _commit(self, command: codec.Command) -> Any:
+        try:
+            return await asyncio.wait_for(self.node.submit(command), COMMIT_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise AdminError(grpc.StatusCode.UNAVAILABLE, "the change was not committed in time (outcome unknown; "
+                             "check with `members list` / `status` and retry)") from None
+        except CommitError as e:
+            raise AdminError(grpc.StatusCode.UNAVAILABLE, f"the change was not committed ({e.reason}); retry") from None
+
+    async def _on_tick_thread(self, fn: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def done(result: Any, error: Exception | None) -> None:
+            def settle() -> None:
+                if future.done():
+                    return
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(result)
+            loop.call_soon_threadsafe(settle)
+
+        assert self.node.raft is not None
+        self.node.raft.call_on_tick_thread(fn, done)
+        return await asyncio.wait_for(future, COMMIT_TIMEOUT_S)
+
+    async def _raft_membership(self, add: bool, address: str) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[str | None] = loop.create_future()
+
+        def done(error: str | None) -> None:
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(error))
+
+        assert self.node.raft is not None
+        self.node.raft.change_membership(add, address, done)
+        try:
+            error = await asyncio.wait_for(future, MEMBERSHIP_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise AdminError(grpc.StatusCode.UNAVAILABLE, "the Raft membership change was not committed in time "
+                             "(outcome unknown; check `members list` and retry)") from None
+        if error is not None:
+            raise AdminError(grpc.StatusCode.UNAVAILABLE,
+                             f"Raft refused the membership change ({error}): one change at a time, "
+                             "and only once the leader's first entry of its term committed; retry")
+
+    async def _set_members(self, members: tuple[PeerSpec, ...]) -> None:
+        machine = self.node.machine
+        if machine.schema_version < codec.MEMBERS_SCHEMA_VERSION:
+            await self._commit(EnableSchema(version=codec.MEMBERS_SCHEMA_VERSION))
+        result = await self._commit(SetMembers(
+            expected_version=machine.members_version,
+            members=tuple((m.node_id, m.raft_address, m.client_address) for m in members)))
+        if not isinstance(result, CommitResult) or not result.applied:
+            raise AdminError(grpc.StatusCode.ABORTED, "the member table changed meanwhile; retry")
+        self.node.refresh_members()
+
+    # -- calls ------------------------------------------------------------------------------------
+
+    def list_members(self) -> cpb.MembersResponse:
+        node = self.node
+        raft = node.raft
+        leader = node.leader_peer()
+        connected = [p.node_id for p in node.other_members if raft is not None and raft.is_connected(p.raft_address)]
+        return cpb.MembersResponse(
+            members=[_info(p) for p in node.members], leader_id=leader.node_id if leader else "",
+            term=raft.term if raft else 0, version=node.machine.members_version, connected=connected)
+
+    async def add_member(self, info: cpb.NodeInfo) -> cpb.MembersResponse:
+        from .config import ConfigError, check_node_id, normalize_address
+
+        try:
+            check_node_id(info.id)
+            new = PeerSpec(info.id, normalize_address(info.raft_address, "Raft address"),
+                           normalize_address(info.client_address, "client address"))
+        except ConfigError as e:
+            raise AdminError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        async with self._membership_lock:
+            self._require_leader("members add")
+            members = self.node.members
+            same = next((m for m in members if m.node_id == new.node_id), None)
+            if same is not None and same != new:
+                raise AdminError(grpc.StatusCode.ALREADY_EXISTS,
+                                 f"{new.node_id} is already a member as {same}; remove it first")
+            clash = [m.node_id for m in members if m.node_id != new.node_id and
+                     (m.raft_address == new.raft_address or m.client_address == new.client_address)]
+            if clash:
+                raise AdminError(grpc.StatusCode.ALREADY_EXISTS, f"{clash[0]} already uses one of {new}'s addresses")
+            if same is None:
+                await self._set_members(members + (new,))
+            # The table first: whoever leads next can route to the new member at once.
+            if new.raft_address not in await self._on_tick_thread(lambda: self.node.raft.raft_members):
+                await self._raft_membership(True, new.raft_address)
+            log.warning("member %s added", new)
+        return self.list_members()
+
+    async def remove_member(self, node_id: str) -> cpb.MembersResponse:
+        async with self._membership_lock:
+            self._require_leader("members remove")
+            members = self.node.members
+            target = next((m for m in members if m.node_id == node_id), None)
+            if target is None:
+                raise AdminError(grpc.StatusCode.NOT_FOUND,
+                                 f"{node_id!r} is not a member (members: {', '.join(m.node_id for m in members)})")
+            if node_id == self.node.config.node_id:
+                raise AdminError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"{node_id} is the leader: run `lighthouse-cluster transfer-leader` first")
+            if len(members) <= 1:
+                raise AdminError(grpc.StatusCode.FAILED_PRECONDITION, "cannot remove the last member")
+            # Raft first: once the node no longer votes, the table stops naming it.
+            if target.raft_address in await self._on_tick_thread(lambda: self.node.raft.raft_members):
+                await self._raft_membership(False, target.raft_address)
+            await self._set_members(tuple(m for m in members if m.node_id != node_id))
+            log.warning("member %s removed", target)
+        return self.list_members()
+
+    async def transfer_leader(self, to_node_id: str) -> cpb.TransferLeaderResponse:
+        node = self.node
+        self._require_leader("transfer-leader")
+        raft = node.raft
+        assert raft is not None
+        target_address = None
+        if to_node_id:
+            target = next((m for m in node.members if m.node_id == to_node_id), None)
+            if target is None:
+                raise AdminError(grpc.StatusCode.NOT_FOUND, f"{to_node_id!r} is not a member")
+            if target.node_id == node.config.node_id:
+                raise AdminError(grpc.StatusCode.FAILED_PRECONDITION, f"{to_node_id} already leads")
+            if not raft.is_connected(target.raft_address):
+                raise AdminError(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"{to_node_id} is not connected to the leader; pick another node")
+            target_address = target.raft_address
+        elif not node.other_members:
+            raise AdminError(grpc.StatusCode.FAILED_PRECONDITION, "a one-node cluster has nobody to hand over to")
+        me = node.config.node_id
+        for _attempt in range(TRANSFER_ATTEMPTS):
+            previous_term = raft.term
+            await self._on_tick_thread(lambda: raft.transfer_leadership(target_address))
+            deadline = time.monotonic() + TRANSFER_TIMEOUT_S
+            while time.monotonic() < deadline:
+                leader = node.leader_peer()
+                if raft.term > previous_term and leader is not None:
+                    if leader.node_id != me:
+                        log.warning("leadership handed over to %s (term %d)", leader.node_id, raft.term)
+                        return cpb.TransferLeaderResponse(previous_leader_id=me, leader_id=leader.node_id,
+                                                          term=raft.term)
+                    if node.coordinator is not None and node.coordinator.serving:
+                        break  # a split vote and this node won again: try once more
+                await asyncio.sleep(0.02)
+        raise AdminError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                         "leadership did not move (the target must be caught up and connected); retry")
+
+    async def save_snapshot(self) -> cpb.Snapshot:
+        node = self.node
+        self._require_leader("snapshot save")
+        raft, machine = node.raft, node.machine
+        assert raft is not None
+
+        def read() -> cpb.Snapshot:  # on the Raft thread: no entry applies meanwhile
+            return cpb.Snapshot(state=machine.to_snapshot(), term=raft.term, last_applied=raft.last_applied,
+                                quorum_id=machine.quorum_id, leader_id=node.config.node_id,
+                                taken_ms=int(time.time() * 1000), schema_version=machine.schema_version)
+
+        return await self._on_tick_thread(read)
+
+    async def restore_snapshot(self, snapshot: cpb.Snapshot) -> cpb.RestoreResponse:
+        node = self.node
+        self._require_leader("snapshot restore")
+        saved = QuorumStateMachine()
+        try:
+            saved.restore_snapshot(snapshot.state)
+        except (codec.SchemaError, KeyError, TypeError, ValueError) as e:
+            raise AdminError(grpc.StatusCode.INVALID_ARGUMENT, f"not a readable snapshot: {e}") from None
+        if saved.quorum is None:
+            raise AdminError(grpc.StatusCode.FAILED_PRECONDITION, "the snapshot holds no quorum: nothing to restore")
+        current = node.machine.quorum_id
+        if saved.quorum.quorum_id <= current:
+            raise AdminError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"the cluster is at quorum id {current}, the snapshot at {saved.quorum.quorum_id}: "
+                             "nothing to restore (quorum ids never go backwards)")
+        coord = node.coordinator
+        result = await self._commit(CommitQuorum(expected_quorum_id=current, quorum=saved.quorum,
+                                                 term=coord.term if coord and coord.term else 0,
+                                                 node_id=node.config.node_id))
+        if not isinstance(result, CommitResult) or not result.applied:
+            raise AdminError(grpc.StatusCode.ABORTED, "a quorum committed meanwhile; retry the restore")
+        log.warning("restored quorum %d from a snapshot (was %d)", saved.quorum.quorum_id, current)
+        return cpb.RestoreResponse(applied=True, quorum_id=saved.quorum.quorum_id, previous_quorum_id=current)
