@@ -14,6 +14,7 @@ import asyncio
 import hmac
 import json
 import logging
+import socket
 import time
 from dataclasses import dataclass, field
 from importlib import resources
@@ -145,7 +146,20 @@ class HttpEndpoints:
         host, port = parse_host_port(self.bind, "--http-bind")
         host = host.strip("[]")
         try:
-            self._server = await asyncio.start_server(self._handle, host, port, limit=MAX_HEADER_BYTES)
+            if host == "::":
+                # asyncio makes an IPv6 listener IPv6-only; [::] means every address here, as on
+                # the gRPC port (and `up` prints 127.0.0.1 URLs for it).
+                sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+                    sock.bind(("::", port))
+                except OSError:
+                    sock.close()
+                    raise
+                self._server = await asyncio.start_server(self._handle, sock=sock, limit=MAX_HEADER_BYTES)
+            else:
+                self._server = await asyncio.start_server(self._handle, host, port, limit=MAX_HEADER_BYTES)
         except OSError as e:
             raise OSError(f"cannot bind HTTP address {self.bind}: {e.strerror or e}") from e
         sockname = self._server.sockets[0].getsockname()

@@ -192,9 +192,9 @@ def replicas(tmp_path: Path) -> Iterator[Callable[..., Replica]]:
             r.process.wait(timeout=10)
 
 
-def start_cluster(make_cluster: Callable[..., LocalCluster]) -> tuple[LocalCluster, int]:
+def start_cluster(make_cluster: Callable[..., LocalCluster], **kwargs: Any) -> tuple[LocalCluster, int]:
     cluster = make_cluster(http_ports=free_ports(3), admin_token=TOKEN, heartbeat_timeout_ms=2000,
-                           join_timeout_ms=2000)
+                           join_timeout_ms=2000, **kwargs)
     leader = cluster.wait_for_leader(timeout=20)
     assert cluster.wait_for_followers(leader, timeout=10), cluster.tail_logs()
     return cluster, leader
@@ -231,7 +231,8 @@ def nodes_shown_correctly(page: Any, cluster: LocalCluster, leader: int) -> dict
 
 
 def test_dashboard_shows_cluster_quorum_and_live_heartbeats(make_cluster, browser, replicas, tmp_path) -> None:
-    cluster, leader = start_cluster(make_cluster)
+    # Bound to [::] as `lighthouse-cluster up` binds them, opened at 127.0.0.1 as `up` prints.
+    cluster, leader = start_cluster(make_cluster, client_bind_host="[::]")
     addrs = cluster.client_addresses
     # Two groups train for a few steps, then a third joins at step 0: it must show as recovering.
     g0 = replicas("g0", addrs[0], addrs, 2.0)
