@@ -123,12 +123,14 @@ class CommittedLog:
         self.commit_index = max(self.commit_index, commit_index)
 
 
-def _decode(cmd: bytes) -> codec.Command | None:
+def _decode(cmd: bytes) -> tuple[codec.Command, int] | None:
+    """The command of a journal entry and the schema version it was written at (the state
+    machine applies it by that version's rules), or None for pysyncobj's own entries."""
     if not cmd or cmd[0] != _REGULAR_COMMAND:
         return None  # pysyncobj's own entries (no-op of a new leader, membership changes)
     try:
         call = pso_pickle.loads(cmd[1:])
-        return codec.decode_command(call[1][0])
+        return codec.decode_versioned(call[1][0])
     except Exception:
         return None
 
@@ -182,10 +184,11 @@ def summarize(log: CommittedLog, snapshots: dict[int, bytes] | None = None) -> d
         bucket_len[b] = bucket_len.get(b, 0) + 1
         expected = last = idx
         expected += 1
-        command = _decode(cmd)
-        if command is None:
+        decoded = _decode(cmd)
+        if decoded is None:
             continue
-        result = machine.apply(command)
+        command, version = decoded
+        result = machine.apply(command, version)
         if isinstance(command, TermStart):
             term_starts.append([command.term, command.node_id, idx])
             _note_leader(leaders, command.term, command.node_id)

@@ -9,7 +9,12 @@ rolling upgrade:
 * a key added in a later version is optional, with a default that means "absent";
 * a writer never emits a version newer than the one the cluster has enabled
   (``QuorumStateMachine.schema_version``), so an old node never sees a command it cannot
-  apply; a command of an unknown kind is applied as a deterministic no-op on every node.
+  apply; a command of an unknown kind is applied as a deterministic no-op on every node;
+* a command is applied by the rules of the version it was *written* at (``decode_versioned``),
+  so an existing journal replays to the same state under any later version.
+
+Version 2 adds ``set_members`` and, for commands written at 2 or later, fencing in the state
+machine: a ``TermStart`` must raise the leader term, a ``CommitQuorum`` must carry it.
 
 This module only translates between Python values and bytes; it owns no state.
 """
@@ -27,6 +32,9 @@ SCHEMA_VERSION = 2
 MIN_READABLE_VERSION = 1
 # Version 2 adds the ``set_members`` command (the replicated member table).
 MEMBERS_SCHEMA_VERSION = 2
+# Commands written at version 2 or later are fenced (``QuorumStateMachine``): a second
+# ``TermStart`` for a term, or a ``CommitQuorum`` outside the current leader term, is a no-op.
+FENCING_SCHEMA_VERSION = 2
 
 
 class SchemaError(ValueError):
@@ -142,7 +150,16 @@ def encode_command(cmd: Command, version: int = SCHEMA_VERSION) -> bytes:
 
 def decode_command(data: bytes) -> Command:
     """Decode a command; kinds this version does not know become ``UnknownCommand``."""
+    return decode_versioned(data)[0]
+
+
+def decode_versioned(data: bytes) -> tuple[Command, int]:
+    """Decode a command and the schema version it was written at."""
     obj = _unpack(data, "command")
+    return _command_of(obj), obj["v"]
+
+
+def _command_of(obj: dict[str, Any]) -> Command:
     kind = obj.get("k")
     try:
         if kind == "term_start":

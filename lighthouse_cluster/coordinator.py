@@ -31,7 +31,7 @@ from .codec import Command, CommitQuorum, TermStart
 from .proto import torchft_pb2 as pb
 from .quorum import Member, Participant, Quorum, QuorumOptions, compute_quorum, issue_quorum
 from .replication import CommitError
-from .state_machine import CommitResult, QuorumStateMachine
+from .state_machine import CommitResult, QuorumStateMachine, TermStartResult
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class QuorumCoordinator:
     async def _warm_up(self, term: int) -> None:
         while self._term == term and not self._serving:
             try:
-                await asyncio.wait_for(
+                started = await asyncio.wait_for(
                     self._submit(TermStart(term=term, node_id=self.node_id, time_ms=self._wall_ms())),
                     COMMIT_TIMEOUT_S)
             except (CommitError, asyncio.TimeoutError) as e:
@@ -146,6 +146,12 @@ class QuorumCoordinator:
                 await asyncio.sleep(self.tick_s)
                 continue
             if self._term != term:
+                return
+            if isinstance(started, TermStartResult) and (started.leader_term, started.leader_id) != (term, self.node_id):
+                # The state machine fenced it off (another TermStart is in force): never serve
+                # this term; waiting calls fail with NotLeader and are re-routed.
+                log.error("term %d: TermStart refused (%s); not serving", term, started.reason)
+                self.stop_leading()
                 return
             now = self._clock()
             prev = self.state.quorum
@@ -312,6 +318,12 @@ class QuorumCoordinator:
         if self._term != term:
             return  # stepped down meanwhile; waiters were already sent elsewhere
         self._in_flight = False
+        if isinstance(result, CommitResult) and result.fenced:
+            # Committed in a later leader's term: this node is deposed. Fail the round now (the
+            # callers re-route) rather than retry a commit that can never apply.
+            log.warning("quorum %d refused (%s); stepping down", quorum.quorum_id, result.reason)
+            self.stop_leading()
+            return
         if not isinstance(result, CommitResult) or not result.applied:
             log.warning("quorum %d rejected: state moved to quorum id %s", quorum.quorum_id,
                         getattr(result, "current_quorum_id", "?"))

@@ -14,6 +14,22 @@ State:
   audits (the fault-injection checkers compare it across nodes).
 * ``leader_term`` / ``leader_id`` / ``leader_since_ms``: the last ``TermStart`` applied.
 * ``schema_version``: the codec version writers may use.
+
+Fencing (commands written at ``codec.FENCING_SCHEMA_VERSION`` or later; defence in depth behind
+``RaftNode.led_term``, see jepsen_like/README.md BUG-2): pysyncobj forwards a replicated call made
+on a follower to the leader, so a node deposed while it still believed it led can get a command
+committed in its successor's term. Such a command is a deterministic no-op with a reason:
+* a ``TermStart`` must raise the leader term: the first one of a term wins, a second one (a
+  stale writer, or the same leader's retry) changes nothing and reports the leader in force;
+* a ``CommitQuorum`` must carry the current leader term (once a ``TermStart`` was applied):
+  one written by a deposed leader is rejected as ``fenced`` even when its compare-and-set
+  would still hold.
+Commands written at version 1 keep version 1's rules (a later ``TermStart`` of the same term
+replaces the leader; no term check on commits), so an old journal replays to the same state.
+A new state machine starts at ``SCHEMA_VERSION`` (a new cluster writes fenced commands from its
+first entry); when the first command it applies was written at an older version (an existing
+log replayed from its beginning), it adopts that version, as every other node of that log did.
+Snapshots carry the version.
 * ``members`` / ``members_version``: the replicated member table (node id, Raft address,
   client address), written by ``SetMembers`` (compare-and-set on the version) when an admin
   changes the membership; empty until the first change (then the configured peers apply).
@@ -34,10 +50,25 @@ HISTORY_LENGTH = 256
 
 @dataclass(frozen=True, slots=True)
 class CommitResult:
-    """Outcome of a ``CommitQuorum``: applied, or rejected with the quorum id actually in place."""
+    """Outcome of a ``CommitQuorum``: applied, or rejected with the quorum id actually in place.
+    ``fenced``: rejected because it was written in another term than the current leader's (its
+    writer is not the leader any more; it should stop serving)."""
 
     applied: bool
     current_quorum_id: int
+    reason: str = ""
+    fenced: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TermStartResult:
+    """Outcome of a ``TermStart``, with the leader in force afterwards: a writer serves only when
+    that is itself in its own term (``applied`` is False for a repeated, idempotent one)."""
+
+    applied: bool
+    leader_term: int
+    leader_id: str
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +88,11 @@ class QuorumStateMachine:
         self.leader_term = 0
         self.leader_id = ""
         self.leader_since_ms = 0
-        self.schema_version = codec.MIN_READABLE_VERSION
+        self.schema_version = codec.SCHEMA_VERSION
         self.commands_applied = 0
         self.rejected_commits = 0
+        self.rejected_term_starts = 0
+        self._fresh = True  # nothing applied or restored yet
         self.members: tuple[tuple[str, str, str], ...] = ()
         self.members_version = 0
 
@@ -67,17 +100,21 @@ class QuorumStateMachine:
     def quorum_id(self) -> int:
         return self.quorum.quorum_id if self.quorum is not None else 0
 
-    def apply(self, command: codec.Command) -> Any:
-        """Apply one command and return its result (the same on every node)."""
+    def apply(self, command: codec.Command, version: int | None = None) -> Any:
+        """Apply one command, written at schema ``version`` (default: the enabled version), and
+        return its result (the same on every node)."""
+        if version is None:
+            version = self.schema_version
+        if self._fresh:
+            self._fresh = False
+            if codec.MIN_READABLE_VERSION <= version < self.schema_version:
+                self.schema_version = version  # an existing log, replayed from its first entry
         self.commands_applied += 1
+        fencing = version >= codec.FENCING_SCHEMA_VERSION
         if isinstance(command, CommitQuorum):
-            return self._commit_quorum(command)
+            return self._commit_quorum(command, fencing)
         if isinstance(command, TermStart):
-            if command.term >= self.leader_term:
-                self.leader_term = command.term
-                self.leader_id = command.node_id
-                self.leader_since_ms = command.time_ms
-            return command.term
+            return self._term_start(command, fencing)
         if isinstance(command, EnableSchema):
             if codec.MIN_READABLE_VERSION <= command.version <= codec.SCHEMA_VERSION:
                 self.schema_version = max(self.schema_version, command.version)
@@ -93,10 +130,31 @@ class QuorumStateMachine:
         raise TypeError(f"not a command: {command!r}")
 
     def apply_bytes(self, payload: bytes) -> Any:
-        return self.apply(codec.decode_command(payload))
+        command, version = codec.decode_versioned(payload)
+        return self.apply(command, version)
 
-    def _commit_quorum(self, cmd: CommitQuorum) -> CommitResult:
+    def _term_start(self, cmd: TermStart, fencing: bool) -> TermStartResult:
+        if cmd.term > self.leader_term or (not fencing and cmd.term == self.leader_term):
+            self.leader_term = cmd.term
+            self.leader_id = cmd.node_id
+            self.leader_since_ms = cmd.time_ms
+            return TermStartResult(applied=True, leader_term=cmd.term, leader_id=cmd.node_id)
+        self.rejected_term_starts += 1
+        if cmd.term == self.leader_term and cmd.node_id == self.leader_id:
+            reason = f"term {cmd.term} already started by {cmd.node_id} (a repeated TermStart)"
+        elif cmd.term == self.leader_term:
+            reason = f"term {cmd.term} already started by {self.leader_id}: refused for {cmd.node_id}"
+        else:
+            reason = f"stale: TermStart({cmd.term}, {cmd.node_id}) after term {self.leader_term} started"
+        return TermStartResult(applied=False, leader_term=self.leader_term, leader_id=self.leader_id, reason=reason)
+
+    def _commit_quorum(self, cmd: CommitQuorum, fencing: bool = True) -> CommitResult:
         current = self.quorum_id
+        if fencing and self.leader_term and cmd.term != self.leader_term:
+            self.rejected_commits += 1
+            return CommitResult(applied=False, current_quorum_id=current, fenced=True,
+                                reason=f"fenced: written by {cmd.node_id} in term {cmd.term}, "
+                                       f"the leader term is {self.leader_term} ({self.leader_id})")
         q = cmd.quorum
         same_id_other_members = (
             self.quorum is not None and q.quorum_id == current
@@ -104,7 +162,13 @@ class QuorumStateMachine:
         )
         if cmd.expected_quorum_id != current or q.quorum_id < current or same_id_other_members:
             self.rejected_commits += 1
-            return CommitResult(applied=False, current_quorum_id=current)
+            if cmd.expected_quorum_id != current:
+                reason = f"stale: computed from quorum id {cmd.expected_quorum_id}, the current one is {current}"
+            elif q.quorum_id < current:
+                reason = f"quorum id {q.quorum_id} would go back from {current}"
+            else:
+                reason = f"quorum id {current} already has other members"
+            return CommitResult(applied=False, current_quorum_id=current, reason=reason)
         self.quorum = q
         self.history.append(HistoryEntry(
             quorum_id=q.quorum_id,
@@ -124,6 +188,7 @@ class QuorumStateMachine:
             "schema": self.schema_version,
             "applied": self.commands_applied,
             "rejected": self.rejected_commits,
+            **({"rejected_ts": self.rejected_term_starts} if self.rejected_term_starts else {}),
             **({"members": [list(m) for m in self.members], "members_v": self.members_version}
                if self.members_version else {}),
         }, version=self.schema_version)
@@ -141,5 +206,7 @@ class QuorumStateMachine:
         self.schema_version = obj.get("schema", codec.MIN_READABLE_VERSION)
         self.commands_applied = obj.get("applied", 0)
         self.rejected_commits = obj.get("rejected", 0)
+        self.rejected_term_starts = obj.get("rejected_ts", 0)
+        self._fresh = self.commands_applied == 0  # a snapshot of a state that applied nothing
         self.members = tuple((str(m[0]), str(m[1]), str(m[2])) for m in obj.get("members", []))
         self.members_version = obj.get("members_v", 0)
