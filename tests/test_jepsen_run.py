@@ -3,11 +3,13 @@
 * fixed scenarios: leader partitions of every shape, and crashes (kill, pause, restart-all);
 * every saved regression schedule in ``jepsen_like/regressions/`` replayed, as its ``expect``
   says (``pass``; ``fail``: a known open bug it always reproduces, xfail until fixed;
-  ``flaky-fail``: a known open bug it reproduces sometimes, xfail when it does);
-* a few hypothesis examples of the fault state machine (``jepsen_like.pbt``), no shrinking.
+  ``flaky-fail``: a known open bug it reproduces sometimes, xfail when it does). Both saved
+  schedules (BUG-1, BUG-2) expect ``pass`` now: those bugs are fixed;
+* a few hypothesis examples of the fault state machine (``jepsen_like.pbt``), partitions piling
+  up, no shrinking.
 
-Offences that a known open bug explains (``jepsen_like.known_bugs``) are tolerated; any other
-violation fails.
+Offences that a known open bug explains (``jepsen_like.known_bugs``) are tolerated; no bug is
+open today, so every violation fails.
 
 Every run writes a full run directory (history, schedule, node logs, results, timeline) in a
 ``jepsen-ci-*`` temporary directory, removed when the run passes, or under ``$JEPSEN_RUNS_DIR``
@@ -157,9 +159,9 @@ def test_hypothesis_fault_sequences(runs_dir) -> None:
     backend = need_network()
     print(f"hypothesis seed {PBT_SEED} ({PBT_EXAMPLES} examples x {PBT_STEPS} steps); set JEPSEN_PBT_SEED to vary")
     base = runs_dir("pbt")
-    # Partitions are pulses (healed within their step) until BUG-1 is fixed: piled-up partitions
-    # leave the whole cluster leaderless after the heal (jepsen_like/README.md, "Bugs found").
+    # Partitions pile up until a heal/recover rule or the teardown (BUG-1 is fixed: a long
+    # partition no longer leaves nodes cut off from Raft after the heal).
     results = run_property_test(base, RunOptions(backend=backend), seed=PBT_SEED, examples=PBT_EXAMPLES,
-                                steps=PBT_STEPS, clients=3, dwell_s=1.5, shrink=False, pulse_partitions=True,
+                                steps=PBT_STEPS, clients=3, dwell_s=1.5, shrink=False, pulse_partitions=False,
                                 tolerate_known_bugs=True)
     assert results and all(r.valid_but_known_bugs for r in results), "\n".join(explain(r) for r in results)
