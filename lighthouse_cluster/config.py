@@ -95,7 +95,7 @@ class NodeConfig:
     client_bind: str
     raft_bind: str | None
     data_dir: Path | None
-    secret: str | None
+    secret: str | None = field(repr=False)  # never printed
     options: QuorumOptions
     quorum_tick_ms: int = 100
     raft: RaftSettings = field(default_factory=RaftSettings)

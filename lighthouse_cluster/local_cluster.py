@@ -79,7 +79,7 @@ class LocalCluster:
     host: str = "127.0.0.1"
     client_ports: list[int] | None = None
     raft_ports: list[int] | None = None
-    secret: str | None = None
+    secret: str | None = field(default=None, repr=False)
     join_timeout_ms: int = 60_000
     quorum_tick_ms: int = 100
     heartbeat_timeout_ms: int = 5_000
@@ -96,14 +96,14 @@ class LocalCluster:
     # Per-node HTTP port (--http-bind on the node's bind host); None = no HTTP port.
     http_ports: list[int] | None = None
     # Admin token for the HTTP kill endpoint, passed through the environment; None = kill disabled.
-    admin_token: str | None = None
+    admin_token: str | None = field(default=None, repr=False)
     # TLS on every node's client port with these files (``tls.generate_pki``); with
     # ``mutual_tls`` the nodes also require client certificates signed by the CA.
     pki: PKIFiles | None = None
     mutual_tls: bool = False
     # Per-node Raft secret overrides (index -> secret; None = --insecure): tests of nodes that
     # must not be able to join.
-    node_secrets: dict[int, str | None] = field(default_factory=dict)
+    node_secrets: dict[int, str | None] = field(default_factory=dict, repr=False)
     members: list[NodeProcess] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
