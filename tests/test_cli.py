@@ -108,3 +108,59 @@ def test_generated_stubs_are_current() -> None:
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_protos.py"), "--check"],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+
+
+def test_tls_flags_are_validated_with_one_line_reasons(tmp_path: Path) -> None:
+    from lighthouse_cluster.tls import generate_pki
+
+    pki = generate_pki(tmp_path / "pki")
+    env = {"LIGHTHOUSE_CLUSTER_SECRET": "s3cret"}
+    for extra, message in [
+        (["--tls-cert", str(pki.server_cert)], "needs both --tls-cert and --tls-key"),
+        (["--tls-client-ca", str(pki.ca_cert)], "--tls-client-ca needs --tls-cert and --tls-key"),
+        (["--tls-ca", str(pki.ca_cert)], "--tls-ca is for dialing TLS peers"),
+        (["--tls-cert", str(tmp_path / "none.pem"), "--tls-key", str(pki.server_key)], "cannot read --tls-cert"),
+    ]:
+        res = run(serve_args(*extra), env=env)
+        assert res.exit_code == 2 and message in res.output, res.output
+        assert len(res.output.strip().splitlines()) == 1
+    config = build_node_config(node_id="n1", peers=PEERS, client_bind=None, raft_bind=None, data_dir=None,
+                               secret="x", insecure=False, min_replicas=1, join_timeout_ms=1, quorum_tick_ms=1,
+                               heartbeat_timeout_ms=1, tls_cert=pki.server_cert, tls_key=pki.server_key,
+                               tls_client_ca=pki.ca_cert, admin_token="tok")
+    assert config.tls is not None and config.tls.mutual and config.peer_tls is not None
+    assert config.peer_tls.client_cert == pki.server_cert.read_bytes()  # peers see this node's certificate
+    assert "tok" not in repr(config) and "PRIVATE KEY" not in repr(config) and "'x'" not in repr(config)
+
+
+def test_join_allows_an_even_peer_list() -> None:
+    four = PEERS + ["n4=127.0.0.1:7004,127.0.0.1:8004"]
+    with pytest.raises(ConfigError, match="--join"):
+        build_node_config(node_id="n4", peers=four, client_bind=None, raft_bind=None, data_dir=None, secret="x",
+                          insecure=False, min_replicas=1, join_timeout_ms=1, quorum_tick_ms=1, heartbeat_timeout_ms=1)
+    config = build_node_config(node_id="n4", peers=four, client_bind=None, raft_bind=None, data_dir=None,
+                               secret="x", insecure=False, min_replicas=1, join_timeout_ms=1, quorum_tick_ms=1,
+                               heartbeat_timeout_ms=1, join=True)
+    assert [p.node_id for p in config.other_peers] == ["n1", "n2", "n3"]
+
+
+def test_admin_commands_need_endpoints_and_a_token() -> None:
+    res = CliRunner().invoke(main, ["members", "remove", "n2", "--admin-token", "t"], env={})
+    assert res.exit_code == 2 and "no endpoints" in res.output
+    res = CliRunner().invoke(main, ["snapshot", "save", "x.json", "--endpoints", "127.0.0.1:1"], env={})
+    assert res.exit_code == 2 and "no admin token" in res.output
+    res = CliRunner().invoke(main, ["health", "--endpoints", f"127.0.0.1:{free_ports(1)[0]}", "--timeout", "0.3",
+                                    "-o", "json"], env={})
+    assert res.exit_code == 1 and '"healthy": false' in res.output
+
+
+def test_admin_token_check_is_exact() -> None:
+    import grpc
+
+    from lighthouse_cluster.admin import check_token
+
+    assert check_token([("authorization", "Bearer tok")], "tok") is None
+    assert check_token([("authorization", "bearer tok ")], "tok") is None
+    for md in ([], [("authorization", "Bearer tok2")], [("authorization", "tok")], [("authorization", "Basic tok")]):
+        assert check_token(md, "tok").code == grpc.StatusCode.UNAUTHENTICATED
+    assert check_token([("authorization", "Bearer tok")], None).code == grpc.StatusCode.PERMISSION_DENIED

@@ -166,3 +166,49 @@ def test_status_exits_1_without_a_leader_and_up_stops_every_node(up_cluster) -> 
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
     _wait(lambda: not _pids_of_serve(data), 15, "every node process to exit")
+
+
+def test_up_with_mutual_tls_and_an_admin_token(tmp_path: Path) -> None:
+    """`up --mtls --admin-token`: the printed variables are all a client needs."""
+    while True:
+        base = free_ports(1)[0]
+        if base + 202 < 65535:
+            break
+    out, data = tmp_path / "up.out", tmp_path / "data"
+    token = "up-token-0c1d"
+    with open(out, "w") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lighthouse_cluster", "up", "--bind", f"127.0.0.1:{base}", "--min_replicas", "1",
+             "--data-dir", str(data), "--mtls"], stdout=f, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "LIGHTHOUSE_CLUSTER_ADMIN_TOKEN": token})
+    try:
+        _wait(lambda: "Ctrl-C stops every node." in out.read_text() or proc.poll() is not None, 40,
+              "up to print endpoints")
+        text = out.read_text()
+        assert proc.poll() is None, text
+        exports = dict(line.strip().removeprefix("export ").split("=", 1) for line in text.splitlines()
+                       if line.strip().startswith("export LIGHTHOUSE_CLUSTER_TLS_"))
+        assert set(exports) == {"LIGHTHOUSE_CLUSTER_TLS_CA", "LIGHTHOUSE_CLUSTER_TLS_CLIENT_CERT",
+                                "LIGHTHOUSE_CLUSTER_TLS_CLIENT_KEY"}
+        endpoints = ",".join(f"https://127.0.0.1:{base + i}" for i in range(3))
+        assert f"export TORCHFT_LIGHTHOUSE={endpoints}" in text and token not in text
+        res = _status("--endpoints", endpoints, "-o", "json", env=exports)
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["leader"] in {"n1", "n2", "n3"}
+        res = _status("--endpoints", endpoints, "--timeout", "0.5",
+                      env={"LIGHTHOUSE_CLUSTER_TLS_CA": exports["LIGHTHOUSE_CLUSTER_TLS_CA"]})
+        assert res.returncode == 1 and "no node answered" in res.stderr  # no client certificate
+        res = subprocess.run([sys.executable, "-m", "lighthouse_cluster", "transfer-leader", "-o", "json"],
+                             capture_output=True, text=True, timeout=30,
+                             env={**os.environ, **exports, "LIGHTHOUSE_CLUSTER_ENDPOINTS": endpoints,
+                                  "LIGHTHOUSE_CLUSTER_ADMIN_TOKEN": token})
+        assert res.returncode == 0, res.stderr
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for pid in _pids_of_serve(data):
+            os.kill(pid, signal.SIGKILL)
