@@ -81,11 +81,13 @@ class _Watchdog:
 
     def schedule(self, at: float, callback: Any) -> None:
         with self._cond:
-            heapq.heappush(self._heap, (at, next(self._seq), callback))
+            item = (at, next(self._seq), callback)
+            heapq.heappush(self._heap, item)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="ftclient-timeouts", daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if self._heap[0] is item:  # a later deadline than the one waited for needs no wake-up
+                self._cond.notify()
 
     def _run(self) -> None:
         while True:

@@ -375,8 +375,12 @@ class LighthouseClient:
         if remaining <= 0:
             raise self._timeout_error(replica_id, seconds)
         stub = pb_grpc.LighthouseServiceStub(self._channel(target.address))
-        call = stub.Quorum.future(request, timeout=remaining)
         try:
+            if not (target.cluster and self._watch is not None):
+                # Nothing to watch (a single lighthouse): a blocking call. ``future()`` would
+                # start a gRPC channel-spin thread for every call, ~0.1-0.5 ms a step.
+                return stub.Quorum(request, timeout=remaining).quorum
+            call = stub.Quorum.future(request, timeout=remaining)
             while True:
                 left = deadline.remaining()
                 watching = target.cluster and self._watch is not None and left > 0

@@ -42,7 +42,7 @@ from torch.distributed import ReduceOp, TCPStore
 
 from . import _env
 from ._timeouts import future_timeout
-from .manager_server import ManagerClient, ManagerServer
+from .manager_server import LocalManagerClient, ManagerClient, ManagerServer
 from .quorum_results import QuorumResult
 
 __all__ = ["ExceptionWithTraceback", "Manager", "WorldSizeMode"]
@@ -230,7 +230,7 @@ class Manager:
 
         self._pg = pg
         self._manager: ManagerServer | None = None
-        self._client: ManagerClient | None = None
+        self._client: ManagerClient | LocalManagerClient | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftclient_async_quorum")
         self._quorum_future: ConcurrentFuture[None] | None = None
         self._checkpoint_transport = (checkpoint_transport if checkpoint_transport is not None
@@ -250,9 +250,13 @@ class Manager:
                     quorum_retries=self._quorum_retries)
                 self._store.set(MANAGER_ADDR_KEY, self._manager.address())
                 self._store.set(REPLICA_ID_KEY, full_id)
-            manager_addr = self._store.get(MANAGER_ADDR_KEY).decode()
-            self._full_replica_id = self._store.get(REPLICA_ID_KEY).decode()
-            self._client = ManagerClient(manager_addr, connect_timeout=self._connect_timeout)
+                self._full_replica_id = full_id
+                # Rank 0 hosts the manager server: it calls it directly; other ranks use gRPC.
+                self._client = LocalManagerClient(self._manager)
+            else:
+                manager_addr = self._store.get(MANAGER_ADDR_KEY).decode()
+                self._full_replica_id = self._store.get(REPLICA_ID_KEY).decode()
+                self._client = ManagerClient(manager_addr, connect_timeout=self._connect_timeout)
         except BaseException:
             self.shutdown(wait=False)
             raise

@@ -44,7 +44,8 @@ from ._timeouts import Deadline, stop_at, to_seconds, wait_within
 from .lighthouse_client import LighthouseClient
 from .quorum_results import QuorumResult, ReplicaNotInQuorum, compute_quorum_results
 
-__all__ = ["ManagerClient", "ManagerServer", "result_from_response", "result_to_response"]
+__all__ = ["LocalManagerClient", "ManagerClient", "ManagerError", "ManagerServer", "result_from_response",
+           "result_to_response"]
 
 log = logging.getLogger(__name__)
 
@@ -118,11 +119,24 @@ class _CommitRound:
     decision: bool = False
 
 
-def _wait(event: threading.Event, deadline: Deadline, context: grpc.ServicerContext) -> bool:
+class ManagerError(Exception):
+    """A manager-server call failed with this gRPC status (over gRPC: the call's status)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+def _always_active() -> bool:
+    return True
+
+
+def _wait(event: threading.Event, deadline: Deadline, is_active: Callable[[], bool]) -> bool:
     """Wait for ``event`` until ``deadline`` or until the caller goes away."""
     while not event.is_set():
         left = deadline.remaining()
-        if left <= 0 or not context.is_active():
+        if left <= 0 or not is_active():
             return event.is_set()
         event.wait(min(left, _POLL_S))
     return True
@@ -245,44 +259,61 @@ class ManagerServer:
 
     # -- Quorum -----------------------------------------------------------------------------------
 
-    def _check_rank(self, group_rank: int, context: grpc.ServicerContext) -> None:
+    def _check_rank(self, group_rank: int) -> None:
         if not 0 <= group_rank < self._world_size:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"group_rank {group_rank} is outside the replica group (world_size {self._world_size})")
+            raise ManagerError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"group_rank {group_rank} is outside the replica group (world_size {self._world_size})")
 
     def quorum(self, req: pb.ManagerQuorumRequest, context: grpc.ServicerContext) -> pb.ManagerQuorumResponse:
-        self._check_rank(req.group_rank, context)
+        """The gRPC Quorum handler (other ranks, torchft's ManagerClient)."""
         timeout = context.time_remaining()
-        if timeout is None or timeout > _NO_DEADLINE_S:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "missing timeout: Quorum needs a deadline")
+        try:
+            self._check_rank(req.group_rank)
+            if timeout is None or timeout > _NO_DEADLINE_S:
+                raise ManagerError(grpc.StatusCode.INVALID_ARGUMENT, "missing timeout: Quorum needs a deadline")
+            result = self.quorum_local(req.group_rank, req.step, req.checkpoint_metadata, req.shrink_only,
+                                       timeout, req.commit_failures, req.init_sync, context.is_active)
+        except ManagerError as e:
+            context.abort(e.code, e.details)
+        return result_to_response(result)
+
+    def quorum_local(self, group_rank: int, step: int, checkpoint_metadata: str, shrink_only: bool,
+                     timeout: float, commit_failures: int = 0, init_sync: bool = True,
+                     is_active: Callable[[], bool] = _always_active) -> QuorumResult:
+        """Quorum for one group rank, called directly (the rank in this process) or by the gRPC
+        handler; raises :class:`ManagerError` with the status the gRPC caller gets."""
+        self._check_rank(group_rank)
         deadline = _answer_deadline(timeout)
         member = pb.QuorumMember(replica_id=self._replica_id, address=self.address(),
-                                 store_address=self._store_address, step=req.step, world_size=self._world_size,
-                                 shrink_only=req.shrink_only, commit_failures=req.commit_failures)
+                                 store_address=self._store_address, step=step, world_size=self._world_size,
+                                 shrink_only=shrink_only, commit_failures=commit_failures)
+        run = False
         with self._lock:
-            self._checkpoint_metadata[req.group_rank] = req.checkpoint_metadata
-            self._participants[req.group_rank] = member
+            self._checkpoint_metadata[group_rank] = checkpoint_metadata
+            self._participants[group_rank] = member
             rnd = self._round
             if len(self._participants) == self._world_size:
                 self._participants.clear()
                 self._round = _Round()
-                threading.Thread(target=self._run_quorum, args=(rnd, member, timeout, deadline), daemon=True,
-                                 name=f"ftclient-quorum-{self._replica_id}").start()
-                log.info("[%s] all %d ranks joined: asking the lighthouse", self._replica_id, self._world_size)
-        if not _wait(rnd.done, deadline, context):
+                run = True
+        if run:
+            # The rank completing the set asks the lighthouse itself (it would wait anyway).
+            log.info("[%s] all %d ranks joined: asking the lighthouse", self._replica_id, self._world_size)
+            self._run_quorum(rnd, member, timeout, deadline)
+        if not _wait(rnd.done, deadline, is_active):
             with self._lock:
                 missing = sorted(set(range(self._world_size)) - set(self._participants)) if rnd is self._round else []
-            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                          f"quorum for {self._replica_id} group_rank {req.group_rank} not ready within {timeout:.1f}s"
-                          + (f" (group ranks not joined: {missing})" if missing else " (waiting for the lighthouse)"))
+            raise ManagerError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                               f"quorum for {self._replica_id} group_rank {group_rank} not ready within {timeout:.1f}s"
+                               + (f" (group ranks not joined: {missing})" if missing
+                                  else " (waiting for the lighthouse)"))
         if rnd.error is not None:
-            context.abort(*rnd.error)
+            raise ManagerError(*rnd.error)
         assert rnd.quorum is not None
         try:
-            result = compute_quorum_results(self._replica_id, req.group_rank, rnd.quorum, req.init_sync)
+            return compute_quorum_results(self._replica_id, group_rank, rnd.quorum, init_sync)
         except ReplicaNotInQuorum as e:
-            context.abort(grpc.StatusCode.NOT_FOUND, str(e))
-        return result_to_response(result)
+            raise ManagerError(grpc.StatusCode.NOT_FOUND, str(e)) from None
 
     def _run_quorum(self, rnd: _Round, member: pb.QuorumMember, timeout: float, deadline: Deadline) -> None:
         # ``timeout`` is the rank's; ``deadline`` a little before its end (see _ANSWER_MARGIN_S).
@@ -311,40 +342,57 @@ class ManagerServer:
         except Exception as e:  # noqa: BLE001 -- becomes every waiting rank's error
             rnd.error = (grpc.StatusCode.INTERNAL, f"lighthouse quorum failed after {attempts - 1} retries: {e}")
         else:
-            log.info("[%s] lighthouse quorum %d: %s", self._replica_id, rnd.quorum.quorum_id,
-                     [p.replica_id for p in rnd.quorum.participants])
+            if log.isEnabledFor(logging.INFO):
+                log.info("[%s] lighthouse quorum %d: %s", self._replica_id, rnd.quorum.quorum_id,
+                         [p.replica_id for p in rnd.quorum.participants])
         rnd.done.set()
 
     # -- CheckpointMetadata / ShouldCommit / Kill ------------------------------------------------
 
     def checkpoint_metadata(self, req: pb.CheckpointMetadataRequest,
                             context: grpc.ServicerContext) -> pb.CheckpointMetadataResponse:
+        try:
+            return pb.CheckpointMetadataResponse(checkpoint_metadata=self.checkpoint_metadata_local(req.rank))
+        except ManagerError as e:
+            context.abort(e.code, e.details)
+
+    def checkpoint_metadata_local(self, rank: int) -> str:
         with self._lock:
-            metadata = self._checkpoint_metadata.get(req.rank)
+            metadata = self._checkpoint_metadata.get(rank)
         if metadata is None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"rank not found: {req.rank}")
-        return pb.CheckpointMetadataResponse(checkpoint_metadata=metadata)
+            raise ManagerError(grpc.StatusCode.INVALID_ARGUMENT, f"rank not found: {rank}")
+        return metadata
 
     def should_commit(self, req: pb.ShouldCommitRequest, context: grpc.ServicerContext) -> pb.ShouldCommitResponse:
-        self._check_rank(req.group_rank, context)
-        timeout = context.time_remaining()
+        """The gRPC ShouldCommit handler."""
+        try:
+            decision = self.should_commit_local(req.group_rank, req.step, req.should_commit,
+                                                context.time_remaining(), context.is_active)
+        except ManagerError as e:
+            context.abort(e.code, e.details)
+        return pb.ShouldCommitResponse(should_commit=decision)
+
+    def should_commit_local(self, group_rank: int, step: int, should_commit: bool, timeout: float | None,
+                            is_active: Callable[[], bool] = _always_active) -> bool:
+        """The ShouldCommit barrier for one group rank, called directly or by the gRPC handler."""
+        self._check_rank(group_rank)
         deadline = _answer_deadline(_NO_DEADLINE_S if timeout is None else min(timeout, _NO_DEADLINE_S))
         with self._lock:
             c = self._commit
-            c.voted.add(req.group_rank)
-            if not req.should_commit:
-                c.failed.add(req.group_rank)
+            c.voted.add(group_rank)
+            if not should_commit:
+                c.failed.add(group_rank)
             if len(c.voted) == self._world_size:
                 c.decision = not c.failed
                 self._commit = _CommitRound()
                 c.done.set()
-                log.info("[%s] should_commit step %d: %s", self._replica_id, req.step, c.decision)
-        if not _wait(c.done, deadline, context):
+                log.info("[%s] should_commit step %d: %s", self._replica_id, step, c.decision)
+        if not _wait(c.done, deadline, is_active):
             with self._lock:
                 missing = sorted(set(range(self._world_size)) - c.voted)
-            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                          f"should_commit for {self._replica_id}: group ranks {missing} did not vote in time")
-        return pb.ShouldCommitResponse(should_commit=c.decision)
+            raise ManagerError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                               f"should_commit for {self._replica_id}: group ranks {missing} did not vote in time")
+        return c.decision
 
     def kill(self, req: pb.KillRequest, context: grpc.ServicerContext) -> pb.KillResponse:
         log.warning("[%s] got kill request: %s", self._replica_id, req.msg)
@@ -434,3 +482,53 @@ class ManagerClient:
     def kill(self, msg: str, timeout: timedelta | float = timedelta(seconds=10)) -> None:
         """Ask the manager server's process to exit."""
         self._call("Kill", self._stub.Kill, pb.KillRequest(msg=msg), timeout)
+
+
+class LocalManagerClient:
+    """:class:`ManagerClient`'s interface for the rank whose process hosts the manager server:
+    calls the server's logic directly, without a gRPC round trip through this process's own
+    server (torchft does that round trip in Rust, off the GIL; in Python it cost ~1 ms a step).
+    Same deadlines, same barriers, same errors (``TimeoutError`` for DEADLINE_EXCEEDED, else
+    ``RuntimeError``, with the gRPC client's messages) as a remote rank gets over gRPC.
+    """
+
+    def __init__(self, server: ManagerServer) -> None:
+        self._server = server
+        self._addr = _strip_scheme(server.address())
+
+    @property
+    def address(self) -> str:
+        return self._addr
+
+    def close(self) -> None:
+        pass  # the server belongs to its owner
+
+    def _error(self, name: str, e: ManagerError) -> Exception:
+        msg = f"{name} to manager {self._addr} failed: {e.code.name}: {e.details}"
+        if e.code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+            return TimeoutError(msg)
+        return RuntimeError(msg)
+
+    def _quorum(self, group_rank: int, step: int, checkpoint_metadata: str, shrink_only: bool,
+                timeout: timedelta | float, commit_failures: int = 0, init_sync: bool = True) -> QuorumResult:
+        try:
+            return self._server.quorum_local(group_rank, step, checkpoint_metadata, shrink_only,
+                                             to_seconds(timeout) or 0.0, commit_failures, init_sync)
+        except ManagerError as e:
+            raise self._error("Quorum", e) from None
+
+    def _checkpoint_metadata(self, rank: int, timeout: timedelta | float) -> str:
+        try:
+            return self._server.checkpoint_metadata_local(rank)
+        except ManagerError as e:
+            raise self._error("CheckpointMetadata", e) from None
+
+    def should_commit(self, group_rank: int, step: int, should_commit: bool, timeout: timedelta | float) -> bool:
+        try:
+            return self._server.should_commit_local(group_rank, step, should_commit, to_seconds(timeout) or 0.0)
+        except ManagerError as e:
+            raise self._error("ShouldCommit", e) from None
+
+    def kill(self, msg: str, timeout: timedelta | float = timedelta(seconds=10)) -> None:
+        """Ask the manager server's process to exit."""
+        self._server.kill(pb.KillRequest(msg=msg), None)  # type: ignore[arg-type]

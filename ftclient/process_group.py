@@ -166,8 +166,10 @@ class _Watchdog:
             if self._pid != os.getpid():  # first use, or first use after a fork
                 self._pid = os.getpid()
                 threading.Thread(target=self._run, name="ftclient-pg-watchdog", daemon=True).start()
-            heapq.heappush(self._heap, (time.monotonic() + delay_s, next(self._seq), entry))
-            self._cv.notify()
+            item = (time.monotonic() + delay_s, next(self._seq), entry)
+            heapq.heappush(self._heap, item)
+            if self._heap[0] is item:  # a later deadline than the one waited for needs no wake-up
+                self._cv.notify()
         return entry
 
     @staticmethod

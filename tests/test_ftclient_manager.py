@@ -31,6 +31,7 @@ from torch.distributed import TCPStore
 
 from ftclient import Manager, ManagerClient, ManagerServer
 from ftclient.lighthouse_client import LighthouseClient
+from ftclient.manager_server import LocalManagerClient
 from ftclient.quorum_results import QuorumResult
 from lighthouse_cluster.local_cluster import LocalCluster, free_ports
 from lighthouse_cluster.proto import torchft_pb2 as pb
@@ -492,6 +493,38 @@ def test_manager_service_barrier_and_protocol_errors() -> None:
             client._quorum(group_rank=0, step=0, checkpoint_metadata="meta-0", shrink_only=False, timeout=1.2)
         assert client._checkpoint_metadata(0, 5) == "meta-0"
         client.close()
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_local_client_joins_the_same_rounds_as_grpc_ranks(
+        flaky: Callable[[int], tuple[FlakyLighthouse, str]]) -> None:
+    """Rank 0 calls its own manager server directly (LocalManagerClient, no gRPC round trip);
+    the other ranks over gRPC. Same rounds, same barrier, same errors."""
+    service, addr = flaky(0)
+    server = ManagerServer("local", addr, "127.0.0.1", "[::]:0", "store:1", 2, connect_timeout=5)
+    try:
+        local, remote = LocalManagerClient(server), ManagerClient(server.address(), connect_timeout=5)
+        assert local.address == remote.address
+        r0, r1 = run_all(
+            lambda: local._quorum(group_rank=0, step=3, checkpoint_metadata="m0", shrink_only=False, timeout=5),
+            lambda: remote._quorum(group_rank=1, step=3, checkpoint_metadata="m1", shrink_only=False, timeout=5))
+        assert (r0.quorum_id, r0.max_step, r0.replica_ids) == (r1.quorum_id, r1.max_step, r1.replica_ids) \
+            == (1, 3, ["local"])
+        assert len(service.calls) == 1  # one lighthouse call for the group
+        assert local._checkpoint_metadata(1, 5) == "m1" and remote._checkpoint_metadata(0, 5) == "m0"
+        assert run_all(lambda: local.should_commit(0, 3, True, 5), lambda: remote.should_commit(1, 3, False, 5)) \
+            == [False, False]
+        with pytest.raises(TimeoutError, match=r"ShouldCommit to manager .* group ranks \[1\] did not vote"):
+            local.should_commit(0, 4, True, 1.2)
+        with pytest.raises(TimeoutError, match=r"Quorum to manager .*DEADLINE_EXCEEDED.*not joined: \[1\]"):
+            local._quorum(group_rank=0, step=4, checkpoint_metadata="", shrink_only=False, timeout=1.2)
+        with pytest.raises(RuntimeError, match="INVALID_ARGUMENT.*outside the replica group"):
+            local.should_commit(2, 4, True, 1)
+        with pytest.raises(RuntimeError, match="INVALID_ARGUMENT: rank not found"):
+            local._checkpoint_metadata(7, 1)
+        remote.close()
     finally:
         server.shutdown()
 
