@@ -201,6 +201,8 @@ def up(nodes: int, bind: str, raft_port: int | None, data_dir: Path | None, min_
     console = Console(stderr=False)
     if nodes % 2 == 0:
         _exit_config_error(ConfigError(f"--nodes {nodes}: use an odd number so a majority survives a split"))
+    if demo and (tls or mtls):
+        _exit_config_error(ConfigError("--demo's simulated replica groups speak plaintext: drop --tls/--mtls"))
     try:
         host, port = parse_host_port(bind, "--bind")
     except ConfigError as e:

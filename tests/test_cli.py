@@ -164,3 +164,8 @@ def test_admin_token_check_is_exact() -> None:
     for md in ([], [("authorization", "Bearer tok2")], [("authorization", "tok")], [("authorization", "Basic tok")]):
         assert check_token(md, "tok").code == grpc.StatusCode.UNAUTHENTICATED
     assert check_token([("authorization", "Bearer tok")], None).code == grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_up_refuses_demo_with_tls() -> None:
+    res = CliRunner().invoke(main, ["up", "--min_replicas", "1", "--tls", "--demo"])
+    assert res.exit_code == 2 and "drop --tls" in res.output
