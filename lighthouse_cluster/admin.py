@@ -102,10 +102,10 @@ class NodeAdmin:
         try:
             return await asyncio.wait_for(self.node.submit(command), COMMIT_TIMEOUT_S)
         except asyncio.TimeoutError:
-            raise AdminError(grpc.StatusCode.UNAVAILABLE, "the change was not committed in time (outcome unknown; "
+            raise AdminError(grpc.StatusCode.ABORTED, "the change was not committed in time (outcome unknown; "
                              "check with `members list` / `status` and retry)") from None
         except CommitError as e:
-            raise AdminError(grpc.StatusCode.UNAVAILABLE, f"the change was not committed ({e.reason}); retry") from None
+            raise AdminError(grpc.StatusCode.ABORTED, f"the change was not committed ({e.reason}); retry") from None
 
     async def _on_tick_thread(self, fn: Any) -> Any:
         loop = asyncio.get_running_loop()
@@ -137,10 +137,10 @@ class NodeAdmin:
         try:
             error = await asyncio.wait_for(future, MEMBERSHIP_TIMEOUT_S)
         except asyncio.TimeoutError:
-            raise AdminError(grpc.StatusCode.UNAVAILABLE, "the Raft membership change was not committed in time "
+            raise AdminError(grpc.StatusCode.ABORTED, "the Raft membership change was not committed in time "
                              "(outcome unknown; check `members list` and retry)") from None
         if error is not None:
-            raise AdminError(grpc.StatusCode.UNAVAILABLE,
+            raise AdminError(grpc.StatusCode.ABORTED,
                              f"Raft refused the membership change ({error}): one change at a time, "
                              "and only once the leader's first entry of its term committed; retry")
 

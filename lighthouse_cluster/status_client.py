@@ -3,6 +3,7 @@ admin RPCs, routed to the leader."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Sequence
 
 import grpc
@@ -19,6 +20,11 @@ def query_status(address: str, timeout: float = 1.0, tls: ClientTLS | None = Non
             return cpb_grpc.LighthouseClusterStub(ch).Status(cpb.StatusRequest(), timeout=timeout)
     except grpc.RpcError:
         return None
+
+
+# admin.NodeAdmin's refusal on a node that does not lead (the leader moved): route again.
+NOT_LEADER_MARK = "must run on the leader"
+RETRY_S = 0.1
 
 
 class AdminCallError(Exception):
@@ -56,12 +62,26 @@ class AdminClient:
         raise AdminCallError("no leader found (" + "; ".join(errors) + ")")
 
     def call(self, method: str, request: Any, at: str | None = None) -> Any:
-        """``LighthouseAdmin/<method>`` on ``at`` (default: the leader)."""
-        address = at or self.leader()[0]
+        """``LighthouseAdmin/<method>`` on ``at``, or on the leader: then re-routed while the
+        leader moves (an election, a node that just stepped down), until ``timeout``."""
+        if at is not None:
+            return self._call_at(at, method, request, self.timeout)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return self._call_at(self.leader()[0], method, request, max(0.5, deadline - time.monotonic()))
+            except AdminCallError as e:
+                moving = e.code == grpc.StatusCode.UNAVAILABLE or (
+                    e.code == grpc.StatusCode.FAILED_PRECONDITION and NOT_LEADER_MARK in str(e)) or e.code is None
+                if not moving or time.monotonic() + RETRY_S >= deadline:
+                    raise
+            time.sleep(RETRY_S)
+
+    def _call_at(self, address: str, method: str, request: Any, timeout: float) -> Any:
         try:
             with channel(address, self.tls) as ch:
                 rpc: Callable[..., Any] = getattr(cpb_grpc.LighthouseAdminStub(ch), method)
-                return rpc(request, timeout=self.timeout, metadata=self._metadata)
+                return rpc(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             code = e.code()
             raise AdminCallError(f"{address}: {code.name}: {e.details()}", code) from None

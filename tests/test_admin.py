@@ -83,8 +83,8 @@ def test_bad_input_and_unreachable_cluster_give_one_line_errors(cluster: LocalCl
     res = cli("members", "remove", "n7", env=env_for(cluster))
     assert res.returncode == 1 and "NOT_FOUND" in res.stderr and res.stderr.count("\n") == 1
     dead = "http://127.0.0.1:9"
-    res = cli("transfer-leader", env={"LIGHTHOUSE_CLUSTER_ENDPOINTS": dead, "LIGHTHOUSE_CLUSTER_ADMIN_TOKEN": TOKEN},
-              timeout=20)
+    res = cli("transfer-leader", "--timeout", "1",
+              env={"LIGHTHOUSE_CLUSTER_ENDPOINTS": dead, "LIGHTHOUSE_CLUSTER_ADMIN_TOKEN": TOKEN}, timeout=20)
     assert res.returncode == 1 and "no leader found" in res.stderr
     assert TOKEN not in res.stdout + res.stderr
 
@@ -146,8 +146,9 @@ def test_add_a_member_route_through_it_and_remove_it(cluster: LocalCluster) -> N
         assert res.returncode == 0, res.stderr + cluster.tail_logs()
         assert [m["id"] for m in json.loads(res.stdout)["members"]] == ["n1", "n2", "n3", "n4"]
         # The new member catches up and follows the leader; every node routes with the new table.
-        wait_for(cluster, "n4 following the leader", lambda: (st := cluster.status(i)) is not None and
-                 st.leader_id == cluster.members[leader].peer.node_id and st.members_version >= 1 and st.ready, 10)
+        wait_for(cluster, "n4 following the leader, connected to every member",
+                 lambda: (st := cluster.status(i)) is not None and st.leader_id == cluster.members[leader].peer.node_id
+                 and st.members_version >= 1 and st.ready and all(p.connected for p in st.peers), 10)
         for j in range(4):
             assert [m["id"] for m in members_json(cluster, at=j)["members"]] == ["n1", "n2", "n3", "n4"]
         # n4 leads: the old members learn its client address from the table and forward to it.
