@@ -146,7 +146,7 @@ def test_no_option_constructs_syncobj_exactly_as_before(monkeypatch: pytest.Monk
         def addOnTickCallback(self, callback: Any) -> None:
             pass
 
-    monkeypatch.setattr(replication, "SyncObj", FakeSyncObj)
+    monkeypatch.setattr(replication, "FastElectionSyncObj", FakeSyncObj)  # RaftNode's SyncObj class
     peers = ["127.0.0.1:7002", "127.0.0.1:7003"]
     RaftNode("127.0.0.1:7001", peers, ReplicatedState(QuorumStateMachine()))
     RaftNode("127.0.0.1:7001", peers, ReplicatedState(QuorumStateMachine()), dial={})
