@@ -149,7 +149,8 @@ def node_id(cluster: LocalCluster, i: int) -> str:
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Any]:
-    """A Chromium browser context with a fresh profile, or a skip saying what is missing."""
+    """A Chromium browser context with a fresh profile, or a skip saying what is missing. No page
+    may throw an uncaught JavaScript error."""
     if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
         pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium chromium-driver)")
     try:
@@ -161,10 +162,12 @@ def browser(tmp_path: Path) -> Iterator[Any]:
             str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
             viewport={"width": 1200, "height": 800}, timeout=30_000)
         context.set_default_timeout(10_000)
+        JS_ERRORS.clear()
         try:
             yield context
         finally:
             context.close()
+        assert JS_ERRORS == [], JS_ERRORS
 
 
 @pytest.fixture
@@ -200,9 +203,13 @@ def start_cluster(make_cluster: Callable[..., LocalCluster], **kwargs: Any) -> t
     return cluster, leader
 
 
+JS_ERRORS: list[str] = []
+
+
 def open_dashboard(browser: Any, cluster: LocalCluster, i: int) -> Any:
     page = browser.new_page()
     page.on("dialog", lambda dialog: dialog.accept())  # the kill button's "Kill replica ...?"
+    page.on("pageerror", lambda error: JS_ERRORS.append(f"{node_id(cluster, i)}: {error}"))
     page.goto(f"http://{cluster.http_address(i)}/")
     page.wait_for_function("document.getElementById('self').textContent === " + repr(node_id(cluster, i)))
     return page
