@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -31,8 +32,9 @@ from .proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from .proto import torchft_pb2 as pb
 from .quorum import Member
 from .replication import CommitError, RaftNode, ReplicatedState, Role
-from .routing import HeartbeatBatcher, PeerChannels, QuorumForwarder
-from .servicers import AdminServiceAdapter, ClusterServiceAdapter, LighthouseServiceAdapter
+from .routing import HeartbeatBatcher, PeerChannels, QuorumForwarder, QuorumForwardingService, forward_error
+from .servicers import (AdminServiceAdapter, ClusterServiceAdapter, InvalidRequest, LighthouseServiceAdapter,
+                        validate_requester)
 from .state_machine import QuorumStateMachine
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,7 @@ class LighthouseNode:
         self._members: tuple[PeerSpec, ...] = load_members(config) or config.peers
         self._members_version = self.machine.members_version
         self.forwarder = QuorumForwarder(self.channels, config.node_id)
+        self.forwarding = QuorumForwardingService(self.answer_forwarded)  # the leader side of forwarder
         self.heartbeats = HeartbeatBatcher(self.channels, config.node_id, self._remote_leader_address)
         self.bound_port: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -93,7 +96,7 @@ class LighthouseNode:
         self.coordinator = QuorumCoordinator(cfg.node_id, cfg.options, cfg.quorum_tick_ms, self.machine, self.submit,
                                              on_issue=self.metrics.on_issue)
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
-        self.server.add_generic_rpc_handlers((LighthouseServiceAdapter(self).handler(),))
+        self.server.add_generic_rpc_handlers((LighthouseServiceAdapter(self).handler(), self.forwarding.handler()))
         cpb_grpc.add_LighthouseClusterServicer_to_server(ClusterServiceAdapter(self), self.server)
         cpb_grpc.add_LighthouseAdminServicer_to_server(AdminServiceAdapter(self), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -153,6 +156,7 @@ class LighthouseNode:
         if self.coordinator is not None:
             self.coordinator.stop_leading()
         await self.heartbeats.stop()
+        self.forwarder.close()
         self._health_serving = False
         await self.health.enter_graceful_shutdown()
         if self.http is not None:
@@ -391,6 +395,29 @@ class LighthouseNode:
             for fut in (forward, changed):
                 if fut is not None and not fut.done():
                     fut.cancel()
+
+    async def answer_forwarded(self, raw: bytes, timeout: float | None) -> bytes:
+        """The leader's side of a call forwarded on a batched stream (``routing.QuorumForwarder``):
+        what ``route_quorum`` does for a call carrying ``FORWARDED_HEADER`` (``timeout`` is that
+        call's deadline), failures raised as the ``grpc.aio.AioRpcError`` it would have ended with."""
+        try:
+            member = validate_requester(pb.LighthouseQuorumRequest.FromString(raw), self.config.max_data_bytes)
+        except DecodeError as e:
+            raise forward_error(grpc.StatusCode.INVALID_ARGUMENT, f"malformed LighthouseQuorumRequest: {e}") from None
+        except InvalidRequest as e:
+            raise forward_error(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        left = None if timeout is None else timeout - DEADLINE_MARGIN_S
+        coord = self.coordinator
+        if self.raft is not None and self.raft.is_leader and coord is not None and coord.term is not None:
+            if left is not None and left <= 0:
+                raise forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE)
+            try:
+                return await coord.quorum(member, left, forget_if_cancelled=True)
+            except asyncio.TimeoutError:
+                raise forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE) from None
+            except NotLeader:
+                pass
+        raise forward_error(grpc.StatusCode.UNAVAILABLE, f"node {self.config.node_id} is not the leader (forwarded)")
 
     def route_heartbeat(self, replica_id: str) -> None:
         coord = self.coordinator

@@ -1,9 +1,19 @@
 """Routing calls to the leader: channels to peers, Quorum forwarding and heartbeat batching.
 
 A follower does not answer Quorum itself: it forwards the caller's bytes to the node it believes
-leads and relays the leader's bytes back unparsed. Forwarded calls carry ``FORWARDED_HEADER`` so
-they are never forwarded twice; a node that receives a forwarded call but no longer leads
-answers UNAVAILABLE and the origin re-routes.
+leads and relays the leader's bytes back unparsed. Forwarded calls are never forwarded twice; a
+node that receives a forwarded call but no longer leads answers UNAVAILABLE and the origin
+re-routes.
+
+Forwarding is batched (benchmarks F2): each follower keeps one
+``LighthouseQuorumForwarding/ForwardQuorums`` stream to the leader. The Quorum calls that reach
+the follower in the same event-loop turn travel in one message; the leader registers each with
+its coordinator exactly as a direct call (same deadline, same "withdraw if cancelled unanswered"
+rule) and sends each issued round's response once, with the keys of every forwarded call it
+answers; the follower fans it out. A caller that goes away is withdrawn with a message on the
+same stream. So the leader handles a handful of stream messages per follower and round instead
+of one gRPC call per replica group. A leader without the stream service (an older node) gets
+plain forwarded calls carrying ``FORWARDED_HEADER``.
 
 Heartbeats are fire-and-forget in torchft (every 100 ms, no deadline): a follower acknowledges
 them at once and forwards the ids it saw in one batch per ``HEARTBEAT_FLUSH_S`` to the leader.
@@ -15,9 +25,10 @@ single lighthouse, or a round already in progress could leave it out.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
-from typing import Callable
+from typing import Awaitable, Callable
 
 import grpc
 
@@ -29,6 +40,14 @@ log = logging.getLogger(__name__)
 FORWARDED_HEADER = "x-lighthouse-cluster-forwarded-by"
 QUORUM_METHOD = "/torchft.LighthouseService/Quorum"
 FORWARD_HEARTBEATS_METHOD = "/lighthouse_cluster.LighthouseCluster/ForwardHeartbeats"
+FORWARD_QUORUMS_SERVICE = "lighthouse_cluster.LighthouseQuorumForwarding"
+FORWARD_QUORUMS_METHOD = f"/{FORWARD_QUORUMS_SERVICE}/ForwardQuorums"
+# A forwarded call the leader has not answered this long after the caller's deadline fails here
+# (a hung leader): as a plain forwarded call's own deadline would have.
+FORWARD_SLACK_S = 0.5
+# Forwarded calls go to the leader at most this often per stream (the rest wait for the next
+# message); the first after a quiet spell goes at once.
+FORWARD_BATCH_WINDOW_S = 0.002
 HEARTBEAT_FLUSH_S = 0.05
 HEARTBEAT_BATCH_TIMEOUT_S = 1.0
 # A replica not forwarded for this long is treated as new: its next heartbeat is sent at once.
@@ -69,17 +88,259 @@ class PeerChannels:
         self._channels.clear()
 
 
+def forward_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    """The error a forwarded call fails with: what a plain forwarded gRPC call would raise."""
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+_CODE_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
+
+
 class QuorumForwarder:
-    """Sends a raw ``LighthouseQuorumRequest`` to the leader and returns its raw response."""
+    """Follower side: forwards raw ``LighthouseQuorumRequest``s to the leader and returns its raw
+    responses, over one batched stream per leader (see the module docstring)."""
 
     def __init__(self, channels: PeerChannels, node_id: str) -> None:
         self._channels = channels
+        self._node_id = node_id
         self._metadata = ((FORWARDED_HEADER, node_id),)
+        self._streams: dict[str, _ForwardStream] = {}
+        self._unary_only: set[str] = set()  # leaders without the stream service
+        self.streams_opened = 0
 
     async def forward(self, leader_address: str, request: bytes, timeout: float | None) -> bytes:
+        """The leader's response to ``request``; raises ``grpc.aio.AioRpcError`` as a forwarded
+        gRPC call with deadline ``timeout`` would. Cancelling it withdraws the request."""
+        if leader_address in self._unary_only:
+            return await self._forward_unary(leader_address, request, timeout)
+        stream = self._streams.get(leader_address)
+        if stream is None or stream.closed:
+            stream = _ForwardStream(self, leader_address)
+            self._streams[leader_address] = stream
+            self.streams_opened += 1
+        try:
+            return await stream.request(request, timeout)
+        except grpc.aio.AioRpcError as e:
+            if e.code() != grpc.StatusCode.UNIMPLEMENTED or e.details() == _UNIMPLEMENTED_FORWARDED:
+                raise
+            log.info("leader %s has no batched forwarding; forwarding calls one by one", leader_address)
+            self._unary_only.add(leader_address)
+            return await self._forward_unary(leader_address, request, timeout)
+
+    async def _forward_unary(self, leader_address: str, request: bytes, timeout: float | None) -> bytes:
         call = self._channels.get(leader_address).unary_unary(
             QUORUM_METHOD, request_serializer=_identity, response_deserializer=_identity)
         return await call(request, timeout=timeout, metadata=self._metadata, wait_for_ready=False)
+
+    def close(self) -> None:
+        for stream in list(self._streams.values()):
+            stream.close("forwarder closed")
+        self._streams.clear()
+
+
+_UNIMPLEMENTED_FORWARDED = "forwarded request unimplemented"  # an UNIMPLEMENTED from the leader's answer
+
+
+class _ForwardStream:
+    """One ``ForwardQuorums`` stream from this follower to one leader."""
+
+    def __init__(self, owner: QuorumForwarder, leader: str) -> None:
+        self._owner = owner
+        self._leader = leader
+        self._loop = asyncio.get_running_loop()
+        self._keys = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[bytes]] = {}
+        self._adds: list[cpb.ForwardedQuorum] = []
+        self._withdraws: list[int] = []
+        self._flush_scheduled = False
+        self._last_flush = 0.0
+        self._outbox: asyncio.Queue[cpb.QuorumForwardUp | None] = asyncio.Queue()
+        self.closed = False
+        call = owner._channels.get(leader).stream_stream(
+            FORWARD_QUORUMS_METHOD, request_serializer=cpb.QuorumForwardUp.SerializeToString,
+            response_deserializer=cpb.QuorumForwardDown.FromString)
+        self._call = call(self._requests(), metadata=owner._metadata, wait_for_ready=False)
+        self._reader = self._loop.create_task(self._read())
+
+    async def _requests(self):  # type: ignore[no-untyped-def]
+        while True:
+            msg = await self._outbox.get()
+            if msg is None:
+                return
+            yield msg
+
+    async def request(self, raw: bytes, timeout: float | None) -> bytes:
+        key = next(self._keys)
+        fut: asyncio.Future[bytes] = self._loop.create_future()
+        self._pending[key] = fut
+        add = cpb.ForwardedQuorum(key=key, request=raw)
+        if timeout is not None:
+            add.has_deadline = True
+            add.timeout_ms = max(0, int(timeout * 1000))
+        self._adds.append(add)
+        self._schedule_flush()
+        try:
+            if timeout is None:
+                return await asyncio.shield(fut)
+            return await asyncio.wait_for(asyncio.shield(fut), timeout + FORWARD_SLACK_S)
+        except asyncio.TimeoutError:
+            # Still registered at the leader, as a timed-out call is (torchft keeps it for the round).
+            self._pending.pop(key, None)
+            raise forward_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+        except asyncio.CancelledError:
+            if self._pending.pop(key, None) is not None and not self.closed:
+                self._withdraws.append(key)
+                self._schedule_flush()
+            raise
+
+    def _schedule_flush(self) -> None:
+        if self._flush_scheduled or self.closed:
+            return
+        self._flush_scheduled = True
+        # Nagle-like: a call after a quiet spell goes out at once; the calls of a round, which
+        # arrive over a few ms, share the messages sent at most every FORWARD_BATCH_WINDOW_S.
+        wait = self._last_flush + FORWARD_BATCH_WINDOW_S - self._loop.time()
+        if wait <= 0:
+            self._loop.call_soon(self._flush)
+        else:
+            self._loop.call_later(wait, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        self._last_flush = self._loop.time()
+        if self.closed or not (self._adds or self._withdraws):
+            return
+        msg = cpb.QuorumForwardUp(from_node=self._owner._node_id, add=self._adds, withdraw=self._withdraws)
+        self._adds, self._withdraws = [], []
+        self._outbox.put_nowait(msg)
+
+    async def _read(self) -> None:
+        error: grpc.aio.AioRpcError
+        try:
+            async for down in self._call:
+                if down.keys:
+                    response = down.response
+                    for key in down.keys:
+                        fut = self._pending.pop(key, None)
+                        if fut is not None and not fut.done():
+                            fut.set_result(response)
+                for err in down.errors:
+                    fut = self._pending.pop(err.key, None)
+                    if fut is not None and not fut.done():
+                        code = _CODE_BY_VALUE.get(err.code, grpc.StatusCode.UNKNOWN)
+                        details = err.details
+                        if code == grpc.StatusCode.UNIMPLEMENTED:
+                            details = details or _UNIMPLEMENTED_FORWARDED
+                        fut.set_exception(forward_error(code, details))
+            error = forward_error(grpc.StatusCode.UNAVAILABLE, f"forwarding stream to {self._leader} ended")
+        except grpc.aio.AioRpcError as e:
+            error = e
+        except asyncio.CancelledError:
+            error = forward_error(grpc.StatusCode.UNAVAILABLE, f"forwarding stream to {self._leader} closed")
+        self._fail_all(error)
+
+    def _fail_all(self, error: grpc.aio.AioRpcError) -> None:
+        self.closed = True
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(error)
+        self._outbox.put_nowait(None)
+
+    def close(self, why: str) -> None:
+        if self.closed:
+            return
+        self._call.cancel()
+        self._reader.cancel()
+        self._fail_all(forward_error(grpc.StatusCode.UNAVAILABLE, why))
+
+
+class QuorumForwardingService:
+    """Leader side of ``ForwardQuorums``: each forwarded call is answered by ``answer(raw,
+    timeout)`` (the node's leader path: registers with the coordinator, ``forget_if_cancelled``)
+    in its own task; answers of one round go out in one message; a withdrawn key, or the stream
+    ending, cancels the task (which withdraws the registration, as a cancelled forwarded call does).
+    ``answer`` raises ``grpc.aio.AioRpcError`` (see :func:`forward_error`) for a failed call."""
+
+    def __init__(self, answer: Callable[[bytes, float | None], Awaitable[bytes]]) -> None:
+        self._answer = answer
+        self.streams = 0
+        self.forwarded_calls = 0
+        self.messages_in = 0
+        self.messages_out = 0
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(FORWARD_QUORUMS_SERVICE, {
+            "ForwardQuorums": grpc.stream_stream_rpc_method_handler(
+                self.forward_quorums, request_deserializer=cpb.QuorumForwardUp.FromString,
+                response_serializer=cpb.QuorumForwardDown.SerializeToString),
+        })
+
+    async def forward_quorums(self, requests, context: grpc.aio.ServicerContext) -> None:  # type: ignore[no-untyped-def]
+        loop = asyncio.get_running_loop()
+        tasks: dict[int, asyncio.Task[bytes]] = {}
+        answered: dict[bytes, list[int]] = {}
+        errors: list[cpb.ForwardedQuorumError] = []
+        outbox: asyncio.Queue[cpb.QuorumForwardDown] = asyncio.Queue()
+        flush_scheduled = False
+        self.streams += 1
+
+        def flush() -> None:
+            nonlocal flush_scheduled, answered, errors
+            flush_scheduled = False
+            for response, keys in answered.items():
+                outbox.put_nowait(cpb.QuorumForwardDown(response=response, keys=keys))
+            if errors:
+                outbox.put_nowait(cpb.QuorumForwardDown(errors=errors))
+            answered, errors = {}, []
+
+        def done(key: int, task: asyncio.Task[bytes]) -> None:
+            nonlocal flush_scheduled
+            if tasks.pop(key, None) is None or task.cancelled():
+                return  # withdrawn
+            e = task.exception()
+            if e is None:
+                # Every requester of a round gets the same bytes object: one message per round.
+                answered.setdefault(task.result(), []).append(key)
+            elif isinstance(e, grpc.aio.AioRpcError):
+                errors.append(cpb.ForwardedQuorumError(key=key, code=e.code().value[0], details=e.details() or ""))
+            else:
+                errors.append(cpb.ForwardedQuorumError(key=key, code=grpc.StatusCode.INTERNAL.value[0],
+                                                       details=f"{type(e).__name__}: {e}"))
+            if not flush_scheduled:
+                flush_scheduled = True
+                loop.call_soon(flush)
+
+        async def read() -> None:
+            async for up in requests:
+                self.messages_in += 1
+                for add in up.add:
+                    self.forwarded_calls += 1
+                    task = loop.create_task(self._answer(add.request, add.timeout_ms / 1000.0 if add.has_deadline
+                                                         else None))
+                    tasks[add.key] = task
+                    task.add_done_callback(lambda t, k=add.key: done(k, t))
+                for key in up.withdraw:
+                    task = tasks.pop(key, None)
+                    if task is not None:
+                        task.cancel()
+
+        reader = loop.create_task(read())
+        try:
+            while True:
+                get = loop.create_task(outbox.get())
+                finished, _ = await asyncio.wait({get, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if get in finished:
+                    self.messages_out += 1
+                    await context.write(get.result())
+                    continue
+                get.cancel()
+                break  # the follower closed its side: nothing more to answer on this stream
+        finally:
+            reader.cancel()
+            for task in list(tasks.values()):
+                task.cancel()
+            tasks.clear()
 
 
 class HeartbeatBatcher:

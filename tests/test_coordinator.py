@@ -256,3 +256,92 @@ def test_a_cancelled_forwarded_call_withdraws_its_registration() -> None:
         assert [m.replica_id for m in decode(results[0]).participants] == ["a", "b", "c"]
         coord.stop_leading()
     asyncio.run(main())
+
+
+# -- batched forwarding (routing.QuorumForwarder -> routing.QuorumForwardingService) -------------
+
+
+def test_forwarded_calls_travel_batched_and_keep_their_semantics() -> None:
+    """Calls a follower forwards in the same event-loop turn go to the leader in one stream
+    message and come back as one message per round; a cancelled one is withdrawn at the leader; a
+    failure reaches the follower with the status a forwarded gRPC call would have; a leader
+    without the stream service gets plain forwarded calls."""
+    import grpc
+
+    from lighthouse_cluster.routing import (FORWARDED_HEADER, PeerChannels, QuorumForwarder,
+                                            QuorumForwardingService, forward_error)
+
+    def raw(rid: str) -> bytes:
+        return pb.LighthouseQuorumRequest(requester=pb.QuorumMember(replica_id=rid)).SerializeToString()
+
+    async def main() -> None:
+        coord, log, _ = make(min_replicas=3)
+        coord.start_leading(1)
+        await until(lambda: coord.serving)
+
+        async def answer(request: bytes, timeout: float | None) -> bytes:
+            rid = pb.LighthouseQuorumRequest.FromString(request).requester.replica_id
+            if rid == "late":
+                raise forward_error(grpc.StatusCode.CANCELLED, "Timeout expired")
+            return await coord.quorum(Member(rid), timeout, forget_if_cancelled=True)
+
+        service = QuorumForwardingService(answer)
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((service.handler(),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+
+        seen_unary: list[tuple[bytes, Any]] = []
+
+        async def unary_quorum(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            seen_unary.append((request, dict(context.invocation_metadata())))
+            return b"unary-answer"
+
+        old = grpc.aio.server()
+        old.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("torchft.LighthouseService", {
+            "Quorum": grpc.unary_unary_rpc_method_handler(unary_quorum)}),))
+        old_port = old.add_insecure_port("127.0.0.1:0")
+        await old.start()
+
+        channels = PeerChannels()
+        fwd = QuorumForwarder(channels, "n2")
+        leader = f"127.0.0.1:{port}"
+        try:
+            # "c" is forwarded, then its client goes away: withdrawn at the leader.
+            gone = asyncio.ensure_future(fwd.forward(leader, raw("c"), 5.0))
+            await until(lambda: [m.replica_id for m, _ in coord.pending()] == ["c"])
+            gone.cancel()
+            await until(lambda: coord.pending() == [])
+            calls = [asyncio.ensure_future(fwd.forward(leader, raw(r), 5.0)) for r in ("a", "b", "c")]
+            results = await asyncio.wait_for(asyncio.gather(*calls), 5.0)
+            assert len(set(results)) == 1 and [m.replica_id for m in decode(results[0]).participants] == ["a", "b", "c"]
+            assert len(log.commits()) == 1 and fwd.streams_opened == 1
+            # c (add), c (withdraw), a+b+c in one message; one answer message for the round.
+            assert service.forwarded_calls == 4 and service.messages_in == 3 and service.messages_out == 1
+
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await fwd.forward(leader, raw("late"), 5.0)
+            assert (info.value.code(), info.value.details()) == (grpc.StatusCode.CANCELLED, "Timeout expired")
+
+            # A leader without the stream service: plain forwarded calls with the header.
+            assert await fwd.forward(f"127.0.0.1:{old_port}", raw("z"), 5.0) == b"unary-answer"
+            assert await fwd.forward(f"127.0.0.1:{old_port}", raw("z"), 5.0) == b"unary-answer"
+            assert [r for r, _ in seen_unary] == [raw("z")] * 2
+            assert seen_unary[0][1][FORWARDED_HEADER] == "n2"
+
+            # The leader goes away: waiting forwarded calls fail UNAVAILABLE (the node re-routes).
+            waiting = asyncio.ensure_future(fwd.forward(leader, raw("d"), 5.0))
+            await until(lambda: [m.replica_id for m, _ in coord.pending()] == ["d"])
+            await server.stop(grace=None)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await asyncio.wait_for(waiting, 5.0)
+            assert info.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+            await until(lambda: coord.pending() == [])  # withdrawn when the stream ended
+        finally:
+            fwd.close()
+            await channels.close()
+            await server.stop(grace=None)
+            await old.stop(grace=None)
+            coord.stop_leading()
+
+    asyncio.run(main())

@@ -222,3 +222,45 @@ class RestoreResponse(_message.Message):
     quorum_id: int
     previous_quorum_id: int
     def __init__(self, applied: _Optional[bool] = ..., quorum_id: _Optional[int] = ..., previous_quorum_id: _Optional[int] = ...) -> None: ...
+
+class ForwardedQuorum(_message.Message):
+    __slots__ = ("key", "request", "has_deadline", "timeout_ms")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    HAS_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    key: int
+    request: bytes
+    has_deadline: bool
+    timeout_ms: int
+    def __init__(self, key: _Optional[int] = ..., request: _Optional[bytes] = ..., has_deadline: _Optional[bool] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class QuorumForwardUp(_message.Message):
+    __slots__ = ("from_node", "add", "withdraw")
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    ADD_FIELD_NUMBER: _ClassVar[int]
+    WITHDRAW_FIELD_NUMBER: _ClassVar[int]
+    from_node: str
+    add: _containers.RepeatedCompositeFieldContainer[ForwardedQuorum]
+    withdraw: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, from_node: _Optional[str] = ..., add: _Optional[_Iterable[_Union[ForwardedQuorum, _Mapping]]] = ..., withdraw: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ForwardedQuorumError(_message.Message):
+    __slots__ = ("key", "code", "details")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    key: int
+    code: int
+    details: str
+    def __init__(self, key: _Optional[int] = ..., code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...
+
+class QuorumForwardDown(_message.Message):
+    __slots__ = ("response", "keys", "errors")
+    RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    response: bytes
+    keys: _containers.RepeatedScalarFieldContainer[int]
+    errors: _containers.RepeatedCompositeFieldContainer[ForwardedQuorumError]
+    def __init__(self, response: _Optional[bytes] = ..., keys: _Optional[_Iterable[int]] = ..., errors: _Optional[_Iterable[_Union[ForwardedQuorumError, _Mapping]]] = ...) -> None: ...

@@ -472,3 +472,75 @@ class LighthouseAdmin:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class LighthouseQuorumForwardingStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ForwardQuorums = channel.stream_stream(
+                '/lighthouse_cluster.LighthouseQuorumForwarding/ForwardQuorums',
+                request_serializer=lighthouse__cluster__pb2.QuorumForwardUp.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.QuorumForwardDown.FromString,
+                _registered_method=True)
+
+
+class LighthouseQuorumForwardingServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def ForwardQuorums(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_LighthouseQuorumForwardingServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ForwardQuorums': grpc.stream_stream_rpc_method_handler(
+                    servicer.ForwardQuorums,
+                    request_deserializer=lighthouse__cluster__pb2.QuorumForwardUp.FromString,
+                    response_serializer=lighthouse__cluster__pb2.QuorumForwardDown.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'lighthouse_cluster.LighthouseQuorumForwarding', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('lighthouse_cluster.LighthouseQuorumForwarding', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class LighthouseQuorumForwarding:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def ForwardQuorums(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/lighthouse_cluster.LighthouseQuorumForwarding/ForwardQuorums',
+            lighthouse__cluster__pb2.QuorumForwardUp.SerializeToString,
+            lighthouse__cluster__pb2.QuorumForwardDown.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
