@@ -47,7 +47,7 @@ def bench() -> None:
 @click.option("--failover-ns", help="N for the failover trials (default 8,64; quick 8).")
 @click.option("--failover-trials", type=int, help="Leader kills per N (default 10; quick 2).")
 @click.option("--restart-trials", type=int, help="torchft_lighthouse kill+restart trials (default 5; quick 1).")
-@click.option("--sdk-steps", type=int, help="Training steps per replica group (default 150; quick 40).")
+@click.option("--sdk-steps", type=int, help="Training steps per replica group (default 300; quick 40).")
 @click.option("--recovery-sizes", help="State dict sizes in MB (default 100,1024; quick 64).")
 @click.option("--recovery-trials", type=int, help="Transfers per size and implementation (default 3; quick 1).")
 @click.option("--footprint-seconds", "footprint_s", type=float, help="Idle CPU window (default 15; quick 2).")

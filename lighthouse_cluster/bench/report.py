@@ -106,11 +106,12 @@ def _md_rounds(s: dict) -> list[str]:
            f"quorum_tick {c.get('quorum_tick_ms')} ms (fast quorum after the first round). "
            f"{c.get('duration_s')} s measured per run after 2 warm-up rounds, median of {c.get('repeats', 1)} "
            "run(s). A round ends when its last requester has its answer; latency = last request sent -> last "
-           "answer received. Lighthouse CPU = sum over its processes (% of one core); load generator: "
+           "answer received. Lighthouse CPU = sum over its processes (% of one core); CPU per round = that CPU "
+           "time divided by the rounds (ms); load generator: "
            f"up to {c.get('max_workers')} processes.", "",
-           "| N | system | rounds/s | vs torchft | latency p50 | p99 | lighthouse CPU | load-gen CPU | errors | "
-           "heartbeats/s (of N x 10) | leader changes | load avg |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| N | system | rounds/s | vs torchft | latency p50 | p99 | lighthouse CPU | CPU per round | load-gen CPU | "
+           "errors | heartbeats/s (of N x 10) | leader changes | load avg |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in s.get("summary", []):
         for system in ("torchft", "leader", "followers"):
             r = row.get(system)
@@ -121,12 +122,21 @@ def _md_rounds(s: dict) -> list[str]:
             out.append(f"| {row['n']} | {SYSTEM_LABEL[system]} | {_fmt(r['rounds_per_s'])}{failed} | "
                        f"{_fmt(ratio, 2, 'x') if ratio is not None else '-'} | {_fmt(r.get('p50_ms'), 1, ' ms')} | "
                        f"{_fmt(r.get('p99_ms'), 1, ' ms')} | {_fmt(r.get('lighthouse_cpu_pct'), 0, '%')} | "
-                       f"{_fmt(r.get('loadgen_cpu_pct'), 0, '%')} | {_errors(r)} | "
+                       f"{_cpu_per_round(r)} | {_fmt(r.get('loadgen_cpu_pct'), 0, '%')} | {_errors(r)} | "
                        f"{_fmt(r.get('heartbeats_per_s'), 0)} | "
                        f"{'-' if r.get('leader_changes') is None else r['leader_changes']} | "
                        f"{_fmt(r.get('load1'), 1)} |")
     out.append("")
     return out
+
+
+def _cpu_per_round(r: dict) -> str:
+    """Lighthouse CPU time per round (ms): less sensitive to a busy machine than rounds/s, since
+    CPU the lighthouse did not get lowers both."""
+    cpu, rate = r.get("lighthouse_cpu_pct"), r.get("rounds_per_s")
+    if not cpu or not rate:
+        return "-"
+    return _fmt(cpu * 10.0 / rate, 1, " ms")
 
 
 def _errors(r: dict) -> str:

@@ -66,7 +66,7 @@ class BenchOptions:
             failover_ns=(8,) if q else (8, 64),
             failover_trials=2 if q else 10,
             restart_trials=1 if q else 5,
-            sdk_steps=40 if q else 150,
+            sdk_steps=40 if q else 300,
             sdk_lighthouses=("torchft",) if q else ("torchft", "cluster"),
             recovery_sizes_mb=(64,) if q else (100, 1024),
             recovery_trials=1 if q else 3,
