@@ -44,8 +44,9 @@ NO_TOKEN_MESSAGE = ("admin calls are disabled on this node: it has no admin toke
 BAD_TOKEN_MESSAGE = "admin calls need 'authorization: Bearer <admin token>' metadata with this cluster's token"
 COMMIT_TIMEOUT_S = 5.0
 MEMBERSHIP_TIMEOUT_S = 10.0
-TRANSFER_TIMEOUT_S = 2.0
-TRANSFER_ATTEMPTS = 3
+TRANSFER_TIMEOUT_S = 6.0
+# A TimeoutNow not followed by an election within this long is sent again.
+RESEND_S = 1.0
 
 
 class AdminError(Exception):
@@ -233,22 +234,37 @@ class NodeAdmin:
         elif not node.other_members:
             raise AdminError(grpc.StatusCode.FAILED_PRECONDITION, "a one-node cluster has nobody to hand over to")
         me = node.config.node_id
-        for _attempt in range(TRANSFER_ATTEMPTS):
-            previous_term = raft.term
-            await self._on_tick_thread(lambda: raft.transfer_leadership(target_address))
-            deadline = time.monotonic() + TRANSFER_TIMEOUT_S
-            while time.monotonic() < deadline:
-                leader = node.leader_peer()
-                if raft.term > previous_term and leader is not None:
-                    if leader.node_id != me:
-                        log.warning("leadership handed over to %s (term %d)", leader.node_id, raft.term)
-                        return cpb.TransferLeaderResponse(previous_leader_id=me, leader_id=leader.node_id,
-                                                          term=raft.term)
-                    if node.coordinator is not None and node.coordinator.serving:
-                        break  # a split vote and this node won again: try once more
-                await asyncio.sleep(0.02)
+        sent_term: int | None = None
+        sent_at = 0.0
+        refusal = "the target is not caught up"
+        deadline = time.monotonic() + TRANSFER_TIMEOUT_S
+        while True:
+            leader = node.leader_peer()
+            if sent_term is not None and raft.term > sent_term and leader is not None and leader.node_id != me:
+                log.warning("leadership handed over to %s (term %d)", leader.node_id, raft.term)
+                return cpb.TransferLeaderResponse(previous_leader_id=me, leader_id=leader.node_id, term=raft.term)
+            if time.monotonic() >= deadline:
+                break
+            coord = node.coordinator
+            leading = raft.led_term == raft.term and coord is not None and coord.term == raft.term and coord.serving
+            # Send TimeoutNow while this node leads: at first, again after a split vote it won
+            # back (a newer term), or when the last one was lost (no election followed).
+            if leading and (sent_term is None or raft.term > sent_term or time.monotonic() - sent_at > RESEND_S):
+                outcome: list[str | None] = []
+
+                def send() -> int:  # on the Raft thread: the term is the one the request was sent in
+                    raft.transfer_leadership(target_address, outcome.append)
+                    return raft.term
+
+                term = await self._on_tick_thread(send)
+                if outcome and outcome[0] is None:
+                    sent_term, sent_at = term, time.monotonic()
+                elif outcome:
+                    refusal = outcome[0] or refusal  # e.g. the target is a few entries behind: retry
+            await asyncio.sleep(0.02)
         raise AdminError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                         "leadership did not move (the target must be caught up and connected); retry")
+                         f"leadership did not move within {TRANSFER_TIMEOUT_S:g} s "
+                         f"({'no election followed' if sent_term is not None else refusal}); retry")
 
     async def save_snapshot(self) -> cpb.Snapshot:
         node = self.node

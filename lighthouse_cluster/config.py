@@ -112,6 +112,9 @@ class NodeConfig:
     tls: ServerTLS | None = field(default=None, repr=False)
     # How this node dials its peers' client ports (forwarding, heartbeat batches).
     peer_tls: ClientTLS | None = field(default=None, repr=False)
+    # --join: joins a running cluster (even peer counts allowed; no elections before a leader
+    # is heard of while the journal is empty).
+    join: bool = False
 
     @property
     def self_peer(self) -> PeerSpec:
@@ -237,4 +240,5 @@ def build_node_config(
         admin_token=admin_token or None,
         tls=server_tls,
         peer_tls=peer_tls,
+        join=join,
     )

@@ -108,6 +108,7 @@ class LocalCluster:
 
     def __post_init__(self) -> None:
         self.root = Path(self.root)
+        self._initial_nodes = self.nodes
         if self.secret is None:
             self.secret = secrets.token_urlsafe(32)
         ports = free_ports(2 * self.nodes, self.host) if self.client_ports is None or self.raft_ports is None else []
@@ -177,8 +178,8 @@ class LocalCluster:
                 cmd += ["--tls-client-ca", str(self.pki.ca_cert)]
         if i in self.node_secrets and self.node_secrets[i] is None:
             cmd += ["--insecure"]
-        if len(self.members) % 2 == 0:
-            cmd += ["--join"]
+        if i >= self._initial_nodes or len(self.members) % 2 == 0:
+            cmd += ["--join"]  # added later (`add_node`), or restarted while the member count is even
         for p in self.peers:
             cmd += ["--peer", str(p)]
         return cmd + self.extra_args

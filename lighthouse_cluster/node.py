@@ -131,6 +131,7 @@ class LighthouseNode:
             settings=cfg.raft,
             on_state_changed=lambda old, new: self._loop.call_soon_threadsafe(self._check_raft),
             dial=cfg.raft_dial_by_address,
+            hold_elections_until_leader=cfg.join,
         )
         self.heartbeats.start()
         self._watch_task = asyncio.get_running_loop().create_task(self._watch())

@@ -58,6 +58,9 @@ _ROLE_OF_STATE = {
 # Leadership won before SyncObj() returned (a one-node cluster): its term is read on first use.
 _TERM_AT_START = -1
 
+# A joining node's election timeout until it hears from a leader (``hold_elections_until_leader``).
+_HOLD_ELECTIONS_S = 10 * 365 * 86400.0
+
 _FAIL_NAMES = {v: k for k, v in vars(FAIL_REASON).items() if isinstance(v, int) and k.isupper()}
 
 
@@ -293,9 +296,12 @@ class RaftNode:
         settings: RaftSettings = RaftSettings(),
         on_state_changed: Callable[[Role, Role], None] | None = None,
         dial: Mapping[str, str] | None = None,
+        hold_elections_until_leader: bool = False,
     ) -> None:
         """``dial`` maps a peer's Raft address to the ``host:port`` to connect to instead
-        (identity unchanged; see ``DialNode``)."""
+        (identity unchanged; see ``DialNode``). ``hold_elections_until_leader``: a node joining
+        a running cluster with an empty journal starts no election until it has heard from a
+        leader (see ``_release_elections``)."""
         self.self_address = self_address
         self.state = state
         # pysyncobj resolves a "[v6]:port" host with the brackets and never connects: dial
@@ -305,6 +311,7 @@ class RaftNode:
             host, port = bind_address.rsplit(":", 1)
             bind_address = f"{host[1:-1]}:{port}"
         journal = dump = None
+        fresh = data_dir is None or not (data_dir / "raft.journal").exists()
         if data_dir is not None:
             data_dir.mkdir(parents=True, exist_ok=True)
             journal = str(data_dir / "raft.journal")
@@ -364,6 +371,31 @@ class RaftNode:
         self._syncobj.addOnTickCallback(self._expire_stuck_connects)
         self._tick_jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._syncobj.addOnTickCallback(self._run_tick_jobs)
+        self._conf = conf
+        self._held_timeouts: tuple[float, float] | None = None
+        if hold_elections_until_leader and fresh:
+            # pysyncobj reads the timeouts from this conf object whenever it draws a deadline.
+            self._held_timeouts = (conf.raftMinTimeout, conf.raftMaxTimeout)
+            conf.raftMinTimeout = conf.raftMaxTimeout = _HOLD_ELECTIONS_S
+            self.call_on_tick_thread(self._push_election_deadline, lambda _r, _e: None)
+            self._syncobj.addOnTickCallback(self._release_elections)
+
+    def _push_election_deadline(self) -> None:
+        self._syncobj._SyncObj__raftElectionDeadline = time.monotonic() + self._conf.raftMaxTimeout  # type: ignore[attr-defined]
+
+    def _release_elections(self) -> None:
+        """On the tick thread: once a leader is known, take part in elections as any node.
+
+        Until it is added, a joining node is refused by every member; alone, it would time out
+        again and again, raising its term each time (pysyncobj has no PreVote), and once added
+        its term would depose the leader for one needless election. Its empty log could not win
+        an election anyway, so holding its own back costs nothing."""
+        if self._held_timeouts is None or self._syncobj._getLeader() is None:
+            return
+        self._conf.raftMinTimeout, self._conf.raftMaxTimeout = self._held_timeouts
+        self._held_timeouts = None
+        self._push_election_deadline()
+        log.info("heard from the leader: taking part in elections from now on")
 
     def _run_tick_jobs(self) -> None:
         while True:
@@ -489,8 +521,16 @@ class RaftNode:
     def is_connected(self, address: str) -> bool:
         return self._syncobj.isNodeConnected(TCPNode(address))
 
-    def transfer_leadership(self, address: str | None = None) -> None:
-        self._syncobj.transferLeadership(TCPNode(address) if address else None)
+    def transfer_leadership(self, address: str | None = None,
+                            callback: Callable[[str | None], None] | None = None) -> None:
+        """Raft's TimeoutNow to ``address`` (None: the most caught-up connected follower).
+        ``callback(None)`` when it was sent, ``callback(reason)`` when refused (not leader, or
+        the target is not fully caught up); on the calling thread."""
+        def done(_result: Any, err: int) -> None:
+            if callback is not None:
+                callback(None if err == FAIL_REASON.SUCCESS else _FAIL_NAMES.get(err, str(err)))
+
+        self._syncobj.transferLeadership(TCPNode(address) if address else None, done)
 
     def destroy(self) -> None:
         self._syncobj.destroy()

@@ -141,6 +141,8 @@ def test_add_a_member_route_through_it_and_remove_it(cluster: LocalCluster) -> N
     try:
         cluster.start_node(i)
         new = cluster.members[i].peer
+        wait_for(cluster, "n4 answering", lambda: cluster.status(i) is not None, 15)
+        term = cluster.status(leader).term
         res = cli("members", "add", new.node_id, new.raft_address, new.client_address, "-o", "json",
                   env=env_for(cluster, only=[0, 1, 2]))
         assert res.returncode == 0, res.stderr + cluster.tail_logs()
@@ -151,6 +153,9 @@ def test_add_a_member_route_through_it_and_remove_it(cluster: LocalCluster) -> N
                  and st.members_version >= 1 and st.ready and all(p.connected for p in st.peers), 10)
         for j in range(4):
             assert [m["id"] for m in members_json(cluster, at=j)["members"]] == ["n1", "n2", "n3", "n4"]
+        # Waiting to be added, n4 started no election of its own: nobody was deposed.
+        assert cluster.status(leader).term == term and cluster.status(leader).role == cpb.LEADER
+        assert "taking part in elections from now on" in cluster.members[i].log_path.read_text()
         # n4 leads: the old members learn its client address from the table and forward to it.
         res = cli("transfer-leader", "--to", "n4", env=env_for(cluster))
         assert res.returncode == 0, res.stderr + cluster.tail_logs()
