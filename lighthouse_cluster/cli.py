@@ -460,8 +460,8 @@ def members_list(endpoints: str | None, tls_ca: str | None, tls_client_cert: str
         from .status_client import AdminCallError
 
         try:
-            return client.call("ListMembers", cpb.MembersRequest())
-        except AdminCallError:
+            return client.call("ListMembers", cpb.MembersRequest(), at=client.leader()[0])
+        except AdminCallError:  # no leader known (or it just went away): any node's view
             return client.any_node("ListMembers", cpb.MembersRequest())
 
     _print_members(_admin_call(ask), output)
