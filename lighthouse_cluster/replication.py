@@ -381,7 +381,7 @@ class RaftNode:
             self._syncobj.addOnTickCallback(self._release_elections)
 
     def _push_election_deadline(self) -> None:
-        self._syncobj._SyncObj__raftElectionDeadline = time.monotonic() + self._conf.raftMaxTimeout  # type: ignore[attr-defined]
+        self._syncobj._SyncObj__raftElectionDeadline = raft_monotonic() + self._conf.raftMaxTimeout  # type: ignore[attr-defined]
 
     def _release_elections(self) -> None:
         """On the tick thread: once a leader is known, take part in elections as any node.
