@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import configparser
 import contextlib
+import http.client
 import importlib.util
 import json
 import os
@@ -31,6 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -161,7 +163,10 @@ def load_yaml_docs(path: Path) -> list[dict[str, Any]]:
     return docs
 
 
-# -- the readiness probe (shared by Kubernetes and compose) ----------------------------------------
+# -- the HTTP probes (Kubernetes httpGet, the compose healthcheck) ----------------------------------
+
+
+K8S_OPTIONAL = {"servicemonitor.yaml"}  # needs the Prometheus Operator's CRD: not in resources
 
 
 def k8s_objects() -> list[dict[str, Any]]:
@@ -184,27 +189,102 @@ def statefulset_container() -> dict[str, Any]:
     return containers[0]
 
 
-def readiness_probe_command() -> list[str]:
-    return statefulset_container()["readinessProbe"]["exec"]["command"]
+def container_ports() -> dict[str, int]:
+    return {p["name"]: p["containerPort"] for p in statefulset_container()["ports"]}
 
 
-def run_probe(address: str) -> int:
-    cmd = readiness_probe_command()
-    assert cmd[:2] == ["python3", "-c"] and len(cmd) == 4
-    return subprocess.run([sys.executable, "-c", cmd[2], address], timeout=30, capture_output=True).returncode
+def k8s_http_probe(kind: str) -> tuple[str, int]:
+    """(path, container port) of the container's ``kind`` (readinessProbe, livenessProbe) httpGet."""
+    get = statefulset_container()[kind]["httpGet"]
+    port = get["port"]
+    assert isinstance(port, str), f"{kind}: name the port (it then follows the container port)"
+    assert port in container_ports(), f"{kind}: no container port named {port}"
+    assert get.get("scheme", "HTTP") == "HTTP" and "host" not in get
+    return get["path"], container_ports()[port]
+
+
+def http_get(host: str, port: int, path: str, timeout: float) -> tuple[int | None, str]:
+    """One GET as the kubelet's httpGet probe sends it (no proxy): (status or None, body)."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers={"User-Agent": "kube-probe/1.30", "Accept": "*/*"})
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode(errors="replace").strip()
+    except (OSError, http.client.HTTPException) as e:
+        return None, str(e)
+    finally:
+        conn.close()
+
+
+def kubelet_probe(port: int, path: str, timeout: float = 3.0) -> bool:
+    """The kubelet's verdict on an httpGet probe: success for 200-399, failure otherwise."""
+    status, _ = http_get("127.0.0.1", port, path, timeout)
+    return status is not None and 200 <= status < 400
+
+
+def compose_healthcheck_test(service: dict[str, Any]) -> tuple[list[str], str]:
+    """(command, URL) of a compose service's healthcheck: ``CMD python3 -c SCRIPT URL``."""
+    test = service["healthcheck"]["test"]
+    assert test[0] == "CMD" and test[1:3] == ["python3", "-c"] and len(test) == 5, test
+    return test[1:4], test[4]
+
+
+def run_compose_healthcheck(service: dict[str, Any], port: int) -> subprocess.CompletedProcess[str]:
+    """Run the service's healthcheck command as Docker would, aimed at a real node's HTTP port
+    instead of the compose file's (the nodes here run side by side on free ports). A proxy in
+    the environment must not matter: the check talks to 127.0.0.1 directly."""
+    cmd, url = compose_healthcheck_test(service)
+    parts = urlsplit(url)
+    local = parts._replace(netloc=f"{parts.hostname}:{port}").geturl()
+    dead = f"http://127.0.0.1:{free_ports(1)[0]}"
+    env = {**os.environ, "http_proxy": dead, "HTTP_PROXY": dead, "no_proxy": "", "NO_PROXY": ""}
+    timeout = float(service["healthcheck"]["timeout"].removesuffix("s"))
+    return subprocess.run([sys.executable, *cmd[1:], local], env=env, capture_output=True, text=True,
+                          timeout=timeout + 10)
 
 
 @pytest.mark.integration
-def test_readiness_probe_is_ready_only_where_a_leader_is_known(make_cluster) -> None:
-    cluster = make_cluster(nodes=3, min_replicas=1)
-    cluster.wait_for_leader(timeout=20)
-    addresses = cluster.client_addresses
-    wait_for(lambda: all(run_probe(a) == 0 for a in addresses), 15, "every node ready")
-    # Nothing listening: not ready.
-    assert run_probe(f"127.0.0.1:{free_ports(1)[0]}") == 1
+def test_http_probes_are_per_node_signals(make_cluster) -> None:
+    ready_path, http_port = k8s_http_probe("readinessProbe")
+    live_path, live_port = k8s_http_probe("livenessProbe")
+    assert (ready_path, live_path, live_port) == ("/readyz", "/livez", http_port)
+    probe_timeout = statefulset_container()["readinessProbe"]["timeoutSeconds"]
+    # Nodes with the HTTP port bound as the manifest binds it (the ConfigMap's host, the
+    # manifest's client bind), on free ports: three nodes share this host.
+    http_bind = configmap_env()["LIGHTHOUSE_CLUSTER_HTTP_BIND"]
+    assert port_of(http_bind) == http_port
+    bind_host = host_of(http_bind)
+    client_bind = next(a.split("=", 1)[1] for a in statefulset_container()["args"] if a.startswith("--client-bind="))
+    assert host_of(client_bind) == bind_host, "LocalCluster binds the client and HTTP ports on one host"
+    ports = free_ports(3)
+    cluster = make_cluster(nodes=3, min_replicas=1, http_ports=ports, client_bind_host=bind_host)
+    for i in range(3):
+        cmd = cluster.command(i)
+        assert cmd[cmd.index("--http-bind") + 1] == f"{bind_host}:{ports[i]}"
+    compose = compose_services({})["lh1"]
 
-    # A node that cannot join the Raft group (wrong secret) answers gRPC but is not ready, even
-    # though the others have a leader (which `lighthouse-cluster status` would report).
+    def ready(i: int) -> bool:
+        return kubelet_probe(ports[i], ready_path, probe_timeout)
+
+    def alive(i: int) -> bool:
+        return kubelet_probe(ports[i], live_path, probe_timeout)
+
+    cluster.wait_for_leader(timeout=20)
+    wait_for(lambda: all(ready(i) for i in range(3)), 15, "every node ready", interval=0.1)
+    for i in range(3):
+        status, body = http_get("127.0.0.1", ports[i], ready_path, probe_timeout)
+        assert status == 200 and ("leader in term" in body or "follower of" in body), body
+        assert alive(i)
+        hc = run_compose_healthcheck(compose, ports[i])
+        assert hc.returncode == 0, hc.stdout + hc.stderr
+    # Nothing listening: not ready, not alive, unhealthy.
+    nobody = free_ports(1)[0]
+    assert not kubelet_probe(nobody, ready_path) and not kubelet_probe(nobody, live_path)
+    assert run_compose_healthcheck(compose, nobody).returncode != 0
+
+    # A node that cannot join the Raft group (wrong secret) answers but is not ready, even
+    # though the others have a leader (which `lighthouse-cluster status` would report). It is
+    # alive: restarting it would not help.
     good = cluster.secret
     cluster.kill(0)
     cluster.secret = "not-the-cluster-secret"
@@ -212,13 +292,21 @@ def test_readiness_probe_is_ready_only_where_a_leader_is_known(make_cluster) -> 
         cluster.start_node(0)
     finally:
         cluster.secret = good
-    wait_for(lambda: query_status(addresses[0], 0.5) is not None, 15, "the cut-off node to answer")
+    wait_for(lambda: alive(0), 15, "the cut-off node to answer /livez", interval=0.1)
     cluster.wait_for_leader(timeout=15, among=[1, 2])
-    time.sleep(1.5)  # several election timeouts: it would have found the leader by now
-    assert run_probe(addresses[0]) == 1
-    assert run_probe(addresses[1]) == 0
+    deadline = time.monotonic() + 1.5  # several election timeouts: it would have found the leader by now
+    while time.monotonic() < deadline:
+        assert not ready(0), http_get("127.0.0.1", ports[0], ready_path, probe_timeout)
+        time.sleep(0.1)
+    status, body = http_get("127.0.0.1", ports[0], ready_path, probe_timeout)
+    assert status == 503 and "no known leader" in body, (status, body)
+    assert alive(0) and ready(1) and ready(2)
+    hc = run_compose_healthcheck(compose, ports[0])
+    assert hc.returncode != 0 and "503" in hc.stderr and "no known leader" in hc.stderr, hc.stdout + hc.stderr
+    assert run_compose_healthcheck(compose, ports[1]).returncode == 0
     # Why the probe is not `lighthouse-cluster status`: asked at the cut-off node, it follows
     # the peers, finds their leader and succeeds.
+    addresses = cluster.client_addresses
     res = subprocess.run([sys.executable, "-m", "lighthouse_cluster", "status", "--endpoints", addresses[0],
                           "--timeout", "1", "-o", "json"], capture_output=True, text=True, timeout=30)
     assert res.returncode == 0 and json.loads(res.stdout)["leader"] in {"n2", "n3"}, res.stdout + res.stderr
@@ -226,7 +314,18 @@ def test_readiness_probe_is_ready_only_where_a_leader_is_known(make_cluster) -> 
     # With the right secret it rejoins and becomes ready again.
     cluster.kill(0)
     cluster.start_node(0)
-    wait_for(lambda: run_probe(addresses[0]) == 0, 20, "the rejoined node to be ready", interval=0.2)
+    wait_for(lambda: ready(0), 20, "the rejoined node to be ready", interval=0.2)
+    assert run_compose_healthcheck(compose, ports[0]).returncode == 0
+
+    # Liveness does not depend on a leader: with both peers gone the last node is not ready,
+    # but alive (the kubelet must not restart it: that would not bring the peers back).
+    cluster.kill(1)
+    cluster.kill(2)
+    wait_for(lambda: not ready(0), 15, "the last node to be not ready", interval=0.1)
+    for _ in range(5):
+        assert alive(0)
+        time.sleep(0.2)
+    assert run_compose_healthcheck(compose, ports[0]).returncode != 0
 
 
 # -- Docker ----------------------------------------------------------------------------------------
@@ -254,7 +353,8 @@ def test_dockerfile_is_slim_non_root_and_secret_free() -> None:
     users = [v for k, v in ins if k == "USER"]
     assert users and users[-1] == f"{DOCKER_UID}:{DOCKER_UID}", "numeric non-root user (runAsNonRoot checks it)"
     assert json.loads(dict(ins)["ENTRYPOINT"]) == ["lighthouse-cluster"]
-    assert {"29510", "29610"} <= set(dict(ins)["EXPOSE"].split())
+    assert {"29510", "29610", "29710"} <= set(dict(ins)["EXPOSE"].split())
+    assert str(k8s_http_probe("readinessProbe")[1]) in dict(ins)["EXPOSE"].split()
     assert dict(ins).get("STOPSIGNAL", "SIGTERM") == "SIGTERM"
     for k, v in ins:
         if k in ("ENV", "ARG", "LABEL"):
@@ -367,7 +467,8 @@ def compose_services(env: dict[str, str]) -> dict[str, dict[str, Any]]:
     return compose_interpolate(doc, env)["services"]
 
 
-@pytest.mark.parametrize("host_env", [{}, {"LIGHTHOUSE_HOST": "10.1.2.3", "LIGHTHOUSE_MIN_REPLICAS": "2"}])
+@pytest.mark.parametrize("host_env", [{}, {"LIGHTHOUSE_HOST": "10.1.2.3", "LIGHTHOUSE_MIN_REPLICAS": "2",
+                                      "LIGHTHOUSE_HTTP_HOST": "0.0.0.0"}])
 def test_compose_nodes_form_one_cluster_with_the_cli(host_env: dict[str, str]) -> None:
     services = compose_services(host_env)
     doc = yaml.safe_load((DOCKER / "docker-compose.yml").read_text())
@@ -399,16 +500,29 @@ def test_compose_nodes_form_one_cluster_with_the_cli(host_env: dict[str, str]) -
     for p in peers:
         assert host_of(p.raft_address) == host_of(p.client_address) == advertised
         ports += [port_of(p.raft_address), port_of(p.client_address)]
+    # Every node serves HTTP; by default on this host only (no authentication on that port).
+    for config in configs.values():
+        assert config.http_bind is not None
+        assert host_of(config.http_bind) == host_env.get("LIGHTHOUSE_HTTP_HOST", "127.0.0.1")
+        ports.append(port_of(config.http_bind))
+    assert sorted(port_of(c.http_bind) for c in configs.values()) == [29710, 29711, 29712]
     assert len(set(ports)) == len(ports), "host networking: every port must be distinct"
     assert len({svc["volumes"][0].split(":")[0] for svc in services.values()}) == len(services)
     assert len({svc["image"] for svc in services.values()}) == 1
 
-    # The healthcheck is the Kubernetes readiness probe, aimed at the node's own client port.
-    probe = readiness_probe_command()
+    # The healthcheck asks the Kubernetes readiness probe's question (its path), of the node's
+    # own HTTP port, on loopback (which every allowed bind host includes). All use one script.
+    ready_path, _ = k8s_http_probe("readinessProbe")
+    scripts = set()
     for name, svc in services.items():
-        test = svc["healthcheck"]["test"]
-        assert test[0] == "CMD" and test[1:4] == probe[:3]
-        assert test[4] == f"127.0.0.1:{port_of(configs[name].self_peer.client_address)}"
+        cmd, url = compose_healthcheck_test(svc)
+        scripts.add(cmd[2])
+        u = urlsplit(url)
+        assert (u.scheme, u.hostname, u.path) == ("http", "127.0.0.1", ready_path), url
+        assert u.port == port_of(configs[name].http_bind), f"{name}: the healthcheck must ask its own node"
+        assert host_of(configs[name].http_bind) in ("127.0.0.1", "0.0.0.0", "[::]")
+        assert int(svc["healthcheck"]["timeout"].removesuffix("s")) > 3, "the script waits up to 3 s"
+    assert len(scripts) == 1 and "$" not in next(iter(scripts))
 
 
 def test_compose_file_passes_docker_compose_config(tmp_path: Path) -> None:
@@ -467,7 +581,11 @@ def container_env(pod_name: str, namespace: str) -> dict[str, str]:
 def test_kubernetes_manifests_parse_and_are_listed() -> None:
     listed = set(kustomization()["resources"])
     on_disk = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
-    assert listed == on_disk
+    assert listed == on_disk - K8S_OPTIONAL and K8S_OPTIONAL <= on_disk
+    # The optional files parse too, and kustomization.yaml says how to add them.
+    for name in K8S_OPTIONAL:
+        assert load_yaml_docs(K8S / name)
+        assert f"# - {name}" in (K8S / "kustomization.yaml").read_text()
     kinds = sorted(o["kind"] for o in k8s_objects())
     assert kinds.count("StatefulSet") == 1 and kinds.count("PodDisruptionBudget") == 1
     for obj in k8s_objects():
@@ -498,6 +616,9 @@ def test_statefulset_args_start_a_node_of_the_cluster(ordinal: int) -> None:
         assert p.client_address == f"{name}-{i}.{ns}.svc:{ports['client']}"
     assert config.raft_bind == f"0.0.0.0:{ports['raft']}"
     assert config.client_bind == f"[::]:{ports['client']}"
+    # The HTTP port (the ConfigMap's LIGHTHOUSE_CLUSTER_HTTP_BIND), on every interface: the
+    # kubelet probes the pod IP.
+    assert config.http_bind == f"[::]:{ports['http']}"
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     (claim,) = sts["spec"]["volumeClaimTemplates"]
     assert str(config.data_dir) == mounts[claim["metadata"]["name"]]
@@ -537,18 +658,31 @@ def test_kubernetes_services_pdb_and_probes_agree_with_the_pods() -> None:
         assert per_pod["selector"]["statefulset.kubernetes.io/pod-name"] == f"{name}-{i}"
         assert selects_pods(per_pod["selector"]) and per_pod["publishNotReadyAddresses"] is True
         assert {p["port"]: target(p) for p in per_pod["ports"]} == {ports["raft"]: ports["raft"],
-                                                                   ports["client"]: ports["client"]}
+                                                                   ports["client"]: ports["client"],
+                                                                   ports["http"]: ports["http"]}
+        # `kubectl port-forward svc/lh-N 29710` names the Service port.
+        assert {p["name"]: p["port"] for p in per_pod["ports"]}["http"] == ports["http"]
     assert f"{name}-{replicas}" not in services
+    assert {p["name"]: target(p) for p in headless["spec"]["ports"]}["http"] == ports["http"]
 
     pdb = k8s_one("PodDisruptionBudget")
     assert pdb["spec"]["maxUnavailable"] == 1
     assert pdb["spec"]["selector"]["matchLabels"] == sts["spec"]["selector"]["matchLabels"]
 
-    ready = c["readinessProbe"]
-    assert ready["exec"]["command"][3] == f"127.0.0.1:{ports['client']}"
-    assert ready["timeoutSeconds"] >= 3, "the probe waits up to 2 s for the node, plus Python's start"
-    live = c["livenessProbe"]["tcpSocket"]["port"]
-    assert (ports[live] if isinstance(live, str) else live) == ports["client"]
+    # Both probes ask the HTTP port, which the ConfigMap turns on at the container port named http.
+    http_bind = configmap_env()["LIGHTHOUSE_CLUSTER_HTTP_BIND"]
+    assert port_of(http_bind) == ports["http"] and host_of(http_bind) in ("[::]", "0.0.0.0")
+    assert k8s_http_probe("readinessProbe") == ("/readyz", ports["http"])
+    assert k8s_http_probe("livenessProbe") == ("/livez", ports["http"])
+    ready, live = c["readinessProbe"], c["livenessProbe"]
+    assert ready["timeoutSeconds"] >= 1 and ready["failureThreshold"] >= 2
+    # Liveness is lenient: a restart must never be the answer to a slow moment.
+    assert live["initialDelaySeconds"] >= 10 and live["periodSeconds"] * live["failureThreshold"] >= 30
+    # Prometheus' annotation-based pod discovery finds the same port and path.
+    annotations = spec["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(ports["http"])
+    assert annotations["prometheus.io/path"] == "/metrics"
 
     assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"]
     sec = pod_spec["securityContext"]
@@ -598,6 +732,44 @@ def test_kustomize_renders_the_manifests(tmp_path: Path) -> None:
     assert c["envFrom"][0]["configMapRef"]["name"] == cm["metadata"]["name"]
     image = kustomization()["images"][0]
     assert c["image"] == f"{image['newName']}:{image['newTag']}"
+    assert "ServiceMonitor" not in by_kind, "servicemonitor.yaml needs the Operator's CRD: opt-in only"
+
+    # Opting in as kustomization.yaml's comment says: uncomment its line.
+    text = (work / "kustomization.yaml").read_text()
+    assert text.count("  # - servicemonitor.yaml\n") == 1
+    (work / "kustomization.yaml").write_text(text.replace("  # - servicemonitor.yaml\n", "  - servicemonitor.yaml\n"))
+    res = subprocess.run([kubectl, "kustomize", str(work)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    (sm,) = [d for d in yaml.safe_load_all(res.stdout) if d and d["kind"] == "ServiceMonitor"]
+    assert sm["metadata"]["namespace"] == kustomization()["namespace"]
+
+
+def test_servicemonitor_scrapes_every_pod_once_on_the_http_port() -> None:
+    (sm,) = load_yaml_docs(K8S / "servicemonitor.yaml")
+    assert (sm["apiVersion"], sm["kind"]) == ("monitoring.coreos.com/v1", "ServiceMonitor")
+    assert "namespace" not in sm["metadata"], "kustomize puts it into the cluster's namespace"
+    assert "namespaceSelector" not in sm["spec"], "its own namespace, where the Services are"
+    sts = k8s_one("StatefulSet")
+    services = [o for o in k8s_objects() if o["kind"] == "Service"]
+    wanted = sm["spec"]["selector"]["matchLabels"]
+    chosen = [o for o in services if wanted.items() <= o["metadata"].get("labels", {}).items()]
+    # Exactly one Service, the headless one: it lists every pod once, ready or not (per-node
+    # Services would list each pod a second time; lighthouse-client only the ready ones).
+    assert [o["metadata"]["name"] for o in chosen] == [sts["spec"]["serviceName"]]
+    (svc,) = chosen
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+    (endpoint,) = sm["spec"]["endpoints"]
+    svc_ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert endpoint["port"] in svc_ports, "a ServiceMonitor endpoint names a Service port"
+    target = svc_ports[endpoint["port"]]["targetPort"]
+    http_port = port_of(configmap_env()["LIGHTHOUSE_CLUSTER_HTTP_BIND"])
+    assert container_ports()[target] == http_port
+    annotations = sts["spec"]["template"]["metadata"]["annotations"]
+    assert endpoint["path"] == annotations["prometheus.io/path"] == "/metrics"
+    assert endpoint.get("scheme", "http") == "http"
+    seconds = {k: float(endpoint[k].removesuffix("s")) for k in ("interval", "scrapeTimeout")}
+    assert seconds["scrapeTimeout"] < seconds["interval"]
 
 
 # -- systemd ---------------------------------------------------------------------------------------
