@@ -837,6 +837,11 @@ def test_systemd_unit_is_a_restarting_hardened_template() -> None:
     assert example[SECRET_ENV] == ""
     code, output, _ = run_serve(argv[1:], example)
     assert code == 2 and "no cluster secret" in output
+    # With a secret it starts, serving the HTTP port (health checks, metrics, the dashboard).
+    config = serve_ok(argv[1:], {**example, SECRET_ENV: "x"})
+    assert config.http_bind == "[::]:29710"
+    readme = (DEPLOY / "README.md").read_text()
+    assert "29710/tcp" in readme, "the systemd section's firewall advice names the HTTP port"
 
 
 def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
@@ -867,6 +872,9 @@ def test_systemd_exec_start_lines_run_a_cluster(tmp_path: Path) -> None:
                            for i, node in enumerate(ids))
     env_file = {**example, "LIGHTHOUSE_CLUSTER_PEERS": local_peers, SECRET_ENV: "s3cret-" + os.urandom(8).hex()}
     clients = [f"127.0.0.1:{ports[2 * i + 1]}" for i in range(len(ids))]
+    # The file's HTTP bind host, a free port per node (three nodes share this host).
+    http_host = host_of(example["LIGHTHOUSE_CLUSTER_HTTP_BIND"])
+    http_ports = free_ports(len(ids))
     with processes() as procs:
         for node in ids:
             argv = expand_exec(unit["ExecStart"], node, env_file)
@@ -876,7 +884,8 @@ def test_systemd_exec_start_lines_run_a_cluster(tmp_path: Path) -> None:
             argv = [a.replace("/var/lib/", f"{tmp_path}/var/lib/", 1) if a.startswith("/var/lib/") else a for a in argv]
             (tmp_path / "var/lib" / unit["StateDirectory"].replace("%i", node)).mkdir(parents=True)
             # systemd passes no inherited environment: only the file's variables (and PATH).
-            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", **env_file}
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", **env_file,
+                   "LIGHTHOUSE_CLUSTER_HTTP_BIND": f"{http_host}:{http_ports[ids.index(node)]}"}
             log = open(tmp_path / f"{node}.log", "wb")
             procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, start_new_session=True))
@@ -890,6 +899,11 @@ def test_systemd_exec_start_lines_run_a_cluster(tmp_path: Path) -> None:
         except AssertionError:
             raise AssertionError(logs()) from None
         assert (tmp_path / "var/lib/lighthouse-cluster" / ids[clients.index(leader)] / "raft.journal").exists()
+        # Every node's HTTP port: ready (a health check of a load balancer or monitoring), metrics.
+        wait_for(lambda: all(kubelet_probe(p, "/readyz") for p in http_ports), 15, "every node's /readyz")
+        for node, port in zip(ids, http_ports):
+            status, body = http_get("127.0.0.1", port, "/metrics", 3.0)
+            assert status == 200 and f'lighthouse_cluster_role{{node="{node}",role=' in body, body[:500]
 
         # It serves torchft quorums (min_replicas from the env file).
         from lighthouse_cluster.replica_sim import SimulatedReplicaGroup
