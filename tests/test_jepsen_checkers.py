@@ -362,11 +362,9 @@ def test_a_stale_leaders_term_start_is_no_longer_tolerated() -> None:
 
 
 def test_known_bug_mechanism_tolerates_only_offences_its_signature_matches(monkeypatch: Any) -> None:
-    """No bug is open today (``SIGNATURES`` is empty); the mechanism CI would use for the next
-    one: a failed check is explained only when its signature matches every offence."""
+    """The mechanism: a failed check is explained only when its signature matches every offence."""
     from jepsen_like import known_bugs
 
-    assert known_bugs.SIGNATURES == {}
     monkeypatch.setitem(known_bugs.SIGNATURES, "one-leader-per-term",
                         ("BUG-X", lambda offence, _history: offence.get("term") == 58))
     one = _final_state([[57, "n1", 10], [58, "n2", 20], [58, "n1", 21]])
@@ -420,3 +418,27 @@ def test_a_node_cut_off_after_the_heal_is_no_longer_tolerated() -> None:
     r = checkers.recovery_after_heal(h.events, bound_s=10.0)
     assert not r.valid and known_bugs.explain(r, h.events) is None
     assert known_bugs.unexplained([r], h.events) == [r]
+
+
+def test_bug3_signature_explains_only_a_deposed_leaders_status_claim() -> None:
+    """BUG-3 (open): Status read role and term separately, so the monitor saw n1, leader of term
+    2, report itself leader of term 3 while n2 led term 3 (the committed log has only n2's
+    commands in term 3). Only that shape is tolerated."""
+    from jepsen_like import known_bugs
+
+    def run(extra_writers: list[list[Any]], observed: str) -> H:
+        h = _final_state([[1, "n2", 3], [2, "n1", 7], [3, "n2", 47]] + extra_writers)
+        return h.status(6.04, observed, "leader", 3)
+
+    torn = run([], "n1")
+    r = checkers.one_leader_per_term(torn.events)
+    assert not r.valid and known_bugs.explain(r, torn.events) == "BUG-3"
+    assert known_bugs.unexplained([r], torn.events) == []
+    # A node that never led claims term 3: not a deposed leader's torn read.
+    stranger = run([], "n3")
+    r = checkers.one_leader_per_term(stranger.events)
+    assert not r.valid and known_bugs.explain(r, stranger.events) is None
+    # The deposed leader also *wrote* in term 3 (BUG-2's shape): never tolerated.
+    wrote = run([[3, "n1", 48]], "n1")
+    r = checkers.one_leader_per_term(wrote.events)
+    assert not r.valid and known_bugs.explain(r, wrote.events) is None
