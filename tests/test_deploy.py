@@ -112,6 +112,18 @@ def free_port_block(n: int) -> int:
     raise RuntimeError(f"no block of {n} free ports")
 
 
+def distinct_port_blocks(count: int, n: int) -> list[int]:
+    """``count`` bases of blocks of ``n`` free ports that do not overlap."""
+    bases: list[int] = []
+    for _ in range(50):
+        base = free_port_block(n)
+        if all(abs(base - b) >= n for b in bases):
+            bases.append(base)
+            if len(bases) == count:
+                return bases
+    raise RuntimeError(f"no {count} distinct blocks of {n} free ports")
+
+
 def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -995,10 +1007,12 @@ def slurm_bash(snippet: str, env: dict[str, str]) -> subprocess.CompletedProcess
 
 
 def slurm_layout(env: dict[str, str]) -> dict[str, Any]:
-    res = slurm_bash('lh_layout; printf "%s\\n" "$LH_PACKED" "${LH_PEERS[*]}" "$LH_ENDPOINTS" "${LH_IDS[*]}"', env)
+    res = slurm_bash('lh_layout; printf "%s\\n" "$LH_PACKED" "${LH_PEERS[*]}" "$LH_ENDPOINTS" "${LH_IDS[*]}" '
+                     '"${LH_HTTP_PORTS[*]}" "$LH_DASHBOARDS"', env)
     assert res.returncode == 0, res.stderr
-    packed, peers, endpoints, ids = res.stdout.splitlines()
-    return {"packed": packed == "1", "peers": peers.split(), "endpoints": endpoints.split(","), "ids": ids.split()}
+    packed, peers, endpoints, ids, http_ports, dashboards = res.stdout.split("\n")[:6]
+    return {"packed": packed == "1", "peers": peers.split(), "endpoints": endpoints.split(","), "ids": ids.split(),
+            "http_ports": [int(p) for p in http_ports.split()], "dashboards": dashboards.split()}
 
 
 def slurm_task_config(env: dict[str, str], procid: int, nodeid: int) -> NodeConfig:
@@ -1031,12 +1045,21 @@ def test_slurm_one_node_per_host(fake_slurm_bin: Path, nodelist: str, hosts: lis
     assert layout["ids"] == [f"lh{k}" for k in range(n)]
     assert layout["peers"] == [f"lh{k}={h}:32000,{h}:31000" for k, h in enumerate(hosts)]
     assert layout["endpoints"] == [f"http://{h}:31000" for h in hosts]
+    # The HTTP port by default: the same on every host.
+    assert layout["http_ports"] == [29710] * n
+    assert layout["dashboards"] == [f"http://{h}:29710/" for h in hosts]
     for k in (0, n - 1):
         config = slurm_task_config(env, procid=k, nodeid=k)
         assert config.node_id == f"lh{k}"
         assert [str(p) for p in config.peers] == layout["peers"]
         assert config.raft_bind == "0.0.0.0:32000" and config.client_bind == "[::]:31000"
+        assert config.http_bind == "0.0.0.0:29710"
         assert str(config.data_dir) == f"/data/lh/lh{k}"
+    config = slurm_task_config({**env, "LH_HTTP_PORT": "33000", "LH_HTTP_BIND_HOST": "[::]"}, procid=1, nodeid=1)
+    assert config.http_bind == "[::]:33000"
+    off = slurm_layout({**env, "LH_HTTP_PORT": "off"})
+    assert off["http_ports"] == [] and off["dashboards"] == []
+    assert slurm_task_config({**env, "LH_HTTP_PORT": "off"}, procid=0, nodeid=0).http_bind is None
 
 
 def test_slurm_packed_on_one_host_and_bad_layouts(fake_slurm_bin: Path) -> None:
@@ -1046,6 +1069,9 @@ def test_slurm_packed_on_one_host_and_bad_layouts(fake_slurm_bin: Path) -> None:
     assert layout["peers"] == [f"lh{k}=node7:{29610 + k},node7:{29510 + k}" for k in range(3)]
     config = slurm_task_config(env, procid=2, nodeid=0)
     assert config.node_id == "lh2" and config.client_bind == "[::]:29512" and config.raft_bind == "0.0.0.0:29612"
+    # Nodes sharing a host: HTTP ports +1 each, too.
+    assert config.http_bind == "0.0.0.0:29712"
+    assert layout["dashboards"] == [f"http://node7:{29710 + k}/" for k in range(3)]
 
     local = slurm_layout({**env, "LH_LOCAL": "1", "SLURM_JOB_NODELIST": ""})
     assert local["endpoints"] == [f"http://127.0.0.1:{29510 + k}" for k in range(3)]
@@ -1054,6 +1080,7 @@ def test_slurm_packed_on_one_host_and_bad_layouts(fake_slurm_bin: Path) -> None:
         ({"SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "n[1-4]"}, "odd number"),
         ({"SLURM_NTASKS": "3", "SLURM_JOB_NODELIST": "n[1-2]"}, "3 tasks on 2 hosts"),
         ({"SLURM_NTASKS": ""}, "SLURM_NTASKS is not set"),
+        ({"LH_HTTP_PORT": "29710x"}, "a port number or off"),
     ]:
         res = slurm_bash("lh_layout", {**env, **values})
         assert res.returncode != 0 and message in res.stderr, res.stderr
@@ -1064,13 +1091,11 @@ def test_slurm_packed_on_one_host_and_bad_layouts(fake_slurm_bin: Path) -> None:
 
 @pytest.mark.integration
 def test_sbatch_script_runs_a_local_cluster_and_publishes_endpoints(fake_slurm_bin: Path, tmp_path: Path) -> None:
-    client, raft = free_port_block(3), free_port_block(3)
-    if abs(client - raft) < 3:
-        raft = free_port_block(3)
+    client, raft, http = distinct_port_blocks(3, 3)
     state = tmp_path / "state"
     env = slurm_env(fake_slurm_bin, SLURM_NTASKS="3", SLURM_JOB_NODELIST="localhost", SLURM_JOB_ID="4242",
                     SLURM_JOB_NAME="lighthouse-cluster", LH_LOCAL="1", LH_STATE_DIR=str(state),
-                    LH_CLIENT_PORT=str(client), LH_RAFT_PORT=str(raft), LH_START_TIMEOUT="45",
+                    LH_CLIENT_PORT=str(client), LH_RAFT_PORT=str(raft), LH_HTTP_PORT=str(http), LH_START_TIMEOUT="45",
                     LH_COMMAND=f"{sys.executable} -m lighthouse_cluster", HOME=str(tmp_path))
     endpoints_file = state / "endpoints.env"
     log_path = tmp_path / "job.out"
@@ -1095,6 +1120,14 @@ def test_sbatch_script_runs_a_local_cluster_and_publishes_endpoints(fake_slurm_b
         assert stat.S_IMODE(secret.stat().st_mode) == 0o600 and len(secret.read_text()) >= 32
         for k in range(3):
             assert (state / "data" / f"lh{k}" / "raft.journal").exists()
+        # Every node serves HTTP on its port; the job points at the dashboard.
+        wait_for(lambda: all(kubelet_probe(http + k, "/readyz") for k in range(3)), 15, "every node's /readyz")
+        dashboards = [f"http://127.0.0.1:{http + k}/" for k in range(3)]
+        assert f"# dashboard (any node shows the whole cluster; Prometheus: /metrics): {' '.join(dashboards)}" \
+            in endpoints_file.read_text().splitlines()
+        assert f"dashboard: {dashboards[0]}" in log_path.read_text()
+        status, page = http_get("127.0.0.1", http, "/", 3.0)
+        assert status == 200 and "<html" in page.lower()
 
         # A TERM to the batch shell reaches every node through srun; all exit 0 and the job
         # withdraws its endpoints.
@@ -1106,6 +1139,7 @@ def test_sbatch_script_runs_a_local_cluster_and_publishes_endpoints(fake_slurm_b
         assert rc == 0, tail(log_path, 60)
         assert not endpoints_file.exists()
         assert all(query_status(a, 0.3) is None for a in addresses)
+        assert all(http_get("127.0.0.1", http + k, "/livez", 0.5)[0] is None for k in range(3))
 
 
 def test_sbatch_refuses_a_secret_others_can_read(fake_slurm_bin: Path, tmp_path: Path) -> None:
