@@ -1213,21 +1213,24 @@ def test_torchx_launcher_derives_peers_from_the_scheduler(mode: str, fake_slurm_
             assert p.client_address == f"{hosts[i]}:{29510 + (i if local else 0)}"
         assert str(config.data_dir) == f"/data/lh{index}"
         assert config.raft_bind == f"{'127.0.0.1' if local else '0.0.0.0'}:{29610 + (index if local else 0)}"
+        assert config.http_bind == f"{'127.0.0.1' if local else '0.0.0.0'}:{29710 + (index if local else 0)}"
+    no_http = comp.launcher_args("1", n, hosts=hosts_arg, data_dir="/data", http_port=0,
+                                 serve_args=["--min_replicas", "1"])
+    assert serve_ok(run_launcher(no_http, env), {SECRET_ENV: "x"}).http_bind is None
 
 
 @pytest.mark.integration
 def test_torchx_launcher_runs_a_local_cluster(tmp_path: Path) -> None:
     comp = load_torchx_component()
-    client, raft = free_port_block(3), free_port_block(3)
-    if abs(client - raft) < 3:
-        raft = free_port_block(3)
+    client, raft, http = distinct_port_blocks(3, 3)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(cli.ENV)},
            SECRET_ENV: "s3cret", "PYTHONUNBUFFERED": "1"}
     addresses = [f"127.0.0.1:{client + i}" for i in range(3)]
     with processes() as procs:
         for i in range(3):
             args = comp.launcher_args(str(i), 3, hosts="local", client_port=client, raft_port=raft,
-                                      data_dir=str(tmp_path / "data"), serve_args=["--min_replicas", "1"])
+                                      http_port=http, data_dir=str(tmp_path / "data"),
+                                      serve_args=["--min_replicas", "1"])
             log = open(tmp_path / f"lh{i}.log", "wb")
             procs.append(subprocess.Popen([sys.executable, *args], env=env, stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, start_new_session=True))
@@ -1236,6 +1239,10 @@ def test_torchx_launcher_runs_a_local_cluster(tmp_path: Path) -> None:
             wait_for(lambda: serving_leader(addresses), 25, "a serving leader")
         except AssertionError:
             raise AssertionError("\n".join(tail(tmp_path / f"lh{i}.log") for i in range(3))) from None
+        # Every node serves HTTP on its own port (local: +1 per node), and logs its dashboard.
+        wait_for(lambda: all(kubelet_probe(http + i, "/readyz") for i in range(3)), 15, "every node's /readyz")
+        for i in range(3):
+            assert f"dashboard of node lh{i}: http://127.0.0.1:{http + i}/" in (tmp_path / f"lh{i}.log").read_text()
         # The launcher execs the node: signals reach it directly.
         for p in procs:
             assert stop_gracefully(p) == 0
@@ -1252,7 +1259,8 @@ def test_torchx_component_builds_an_appdef(fake_slurm_bin: Path) -> None:
                           env={SECRET_ENV: "s"})
     (role,) = app.roles
     assert role.num_replicas == 3 and role.image == "reg/lighthouse-cluster:1"
-    assert role.port_map == {"client": 29510, "raft": 29610}
+    assert role.port_map == {"client": 29510, "raft": 29610, "http": 29710}
+    assert comp.lighthouse(http_port=0).roles[0].port_map == {"client": 29510, "raft": 29610}
     assert role.retry_policy == specs.RetryPolicy.REPLICA
     assert specs.macros.replica_id in role.args
     values = specs.macros.Values(img_root="", app_id="app", replica_id="1", rank0_env="TORCHX_RANK0_HOST")

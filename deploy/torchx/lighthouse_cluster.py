@@ -1,6 +1,7 @@
 """A torchx component that runs lighthouse-cluster: one role, one replica per lighthouse node.
 
-    # on this host (nodes on 127.0.0.1, clients on 29510-29512; the secret from your shell):
+    # on this host (nodes on 127.0.0.1, clients on 29510-29512, dashboards on 29710-29712;
+    # the secret from your shell):
     export LIGHTHOUSE_CLUSTER_SECRET=$(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')
     torchx run -s local_cwd deploy/torchx/lighthouse_cluster.py:lighthouse --min_replicas 1
 
@@ -12,7 +13,8 @@
 Each replica runs ``python3 -c LAUNCHER --index ${replica_id} ...``: the launcher (plain Python,
 no dependency but the lighthouse_cluster package in the image) finds every node's host at run
 time, from the scheduler's own variables, and execs ``lighthouse-cluster serve`` with this
-node's id (``lh<replica_id>``) and the full peer list:
+node's id (``lh<replica_id>``), the full peer list and its HTTP port (``--http_port``, default
+29710: /readyz, /livez, /metrics and the dashboard; 0 turns it off):
 
 * Kubernetes/Volcano: ``VC_LIGHTHOUSE_<i>_HOSTS`` (torchx makes one Volcano task per replica and
   Volcano's svc plugin publishes every task's DNS name to every pod);
@@ -95,6 +97,7 @@ def main(argv):
     p.add_argument("--role", default="lighthouse")
     p.add_argument("--client-port", type=int, default=29510)
     p.add_argument("--raft-port", type=int, default=29610)
+    p.add_argument("--http-port", type=int, default=29710)
     p.add_argument("--data-dir", default="")
     a = p.parse_args(argv)
     if not 0 <= a.index < a.nodes:
@@ -103,11 +106,14 @@ def main(argv):
     local = mode == "local"
     raft = [a.raft_port + (i if local else 0) for i in range(a.nodes)]
     client = [a.client_port + (i if local else 0) for i in range(a.nodes)]
+    http = [a.http_port + (i if local else 0) for i in range(a.nodes)] if a.http_port > 0 else []
     ids = ["lh%d" % i for i in range(a.nodes)]
     i = a.index
     args = ["serve", "--node-id", ids[i],
             "--raft-bind", "%s:%d" % ("127.0.0.1" if local else "0.0.0.0", raft[i]),
             "--client-bind", "%s:%d" % ("127.0.0.1" if local else "[::]", client[i])]
+    if http:
+        args += ["--http-bind", "%s:%d" % ("127.0.0.1" if local else "0.0.0.0", http[i])]
     if a.data_dir:
         args += ["--data-dir", os.path.join(a.data_dir, ids[i])]
     for k in range(a.nodes):
@@ -116,6 +122,9 @@ def main(argv):
     endpoints = ",".join("http://%s:%d" % (hosts[k], client[k]) for k in range(a.nodes))
     sys.stderr.write("lighthouse-cluster launcher: node %s (%s hosts); LIGHTHOUSE_CLUSTER_ENDPOINTS=%s\n"
                      % (ids[i], mode, endpoints))
+    if http:
+        sys.stderr.write("lighthouse-cluster launcher: dashboard of node %s: http://%s:%d/ (/metrics for Prometheus)\n"
+                         % (ids[i], hosts[i], http[i]))
     argv = [sys.executable, "-m", "lighthouse_cluster"] + args
     if os.environ.get("LIGHTHOUSE_CLUSTER_LAUNCHER_DRY_RUN"):
         print(json.dumps(argv))
@@ -136,10 +145,11 @@ def launcher_args(
     data_dir: str = "",
     secret_file: str = "",
     serve_args: Optional[List[str]] = None,
+    http_port: int = 29710,
 ) -> List[str]:
     """The arguments of ``python3`` for one replica (``index`` may be torchx's ``${replica_id}``)."""
     args = ["-c", LAUNCHER, "--index", index, "--nodes", str(nodes), "--hosts", hosts, "--role", ROLE,
-            "--client-port", str(client_port), "--raft-port", str(raft_port)]
+            "--client-port", str(client_port), "--raft-port", str(raft_port), "--http-port", str(http_port)]
     if data_dir:
         args += ["--data-dir", data_dir]
     extra = list(serve_args or [])
@@ -155,6 +165,7 @@ def lighthouse(
     hosts: str = "auto",
     client_port: int = 29510,
     raft_port: int = 29610,
+    http_port: int = 29710,
     data_dir: str = "",
     secret_file: str = "",
     join_timeout_ms: int = 60000,
@@ -178,6 +189,8 @@ def lighthouse(
             a comma-separated host per node.
         client_port: gRPC port for trainers (local: of the first node).
         raft_port: Raft port (local: of the first node).
+        http_port: HTTP port: /readyz, /livez, /metrics (Prometheus) and the dashboard; no
+            authentication, keep it on a private network (local: of the first node; 0: none).
         data_dir: directory for the Raft journals (node i uses DATA_DIR/lh<i>); without one a
             restart of every node sends quorum ids back to 0.
         secret_file: file holding the cluster secret, as seen by the node; without one the
@@ -201,14 +214,15 @@ def lighthouse(
         name=ROLE,
         image=image,
         entrypoint="python3",
-        args=launcher_args(specs.macros.replica_id, nodes, hosts, client_port, raft_port, data_dir, secret_file,
-                           serve_args),
+        args=launcher_args(specs.macros.replica_id, nodes, hosts=hosts, client_port=client_port,
+                           raft_port=raft_port, data_dir=data_dir, secret_file=secret_file,
+                           serve_args=serve_args, http_port=http_port),
         env={"PYTHONUNBUFFERED": "1", **(env or {})},
         num_replicas=nodes,
         max_retries=max_retries,
         # Restart only the failed node; the others keep the quorum going.
         retry_policy=specs.RetryPolicy.REPLICA,
         resource=specs.Resource(cpu=cpu, gpu=0, memMB=memMB),
-        port_map={"client": client_port, "raft": raft_port},
+        port_map={"client": client_port, "raft": raft_port, **({"http": http_port} if http_port > 0 else {})},
     )
     return specs.AppDef(name="lighthouse-cluster", roles=[role])
