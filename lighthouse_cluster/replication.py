@@ -209,6 +209,8 @@ class FastElectionSyncObj(SyncObj):
     a ``request_vote`` starts its own election on its next tick, when all of these hold (checked
     after pysyncobj has handled the message):
 
+    * the follower has had no append_entries for half the minimum election timeout and was not
+      the leader itself (the leader is gone: not a live leader deposed by a stale node);
     * the request is for the follower's current term (it was adopted, not stale) and no leader is
       known in that term;
     * the follower did not vote in that term and is a follower (not a candidate: a candidate has
@@ -227,6 +229,7 @@ class FastElectionSyncObj(SyncObj):
     """
 
     early_elections = 0  # how many elections this node started early (for logs and tests)
+    _leader_contact = 0.0  # pysyncobj clock: last append_entries of a current leader
     keepalives_sent = 0
     _last_keepalive = 0.0
 
@@ -259,9 +262,17 @@ class FastElectionSyncObj(SyncObj):
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         if message == _KEEPALIVE:
             return  # reading it was the point
+        kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "append_entries" and message.get("term", -1) >= self._SyncObj__raftCurrentTerm:  # type: ignore[attr-defined]
+            self._leader_contact = raft_monotonic()
+        was_leader = self._SyncObj__raftState == _RAFT_STATE.LEADER  # type: ignore[attr-defined]
         super()._SyncObj__onMessageReceived(node, message)  # type: ignore[misc]
-        if not isinstance(message, dict) or message.get("type") != "request_vote" \
-                or self._SyncObj__selfNode is None:  # type: ignore[attr-defined]
+        if kind != "request_vote" or self._SyncObj__selfNode is None:  # type: ignore[attr-defined]
+            return
+        # Only when the leader is gone (the failover case). A live leader deposed by a stale node's
+        # higher term (no pre-vote) is refused by both up-to-date nodes; there the normal timers
+        # pick one of them, as without this class: two early candidacies would split the vote.
+        if was_leader or raft_monotonic() - self._leader_contact < 0.5 * self._SyncObj__conf.raftMinTimeout:  # type: ignore[attr-defined]
             return
         if message.get("term") != self._SyncObj__raftCurrentTerm \
                 or self._SyncObj__raftState != _RAFT_STATE.FOLLOWER \

@@ -98,15 +98,21 @@ def test_refusing_a_candidate_that_is_behind_starts_an_election_soon(nodes: list
     my_term, my_index = follower._SyncObj__getCurrentLogTerm(), follower._SyncObj__getCurrentLogIndex()
     follower._SyncObj__onMessageReceived(other.selfNode, vote_request(term + 1, my_term, my_index + 5))
     assert follower.early_elections == 0  # it voted for that candidate
-    # A candidate whose log is behind, in a new term the follower has not voted in: refused, and
-    # the follower stands itself within raftMinTimeout / 5.
+    # A candidate whose log is behind while the leader is alive (it deposes it: no pre-vote):
+    # refused, and the normal timers decide, as without FastElectionSyncObj.
+    follower._leader_contact = raft_monotonic()
+    follower._SyncObj__onMessageReceived(other.selfNode, vote_request(term + 2, my_term, my_index - 1))
+    assert follower.early_elections == 0
+    # The same once the leader is gone (no append_entries for a while), in a new term the
+    # follower has not voted in: refused, and the follower stands itself within raftMinTimeout / 5.
+    follower._leader_contact = raft_monotonic() - 1.0
+    term = follower.raftCurrentTerm
     before = raft_monotonic()
     follower._SyncObj__onMessageReceived(other.selfNode, vote_request(term + 2, my_term, my_index - 1))
     assert follower.early_elections == 1
     assert follower._SyncObj__raftElectionDeadline <= before + 0.2 * 0.15 + 0.01
     assert follower._SyncObj__raftState in (_RAFT_STATE.FOLLOWER, _RAFT_STATE.CANDIDATE, _RAFT_STATE.LEADER)
-    # The same request again (already refused in this term, still no leader): at most once more,
-    # never for a term it voted in.
+    # Never for a term it voted in.
     follower._SyncObj__votedForNodeId = follower.selfNode.id
     follower._SyncObj__onMessageReceived(other.selfNode, vote_request(term + 2, my_term, my_index - 1))
     assert follower.early_elections == 1
