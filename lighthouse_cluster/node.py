@@ -309,6 +309,8 @@ class LighthouseNode:
         address = raft.leader_address
         if address is None:
             return None
+        if address == self.config.self_peer.raft_address and raft.led_term != raft.term:
+            return None  # being deposed: pysyncobj raised the term before stepping down (BUG-3)
         if address != self.config.self_peer.raft_address and not raft.is_connected(address):
             return None
         return self.member_by_raft_address(address)
@@ -447,14 +449,28 @@ class LighthouseNode:
                    for p in self._members],
         )
 
+    def _role_and_term(self) -> tuple[Role, int]:
+        """Role and term read consistently. pysyncobj raises a deposed leader's term (a
+        synchronous meta-file write) before it steps down, so separate reads can see LEADER next
+        to the new term: a node is reported leader only of the term it won (BUG-3)."""
+        raft = self.raft
+        if raft is None:
+            return Role.FOLLOWER, 0
+        term = raft.term  # first: a deposition raises the term before it changes the role
+        role = raft.role
+        if role is Role.LEADER and raft.led_term != term:
+            role = Role.FOLLOWER
+        return role, term
+
     def status(self) -> cpb.NodeStatus:
         cfg, raft, coord = self.config, self.raft, self.coordinator
         me = cfg.self_peer
         peer = self.leader_peer()
+        role, term = self._role_and_term()
         st = cpb.NodeStatus(
             node=cpb.NodeInfo(id=me.node_id, client_address=me.client_address, raft_address=me.raft_address),
-            role=_ROLE_PB[raft.role] if raft else cpb.ROLE_UNKNOWN,
-            term=raft.term if raft else 0,
+            role=_ROLE_PB[role] if raft else cpb.ROLE_UNKNOWN,
+            term=term,
             commit_index=raft.commit_index if raft else 0,
             last_applied=raft.last_applied if raft else 0,
             leader_id=peer.node_id if peer else "",

@@ -1,9 +1,9 @@
-"""BUG-3 (open): ``Status`` must never report a leader that is being deposed as leader of the new term.
+"""BUG-3 (fixed): ``Status`` must never report a leader that is being deposed as leader of the new term.
 
 When a leader learns of a higher term (a vote request or an append from the new leader),
 pysyncobj first stores the new term synchronously (``FileJournal.setCurrentTerm`` ->
 ``MetaStorer.storeMeta``: open, write, flush, rename) and only then steps down. ``node.status()``
-reads ``raft.role`` and ``raft.term`` separately, so a poll in that window answers (leader, new
+read ``raft.role`` and ``raft.term`` separately, so a poll in that window answered (leader, new
 term). jepsen_like found it (``one-leader-per-term`` on the monitor's observations); see
 jepsen_like/README.md, "Bugs found", BUG-3, which has the fix for ``node.py``.
 
@@ -12,9 +12,9 @@ makes that one store slow (100 ms; only the store that records a higher term lea
 message, so elections still finish): a slow disk. The old leader is paused until the others
 elect a new one, resumed, and polled until it reports the new term.
 
-Strict xfail while the bug is open: once ``node.py`` reports a leader only for the term it won
-(``RaftNode.led_term``), this XPASSes and fails; then remove the marker. Verified: with the fix
-from the README applied to a private copy, 0 torn reports in 3 depositions; without it, 3 in 3.
+Fixed in ``node.py`` (``LighthouseNode._role_and_term`` and ``leader_peer``): a node is reported
+leader only of the term it won (``RaftNode.led_term``). Without the fix this fails every time
+(3 torn reports in 3 depositions); with it, none.
 """
 
 from __future__ import annotations
@@ -59,8 +59,6 @@ def settled_leader(cluster: LocalCluster, timeout: float = 40.0) -> int:
             return leader
 
 
-@pytest.mark.xfail(strict=True, reason="BUG-3: node.status() reads role and term separately "
-                                       "(fix for node.py in jepsen_like/README.md)")
 def test_a_leader_being_deposed_never_reports_itself_leader_of_the_new_term(make_cluster, tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     slow = tmp_path / "slow_disk"
