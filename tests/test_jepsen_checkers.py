@@ -420,25 +420,49 @@ def test_a_node_cut_off_after_the_heal_is_no_longer_tolerated() -> None:
     assert known_bugs.unexplained([r], h.events) == [r]
 
 
-def test_bug3_signature_explains_only_a_deposed_leaders_status_claim() -> None:
-    """BUG-3 (open): Status read role and term separately, so the monitor saw n1, leader of term
-    2, report itself leader of term 3 while n2 led term 3 (the committed log has only n2's
-    commands in term 3). Only that shape is tolerated."""
+def _deposed_leaders_status_claim(observed: str = "n1") -> H:
+    """BUG-3's shape: n1 led term 2, n2 won term 3 (the committed log has only n2's commands in
+    term 3), and the monitor saw ``observed`` report itself leader of term 3."""
+    h = _final_state([[1, "n2", 3], [2, "n1", 7], [3, "n2", 47]])
+    return h.status(6.04, observed, "leader", 3)
+
+
+def test_a_deposed_leaders_status_claim_is_no_longer_tolerated() -> None:
+    """BUG-3 is fixed: a ``Status`` report of a leader being deposed as leader of the new term
+    (what the removed signature used to excuse) fails ``one-leader-per-term`` unexplained."""
     from jepsen_like import known_bugs
 
-    def run(extra_writers: list[list[Any]], observed: str) -> H:
-        h = _final_state([[1, "n2", 3], [2, "n1", 7], [3, "n2", 47]] + extra_writers)
-        return h.status(6.04, observed, "leader", 3)
-
-    torn = run([], "n1")
+    torn = _deposed_leaders_status_claim()
     r = checkers.one_leader_per_term(torn.events)
-    assert not r.valid and known_bugs.explain(r, torn.events) == "BUG-3"
+    assert not r.valid and r.offending[0]["term"] == 3 and r.offending[0]["leaders"] == ["n1", "n2"]
+    assert known_bugs.explain(r, torn.events) is None
+    assert known_bugs.unexplained([r], torn.events) == [r]
+
+
+def test_a_registered_signature_explains_only_the_offences_it_matches(monkeypatch: Any) -> None:
+    """The mechanism with a signature registered the way an open bug's would be: it names its bug
+    for the offences it matches, under its own checker only, and None for anything else."""
+    from jepsen_like import known_bugs
+
+    def deposed_claim(offence: dict[str, Any], _history: Any) -> bool:
+        return offence.get("term") == 3 and offence.get("leaders") == ["n1", "n2"]
+
+    monkeypatch.setitem(known_bugs.SIGNATURES, "one-leader-per-term", ("BUG-T", deposed_claim))
+    torn = _deposed_leaders_status_claim()
+    r = checkers.one_leader_per_term(torn.events)
+    assert not r.valid and known_bugs.explain(r, torn.events) == "BUG-T"
     assert known_bugs.unexplained([r], torn.events) == []
-    # A node that never led claims term 3: not a deposed leader's torn read.
-    stranger = run([], "n3")
+    # An offence the signature does not match (another node claims term 3): unexplained, fails.
+    stranger = _deposed_leaders_status_claim(observed="n3")
     r = checkers.one_leader_per_term(stranger.events)
     assert not r.valid and known_bugs.explain(r, stranger.events) is None
-    # The deposed leader also *wrote* in term 3 (BUG-2's shape): never tolerated.
-    wrote = run([[3, "n1", 48]], "n1")
-    r = checkers.one_leader_per_term(wrote.events)
-    assert not r.valid and known_bugs.explain(r, wrote.events) is None
+    assert known_bugs.unexplained([r], stranger.events) == [r]
+    # A signature applies to its own checker only: another checker's failure stays unexplained,
+    # even with an offence the signature would match.
+    other = checkers.CheckResult("logs-agree", False, "1 places where committed logs differ",
+                                 [{"term": 3, "leaders": ["n1", "n2"]}], 1)
+    assert known_bugs.explain(other, torn.events) is None
+    assert known_bugs.unexplained([other], torn.events) == [other]
+    # A passing check is never "explained".
+    ok = checkers.one_leader_per_term(_final_state([[1, "n2", 3], [2, "n1", 7]]).events)
+    assert ok.valid and known_bugs.explain(ok, torn.events) is None and known_bugs.unexplained([ok], torn.events) == []

@@ -3,13 +3,14 @@
 * fixed scenarios: leader partitions of every shape, and crashes (kill, pause, restart-all);
 * every saved regression schedule in ``jepsen_like/regressions/`` replayed, as its ``expect``
   says (``pass``; ``fail``: a known open bug it always reproduces, xfail until fixed;
-  ``flaky-fail``: a known open bug it reproduces sometimes, xfail when it does). BUG-1's and
-  BUG-2's schedules expect ``pass`` now (fixed); BUG-3's is ``flaky-fail``;
+  ``flaky-fail``: a known open bug it reproduces sometimes, xfail when it does). BUG-1's,
+  BUG-2's and BUG-3's schedules expect ``pass`` now (fixed);
 * a few hypothesis examples of the fault state machine (``jepsen_like.pbt``), partitions piling
   up, no shrinking.
 
-Offences that a known open bug explains (``jepsen_like.known_bugs``; only BUG-3, a torn ``Status``
-read, is open) are tolerated; any other violation fails.
+Offences that a known open bug explains (``jepsen_like.known_bugs``) are tolerated; any other
+violation fails. No bug is open now (BUG-3, a torn ``Status`` read, was the last; fixed), so every
+violation fails.
 
 Every run writes a full run directory (history, schedule, node logs, results, timeline) in a
 ``jepsen-ci-*`` temporary directory, removed when the run passes, or under ``$JEPSEN_RUNS_DIR``
