@@ -440,11 +440,11 @@ class LighthouseNode:
     # -- introspection ------------------------------------------------------------------------------
 
     def leader_info(self) -> cpb.LeaderResponse:
-        peer = self.leader_peer()
+        _role, term, peer = self._leader_view()
         return cpb.LeaderResponse(
             leader_id=peer.node_id if peer else "",
             leader_client_address=peer.client_address if peer else "",
-            term=self.raft.term if self.raft else 0,
+            term=term,
             nodes=[cpb.NodeInfo(id=p.node_id, client_address=p.client_address, raft_address=p.raft_address)
                    for p in self._members],
         )
@@ -462,11 +462,23 @@ class LighthouseNode:
             role = Role.FOLLOWER
         return role, term
 
+    def _leader_view(self) -> tuple[Role, int, Any]:
+        """(role, term, leader member or None) that agree with each other: this node is named
+        leader exactly when it reports the LEADER role. A term change between the reads (a
+        deposition, an election) is re-read; if it keeps moving, no leader is named."""
+        me = self.config.self_peer.raft_address
+        for _ in range(3):
+            role, term = self._role_and_term()
+            peer = self.leader_peer()
+            if (role is Role.LEADER) == (peer is not None and peer.raft_address == me) and \
+                    (self.raft is None or self.raft.term == term):
+                return role, term, peer
+        return (Role.FOLLOWER if role is Role.LEADER else role), term, None
+
     def status(self) -> cpb.NodeStatus:
         cfg, raft, coord = self.config, self.raft, self.coordinator
         me = cfg.self_peer
-        peer = self.leader_peer()
-        role, term = self._role_and_term()
+        role, term, peer = self._leader_view()
         st = cpb.NodeStatus(
             node=cpb.NodeInfo(id=me.node_id, client_address=me.client_address, raft_address=me.raft_address),
             role=_ROLE_PB[role] if raft else cpb.ROLE_UNKNOWN,
