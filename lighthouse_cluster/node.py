@@ -48,12 +48,22 @@ TIMEOUT_MESSAGE = "Timeout expired"
 
 _ROLE_PB = {Role.FOLLOWER: cpb.FOLLOWER, Role.CANDIDATE: cpb.CANDIDATE, Role.LEADER: cpb.LEADER}
 
+# Calls gRPC core may hold for the application (see SERVER_OPTIONS); gRPC's default is 1000.
+MAX_PENDING_CALLS = 1 << 16
+
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", 16 * 1024 * 1024),
     ("grpc.max_send_message_length", 64 * 1024 * 1024),
     ("grpc.so_reuseport", 0),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+    # gRPC core queues calls that arrived before the (asyncio) application asked for the next
+    # one and, past 1000 queued calls (randomly, all past 3000), cancels new ones: the client
+    # sees CANCELLED "CANCELLED" (benchmarks/README.md F7). N replica groups send N Quorum calls
+    # in one burst when a round is issued, plus their heartbeats, while the event loop is busy
+    # sending N answers, so N >~ 500 hit it. A waiting call costs a few KB: queue instead.
+    ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+    ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
 ]
 
 
