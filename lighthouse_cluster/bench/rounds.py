@@ -56,6 +56,27 @@ class _System:
         self.describe = describe or (lambda: {})
 
 
+def stable_leader(cluster: LocalCluster, timeout: float = 30.0, settle_s: float = 1.0) -> int:
+    """The leader once every node agrees on it and it kept its term for ``settle_s``.
+
+    Three nodes started at once on a loaded machine sometimes elect two or three leaders in their
+    first second; taking the first one made the groups of a "clients on leader" run talk to a
+    follower and counted those start-up elections as `leader changes` under load (F5)."""
+    deadline = time.monotonic() + timeout
+    leader = cluster.wait_for_leader(timeout=timeout)
+    while True:
+        cluster.wait_for_followers(leader, timeout=max(0.1, min(10.0, deadline - time.monotonic())))
+        st0 = cluster.status(leader, timeout=2.0)
+        time.sleep(settle_s)
+        now = cluster.leader_index()
+        st1 = cluster.status(now, timeout=2.0) if now is not None else None
+        if now == leader and st0 is not None and st1 is not None and st1.term == st0.term:
+            return leader
+        if time.monotonic() > deadline:
+            return cluster.wait_for_leader(timeout=10)
+        leader = cluster.wait_for_leader(timeout=max(1.0, deadline - time.monotonic()))
+
+
 def start_system(name: str, n: int, workdir: Path) -> _System:
     if name == "torchft":
         lh = RustLighthouse(min_replicas=n, log_path=workdir / f"torchft-{n}.log", join_timeout_ms=JOIN_TIMEOUT_MS,
@@ -72,7 +93,7 @@ def start_system(name: str, n: int, workdir: Path) -> _System:
                            heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
     try:
         cluster.start()
-        leader = cluster.wait_for_leader(timeout=30)
+        leader = stable_leader(cluster)
     except BaseException:
         cluster.stop_all()
         raise
