@@ -42,9 +42,13 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30.0) ->
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT)
 
 
-def quorum_call(address: str, replica_id: str, *, step: int = 0, timeout: float = 5.0,
+def quorum_call(address: str, replica_id: str, *, step: int = 0, timeout: float = 15.0,
                 tls: ClientTLS | None = None) -> pb.Quorum:
-    """One torchft Quorum call (blocking) from replica group ``replica_id``."""
+    """One torchft Quorum call (blocking) from replica group ``replica_id``.
+
+    The default deadline outlasts the heartbeat timeout (5 s): a leader elected since the last
+    quorum seeds a fresh heartbeat for each of its members (torchft's warm-up), so a quorum
+    without them is issued only once those expire."""
     request = pb.LighthouseQuorumRequest(requester=pb.QuorumMember(
         replica_id=replica_id, address=f"sim://{replica_id}", store_address=f"sim-store://{replica_id}",
         step=step, world_size=1))
