@@ -31,6 +31,7 @@ from .codec import CommitQuorum, EnableSchema, SetMembers
 from .config import PeerSpec
 from .proto import lighthouse_cluster_pb2 as cpb
 from .replication import CommitError
+from .thread_hop import loop_future
 from .state_machine import CommitResult, QuorumStateMachine
 
 if TYPE_CHECKING:
@@ -109,32 +110,15 @@ class NodeAdmin:
             raise AdminError(grpc.StatusCode.ABORTED, f"the change was not committed ({e.reason}); retry") from None
 
     async def _on_tick_thread(self, fn: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-
-        def done(result: Any, error: Exception | None) -> None:
-            def settle() -> None:
-                if future.done():
-                    return
-                if error is not None:
-                    future.set_exception(error)
-                else:
-                    future.set_result(result)
-            loop.call_soon_threadsafe(settle)
-
+        future, done = loop_future(asyncio.get_running_loop())
         assert self.node.raft is not None
         self.node.raft.call_on_tick_thread(fn, done)
         return await asyncio.wait_for(future, COMMIT_TIMEOUT_S)
 
     async def _raft_membership(self, add: bool, address: str) -> None:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[str | None] = loop.create_future()
-
-        def done(error: str | None) -> None:
-            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(error))
-
+        future, done = loop_future(asyncio.get_running_loop())
         assert self.node.raft is not None
-        self.node.raft.change_membership(add, address, done)
+        self.node.raft.change_membership(add, address, lambda error: done(error, None))
         try:
             error = await asyncio.wait_for(future, MEMBERSHIP_TIMEOUT_S)
         except asyncio.TimeoutError:

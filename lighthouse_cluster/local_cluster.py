@@ -341,6 +341,18 @@ class LocalCluster:
             time.sleep(0.02)
         return False
 
+    def wait_for_agreed_leader(self, timeout: float = 30.0) -> int:
+        """A serving leader that every running node follows in its term. A start-up election can
+        be followed by another one: then the next leader is waited for. TimeoutError with the
+        nodes' last log lines when none is agreed on within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            leader = self.wait_for_leader(timeout=max(0.1, deadline - time.monotonic()))
+            if self.wait_for_followers(leader, timeout=min(5.0, max(0.5, deadline - time.monotonic()))):
+                return leader
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"no leader followed by every node within {timeout:.1f}s\n{self.tail_logs()}")
+
     def _raise_if_all_exited(self) -> None:
         started = [m for m in self.members if m.process is not None]
         if started and all(m.process.poll() is not None for m in started):

@@ -31,11 +31,12 @@ from .proto import lighthouse_cluster_pb2 as cpb
 from .proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from .proto import torchft_pb2 as pb
 from .quorum import Member
-from .replication import CommitError, RaftNode, ReplicatedState, Role
+from .replication import RaftNode, ReplicatedState, Role
 from .routing import HeartbeatBatcher, PeerChannels, QuorumForwarder, QuorumForwardingService, forward_error
 from .servicers import (AdminServiceAdapter, ClusterServiceAdapter, InvalidRequest, LighthouseServiceAdapter,
                         validate_requester)
 from .state_machine import QuorumStateMachine
+from .thread_hop import loop_future
 
 log = logging.getLogger(__name__)
 
@@ -196,21 +197,10 @@ class LighthouseNode:
     def submit(self, command: Command) -> "asyncio.Future[Any]":
         loop = self._loop
         assert loop is not None and self.raft is not None
-        future: asyncio.Future[Any] = loop.create_future()
         started = time.monotonic()
-
-        def settle(result: Any, error: CommitError | None) -> None:
-            self.metrics.observe_raft_write(time.monotonic() - started, error is None)
-            if future.done():
-                return
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result)
-
-        def on_result(result: Any, error: CommitError | None) -> None:  # pysyncobj's tick thread
-            loop.call_soon_threadsafe(settle, result, error)
-
+        future, on_result = loop_future(
+            loop, on_settle=lambda _result, error: self.metrics.observe_raft_write(time.monotonic() - started,
+                                                                                   error is None))
         self.raft.submit(command, on_result)
         return future
 

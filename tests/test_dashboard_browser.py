@@ -198,13 +198,7 @@ def replicas(tmp_path: Path) -> Iterator[Callable[..., Replica]]:
 def start_cluster(make_cluster: Callable[..., LocalCluster], **kwargs: Any) -> tuple[LocalCluster, int]:
     cluster = make_cluster(http_ports=free_ports(3), admin_token=TOKEN, heartbeat_timeout_ms=2000,
                            join_timeout_ms=2000, **kwargs)
-    # A start-up election can be followed by another one: wait until every node follows one leader.
-    deadline = time.monotonic() + 30
-    while True:
-        leader = cluster.wait_for_leader(timeout=max(1.0, deadline - time.monotonic()))
-        if cluster.wait_for_followers(leader, timeout=min(5.0, max(0.5, deadline - time.monotonic()))):
-            return cluster, leader
-        assert time.monotonic() < deadline, f"no stable leader within 30 s\n{cluster.tail_logs()}"
+    return cluster, cluster.wait_for_agreed_leader(timeout=30)
 
 
 JS_ERRORS: list[str] = []

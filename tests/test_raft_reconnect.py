@@ -64,19 +64,6 @@ def wait_for(what: str, timeout: float, probe: Callable[[], T | None], period: f
         time.sleep(period)
 
 
-def settled_leader(cluster: LocalCluster, timeout: float = 40.0) -> int:
-    """A serving leader that every running node follows (an early election may move leadership
-    right after startup: then wait for the next one); fails after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            pytest.fail(f"no leader followed by every node within {timeout}s\n{cluster.tail_logs()}")
-        leader = cluster.wait_for_leader(timeout=left)
-        if cluster.wait_for_followers(leader, timeout=min(5.0, max(0.5, deadline - time.monotonic()))):
-            return leader
-
-
 @pytest.fixture
 def net() -> Iterator[netns.NetnsNetwork]:
     ok, why = netns.available()
@@ -141,7 +128,7 @@ def commit_a_quorum(client_address: str) -> int:
 
 def test_node_rejoins_raft_promptly_after_its_peers_connects_were_dropped(
         net: netns.NetnsNetwork, cluster: LocalCluster) -> None:
-    settled_leader(cluster)
+    cluster.wait_for_agreed_leader(timeout=40)
     peers = cluster.peers
     x = min(range(3), key=lambda i: peers[i].raft_address)  # pysyncobj: the greater address dials
     x_host, x_port = peers[x].raft_address.rsplit(":", 1)

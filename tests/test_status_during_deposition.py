@@ -25,7 +25,6 @@ from pathlib import Path
 
 import pytest
 
-from lighthouse_cluster.local_cluster import LocalCluster
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -46,19 +45,6 @@ _j.MetaStorer.storeMeta = _slow
 '''
 
 
-def settled_leader(cluster: LocalCluster, timeout: float = 40.0) -> int:
-    """A serving leader that every running node follows (an early election may move leadership
-    right after startup: then wait for the next one); fails after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            pytest.fail(f"no leader followed by every node within {timeout}s\n{cluster.tail_logs()}")
-        leader = cluster.wait_for_leader(timeout=left)
-        if cluster.wait_for_followers(leader, timeout=min(5.0, max(0.5, deadline - time.monotonic()))):
-            return leader
-
-
 def test_a_leader_being_deposed_never_reports_itself_leader_of_the_new_term(make_cluster, tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     slow = tmp_path / "slow_disk"
@@ -69,7 +55,7 @@ def test_a_leader_being_deposed_never_reports_itself_leader_of_the_new_term(make
                            quorum_tick_ms=50)
     torn = []
     for _ in range(TRIALS):
-        leader = settled_leader(cluster)
+        leader = cluster.wait_for_agreed_leader(timeout=40)
         led = cluster.status(leader)
         assert led is not None
         cluster.pause(leader)

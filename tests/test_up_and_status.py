@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -49,24 +50,26 @@ def _status(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
                           text=True, timeout=30, env={**os.environ, **(env or {})})
 
 
-@pytest.fixture()
-def up_cluster(tmp_path: Path):
-    """`lighthouse-cluster up` on free ports, torchft_lighthouse-style flags; yields (proc, ports, output path)."""
+@contextlib.contextmanager
+def _running_up(tmp_path: Path, *args: str, env: dict[str, str] | None = None, span: int = 102):
+    """`lighthouse-cluster up ARGS` on free ports (``span`` above the base port must be free too),
+    its output in a file; yields (proc, base port, output path, data dir) once it printed its
+    endpoints, and stops it (and any node process it left) afterwards."""
     while True:
         base = free_ports(1)[0]
-        if base + 102 < 65535:
+        if base + span < 65535:
             break
     out = tmp_path / "up.out"
     data = tmp_path / "data"
     with open(out, "w") as f:
         proc = subprocess.Popen(
             [sys.executable, "-m", "lighthouse_cluster", "up", "--bind", f"127.0.0.1:{base}", "--min_replicas", "1",
-             "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "2000", "--data-dir", str(data)],
-            stdout=f, stderr=subprocess.STDOUT, text=True)
+             "--data-dir", str(data), *args],
+            stdout=f, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
     try:
         _wait(lambda: "Ctrl-C stops every node." in out.read_text() or proc.poll() is not None, 40, "up to print endpoints")
         assert proc.poll() is None, out.read_text()
-        yield proc, [base, base + 1, base + 2], out, data
+        yield proc, base, out, data
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -76,6 +79,14 @@ def up_cluster(tmp_path: Path):
                 proc.kill()
         for pid in _pids_of_serve(data):
             os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture()
+def up_cluster(tmp_path: Path):
+    """`lighthouse-cluster up` with torchft_lighthouse-style flags; yields (proc, ports, output path, data dir)."""
+    up = _running_up(tmp_path, "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "2000")
+    with up as (proc, base, out, data):
+        yield proc, [base, base + 1, base + 2], out, data
 
 
 def test_up_prints_endpoints_and_status_sees_the_cluster(up_cluster) -> None:
@@ -170,22 +181,10 @@ def test_status_exits_1_without_a_leader_and_up_stops_every_node(up_cluster) -> 
 
 def test_up_with_mutual_tls_and_an_admin_token(tmp_path: Path) -> None:
     """`up --mtls --admin-token`: the printed variables are all a client needs."""
-    while True:
-        base = free_ports(1)[0]
-        if base + 202 < 65535:
-            break
-    out, data = tmp_path / "up.out", tmp_path / "data"
     token = "up-token-0c1d"
-    with open(out, "w") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "lighthouse_cluster", "up", "--bind", f"127.0.0.1:{base}", "--min_replicas", "1",
-             "--data-dir", str(data), "--mtls"], stdout=f, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "LIGHTHOUSE_CLUSTER_ADMIN_TOKEN": token})
-    try:
-        _wait(lambda: "Ctrl-C stops every node." in out.read_text() or proc.poll() is not None, 40,
-              "up to print endpoints")
+    up = _running_up(tmp_path, "--mtls", env={"LIGHTHOUSE_CLUSTER_ADMIN_TOKEN": token}, span=202)
+    with up as (_proc, base, out, _data):
         text = out.read_text()
-        assert proc.poll() is None, text
         exports = dict(line.strip().removeprefix("export ").split("=", 1) for line in text.splitlines()
                        if line.strip().startswith("export LIGHTHOUSE_CLUSTER_TLS_"))
         assert set(exports) == {"LIGHTHOUSE_CLUSTER_TLS_CA", "LIGHTHOUSE_CLUSTER_TLS_CLIENT_CERT",
@@ -203,12 +202,3 @@ def test_up_with_mutual_tls_and_an_admin_token(tmp_path: Path) -> None:
                              env={**os.environ, **exports, "LIGHTHOUSE_CLUSTER_ENDPOINTS": endpoints,
                                   "LIGHTHOUSE_CLUSTER_ADMIN_TOKEN": token})
         assert res.returncode == 0, res.stderr
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for pid in _pids_of_serve(data):
-            os.kill(pid, signal.SIGKILL)

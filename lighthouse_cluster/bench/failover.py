@@ -30,6 +30,21 @@ SETTLE_ROUNDS = 5
 NEXT_QUORUM_TIMEOUT_S = 20.0
 
 
+def _trials(records: list[dict], meta: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each trial's recorded facts (without its raw kill times) and its figures from ``records``."""
+    return [{**{k: v for k, v in m.items() if k not in ("t_kill", "wall_kill")},
+             **_trial_stats(records, m["t_kill"], m["wall_kill"])} for m in meta]
+
+
+def _stop_quietly(lg: "LoadGenerator | None") -> None:
+    """Stop a load generator left running by a failed run (its own error is not the one to report)."""
+    if lg is not None:
+        try:
+            lg.stop(timeout=10)
+        except Exception:  # noqa: BLE001
+            pass
+
+
 def _trial_stats(records: list[dict], t_kill: float, wall_kill: float) -> dict:
     firsts = first_answers_after(records, t_kill, wall_kill)
     delays = [t - t_kill for t in firsts.values() if t is not None]
@@ -115,17 +130,10 @@ def cluster_failover(n: int, trials: int, workdir: Path, say: Callable[[str], No
         records = lg.stop()
         lg = None
     finally:
-        if lg is not None:
-            try:
-                lg.stop(timeout=10)
-            except Exception:  # noqa: BLE001
-                pass
+        _stop_quietly(lg)
         cluster.stop_all()
-    trials_out = []
-    for m in meta:
-        t = {k: v for k, v in m.items() if k not in ("t_kill", "wall_kill")}
-        t.update(_trial_stats(records, m["t_kill"], m["wall_kill"]))
-        trials_out.append(t)
+    trials_out = _trials(records, meta)
+    for m, t in zip(meta, trials_out):
         say(f"  failover cluster N={n} trial {m['trial'] + 1}: killed leader {m['killed']}, every group's next "
             f"quorum after {t['next_quorum_s'] if t['next_quorum_s'] is not None else 'n/a'} s "
             f"(new leader {m['new_leader']})")
@@ -164,21 +172,14 @@ def torchft_restart(n: int, trials: int, workdir: Path, say: Callable[[str], Non
         records = lg.stop()
         lg = None
     finally:
-        if lg is not None:
-            try:
-                lg.stop(timeout=10)
-            except Exception:  # noqa: BLE001
-                pass
+        _stop_quietly(lg)
         lh.kill()
-    trials_out = []
+    trials_out = _trials(records, meta)
     ids = validator_quorum_ids(records)
-    for m in meta:
-        t = {k: v for k, v in m.items() if k not in ("t_kill", "wall_kill")}
-        t.update(_trial_stats(records, m["t_kill"], m["wall_kill"]))
+    for m, t in zip(meta, trials_out):
         before = [q for ts, q in ids if ts <= m["t_kill"]]
         after = [q for ts, q in ids if ts > m["t_kill"]]
         t["quorum_id_before_after"] = [before[-1] if before else None, after[0] if after else None]
-        trials_out.append(t)
         say(f"  failover torchft_lighthouse N={n} trial {m['trial'] + 1}: killed and restarted "
             f"(listening after {t['restart_listening_s']} s), every group's next quorum after "
             f"{t['next_quorum_s'] if t['next_quorum_s'] is not None else 'n/a'} s, quorum id "
