@@ -284,7 +284,8 @@ def run_schedule(directory: Path, schedule: Schedule, options: RunOptions, print
     with Session(directory, schedule, options, printer) as s:
         for op in schedule.ops:
             while s.elapsed() < op.at and not should_stop():
-                time.sleep(min(0.05, op.at - s.elapsed()))
+                # elapsed() moves on between the check and here: never a negative sleep
+                time.sleep(min(0.05, max(0.0, op.at - s.elapsed())))
             if should_stop() or op.at > schedule.time_limit_s:
                 break
             s.apply(op)
