@@ -24,6 +24,7 @@ import click
 
 from . import __version__
 from .config import ConfigError, build_node_config, parse_host_port, split_endpoints
+from .lease import DEFAULT_LEASE_MS
 
 ENV = "LIGHTHOUSE_CLUSTER_"
 
@@ -62,6 +63,15 @@ def torchft_flags(f: Any) -> Any:
     f = click.option("--min_replicas", "--min-replicas", "min_replicas", type=int, required=True,
                      envvar=ENV + "MIN_REPLICAS", help="Fewest replica groups a new quorum may have.")(f)
     return f
+
+
+def lease_flag(f: Any) -> Any:
+    return click.option(
+        "--quorum-lease-ms", "quorum_lease_ms", type=int, default=DEFAULT_LEASE_MS, show_default=True,
+        envvar=ENV + "QUORUM_LEASE_MS",
+        help="Leader lease for fast quorums: issued without a Raft commit while a majority confirmed "
+             "the leader within it; a new leader waits it out before serving. Assumes node clock rates "
+             "differ by less than 2x. 0 commits every round.")(f)
 
 
 def _exit_config_error(e: ConfigError) -> None:
@@ -121,6 +131,7 @@ def main() -> None:
 @torchft_flags
 @click.option("--election-timeout-ms", type=int, envvar=ENV + "ELECTION_TIMEOUT_MS",
               help="Raft election timeout lower bound (default 150; upper bound is three times it).")
+@lease_flag
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               envvar=ENV + "LOG_LEVEL", show_default=True)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", envvar=ENV + "LOG_FORMAT",
@@ -129,8 +140,8 @@ def serve(node_id: str, peers: tuple[str, ...], client_bind: str | None, raft_bi
           raft_dial: tuple[str, ...], data_dir: Path | None, secret: str | None, secret_file: Path | None,
           insecure: bool, http_bind: str | None, admin_token: str | None, tls_cert: str | None, tls_key: str | None,
           tls_client_ca: str | None, tls_ca: str | None, join: bool, min_replicas: int, join_timeout_ms: int,
-          quorum_tick_ms: int, heartbeat_timeout_ms: int, election_timeout_ms: int | None, log_level: str,
-          log_format: str) -> None:
+          quorum_tick_ms: int, heartbeat_timeout_ms: int, election_timeout_ms: int | None, quorum_lease_ms: int,
+          log_level: str, log_format: str) -> None:
     """Run one lighthouse node in the foreground (SIGTERM hands leadership over, then exits)."""
     from .logs import configure_logging
 
@@ -150,7 +161,7 @@ def serve(node_id: str, peers: tuple[str, ...], client_bind: str | None, raft_bi
             quorum_tick_ms=quorum_tick_ms, heartbeat_timeout_ms=heartbeat_timeout_ms,
             election_timeout_ms=election_timeout_ms, raft_dial=list(raft_dial), http_bind=http_bind,
             admin_token=admin_token, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca, tls_ca=tls_ca,
-            join=join)
+            join=join, quorum_lease_ms=quorum_lease_ms)
     except ConfigError as e:
         _exit_config_error(e)
     configure_logging(log_level, log_format, node_id)
@@ -186,13 +197,14 @@ async def _serve(config: Any) -> None:
 @click.option("--mtls", is_flag=True, help="Like --tls, and the nodes require client certificates (mutual TLS).")
 @click.option("--admin-token", envvar=ENV + "ADMIN_TOKEN",
               help="Admin token of every node (enables the admin commands and the dashboard's kill button).")
+@lease_flag
 @click.option("--demo", is_flag=True, help="Also run simulated replica groups and print their quorums.")
 @click.option("--demo-replicas", type=int, default=3, show_default=True)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 def up(nodes: int, bind: str, raft_port: int | None, data_dir: Path | None, min_replicas: int,
        join_timeout_ms: int, quorum_tick_ms: int, heartbeat_timeout_ms: int, tls: bool, mtls: bool,
-       admin_token: str | None, demo: bool, demo_replicas: int, log_level: str) -> None:
+       admin_token: str | None, quorum_lease_ms: int, demo: bool, demo_replicas: int, log_level: str) -> None:
     """Run a local N-node cluster on this host in the foreground; Ctrl-C stops every node."""
     from rich.console import Console
 
@@ -226,7 +238,7 @@ def up(nodes: int, bind: str, raft_port: int | None, data_dir: Path | None, min_
                            min_replicas=min_replicas, join_timeout_ms=join_timeout_ms, quorum_tick_ms=quorum_tick_ms,
                            heartbeat_timeout_ms=heartbeat_timeout_ms, log_level=log_level,
                            client_bind_host=host if wildcard else None, http_ports=http_ports,
-                           pki=pki, mutual_tls=mtls, admin_token=admin_token)
+                           pki=pki, mutual_tls=mtls, admin_token=admin_token, quorum_lease_ms=quorum_lease_ms)
     stopping = False
 
     def on_signal(signum: int, _frame: Any) -> None:

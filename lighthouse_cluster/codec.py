@@ -61,6 +61,18 @@ class CommitQuorum:
 
 
 @dataclass(frozen=True, slots=True)
+class ConfirmLeadership:
+    """A no-op that renews the leader's quorum lease (``lease.py``): once it is committed while
+    its writer still leads ``term``, a majority heard from that leader after it was written.
+    ``lease_ms`` is the writer's lease length, which a later leader waits out before serving.
+    Needs no schema version: an older node applies it as an unknown kind, a no-op."""
+
+    term: int
+    node_id: str
+    lease_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class EnableSchema:
     """Raise the schema version writers may use (once every node runs a version that reads it)."""
 
@@ -83,7 +95,7 @@ class SetMembers:
     members: tuple[tuple[str, str, str], ...]
 
 
-Command = Union[TermStart, CommitQuorum, EnableSchema, SetMembers, UnknownCommand]
+Command = Union[TermStart, CommitQuorum, ConfirmLeadership, EnableSchema, SetMembers, UnknownCommand]
 
 def member_to_wire(m: Member) -> dict[str, Any]:
     return {
@@ -136,6 +148,8 @@ def encode_command(cmd: Command, version: int = SCHEMA_VERSION) -> bytes:
     elif isinstance(cmd, CommitQuorum):
         body = {"k": "commit_quorum", "expect": cmd.expected_quorum_id, "q": quorum_to_wire(cmd.quorum),
                 "term": cmd.term, "node": cmd.node_id}
+    elif isinstance(cmd, ConfirmLeadership):
+        body = {"k": "confirm", "term": cmd.term, "node": cmd.node_id, "lease": cmd.lease_ms}
     elif isinstance(cmd, EnableSchema):
         body = {"k": "enable_schema", "version": cmd.version}
     elif isinstance(cmd, SetMembers):
@@ -167,6 +181,8 @@ def _command_of(obj: dict[str, Any]) -> Command:
         if kind == "commit_quorum":
             return CommitQuorum(expected_quorum_id=obj["expect"], quorum=quorum_from_wire(obj["q"]),
                                 term=obj["term"], node_id=obj["node"])
+        if kind == "confirm":
+            return ConfirmLeadership(term=obj["term"], node_id=obj["node"], lease_ms=obj["lease"])
         if kind == "enable_schema":
             return EnableSchema(version=obj["version"])
         if kind == "set_members":

@@ -10,11 +10,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .lease import DEFAULT_LEASE_MS
 from .quorum import QuorumOptions
 from .replication import RaftSettings
 from .tls import ClientTLS, ServerTLS, TLSConfigError
 
 DEFAULT_CLIENT_PORT = 29510
+# A longer lease only lengthens failovers (a new leader waits it out).
+MAX_LEASE_MS = 10_000
 MAX_DATA_BYTES = 64 * 1024
 
 
@@ -98,6 +101,9 @@ class NodeConfig:
     secret: str | None = field(repr=False)  # never printed
     options: QuorumOptions
     quorum_tick_ms: int = 100
+    # --quorum-lease-ms: fast quorums are issued without a Raft commit while a majority has
+    # confirmed this leader within the lease; a new leader waits this long (lease.py). 0: off.
+    quorum_lease_ms: int = DEFAULT_LEASE_MS
     raft: RaftSettings = field(default_factory=RaftSettings)
     max_data_bytes: int = MAX_DATA_BYTES
     # --raft-dial: (peer id, HOST:PORT) pairs; that peer is dialed there, its identity stays
@@ -176,6 +182,7 @@ def build_node_config(
     tls_client_ca: str | Path | None = None,
     tls_ca: str | Path | None = None,
     join: bool = False,
+    quorum_lease_ms: int = DEFAULT_LEASE_MS,
 ) -> NodeConfig:
     """Validate raw settings into a NodeConfig, or raise ConfigError naming the problem."""
     check_node_id(node_id)
@@ -206,6 +213,8 @@ def build_node_config(
     self_spec = next(p for p in specs if p.node_id == node_id)
     bind = normalize_address(client_bind, "--client-bind") if client_bind else (
         f"[::]:{parse_host_port(self_spec.client_address, 'client address')[1]}")
+    if not 0 <= quorum_lease_ms <= MAX_LEASE_MS:
+        raise ConfigError(f"--quorum-lease-ms must be between 0 (off) and {MAX_LEASE_MS}, got {quorum_lease_ms}")
     if election_timeout_ms is not None and election_timeout_ms < 50:
         raise ConfigError("--election-timeout-ms must be at least 50")
     raft = RaftSettings.from_election_timeout_ms(election_timeout_ms) if election_timeout_ms else RaftSettings()
@@ -234,6 +243,7 @@ def build_node_config(
         options=QuorumOptions(min_replicas=min_replicas, join_timeout_ms=join_timeout_ms,
                               heartbeat_timeout_ms=heartbeat_timeout_ms),
         quorum_tick_ms=quorum_tick_ms,
+        quorum_lease_ms=quorum_lease_ms,
         raft=raft,
         raft_dial=dial,
         http_bind=http,

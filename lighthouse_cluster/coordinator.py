@@ -14,6 +14,11 @@ member of the last committed quorum. A member that is really gone expires after
 ``heartbeat_timeout_ms`` as it would have on the old leader; one that is alive keeps the
 round waiting for it (or triggers the fast-quorum path) exactly as before the failover.
 
+Quorum lease (``lease.py``, on by default in a node): while a majority has confirmed this
+leader's term within the lease, a *fast* quorum (same members, hence same id, as the last
+committed one) is issued without a commit; every other round is committed as above. A new leader
+waits out its predecessor's lease before serving.
+
 Everything here runs on one asyncio event loop; ``submit`` hops to Raft and back.
 """
 
@@ -27,7 +32,8 @@ from typing import Any, Awaitable, Callable
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from .codec import Command, CommitQuorum, TermStart
+from .codec import Command, CommitQuorum, ConfirmLeadership, TermStart
+from .lease import LeaseSettings, QuorumLease
 from .proto import torchft_pb2 as pb
 from .quorum import Member, Participant, Quorum, QuorumOptions, compute_quorum, issue_quorum
 from .replication import CommitError
@@ -36,6 +42,11 @@ from .state_machine import CommitResult, QuorumStateMachine, TermStartResult
 log = logging.getLogger(__name__)
 
 COMMIT_TIMEOUT_S = 2.0
+# No Quorum call for this long: stop renewing the lease (an idle cluster writes nothing).
+LEASE_IDLE_S = 1.0
+# Rounds issued on the lease are written to the log at most this often (in the background), so
+# that every node's state (Status, the dashboard, a restart) shows steps at most this old.
+RECORD_INTERVAL_S = 1.0
 
 
 class NotLeader(Exception):
@@ -84,12 +95,16 @@ class QuorumCoordinator:
         options: QuorumOptions,
         quorum_tick_ms: int,
         state: QuorumStateMachine,
-        submit: Callable[[Command], Awaitable[Any]],
+        submit: Callable[..., Awaitable[Any]],
         *,
         clock: Callable[[], float] = time.monotonic,
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-        on_issue: Callable[[IssuedRound, float], None] | None = None,
+        on_issue: Callable[[IssuedRound, float | None], None] | None = None,
+        lease: LeaseSettings = LeaseSettings(),
     ) -> None:
+        """``submit(command)`` commits through Raft; ``submit(command, while_leader_of=term)``
+        fails unless this node still leads ``term`` when the entry applies (the lease needs it).
+        ``on_issue(round, commit_s)``: ``commit_s`` is None for a round issued on the lease."""
         self.node_id = node_id
         self.options = options
         self.tick_s = quorum_tick_ms / 1000.0
@@ -114,6 +129,15 @@ class QuorumCoordinator:
         self._round_started: float | None = None
         self.last_reason = ""
         self.last_issued: IssuedRound | None = None
+        self.lease = QuorumLease(lease)
+        self._leading_since = 0.0
+        self._lease_task: asyncio.Task[None] | None = None
+        self._last_request = float("-inf")
+        self._requested = asyncio.Event()
+        self.rounds_on_lease = 0
+        self.rounds_committed = 0
+        self._recorded_at = float("-inf")
+        self._recording = False
 
     # -- leadership -------------------------------------------------------------------------
 
@@ -131,6 +155,7 @@ class QuorumCoordinator:
             return
         self.stop_leading()
         self._term = term
+        self._leading_since = self._clock()
         self._round = asyncio.get_running_loop().create_future()
         asyncio.get_running_loop().create_task(self._warm_up(term))
 
@@ -153,6 +178,12 @@ class QuorumCoordinator:
                 log.error("term %d: TermStart refused (%s); not serving", term, started.reason)
                 self.stop_leading()
                 return
+            # Every lease a predecessor can hold runs out before this leader answers (lease.py).
+            wait = self.lease.serve_after(self._leading_since, self.state.lease_ms) - self._clock()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                if self._term != term:
+                    return
             now = self._clock()
             prev = self.state.quorum
             if prev is not None:
@@ -164,6 +195,8 @@ class QuorumCoordinator:
             log.info("term %d: serving quorum rounds (previous quorum id %d, %d members seeded)",
                      term, self.state.quorum_id, len(prev.participants) if prev else 0)
             self._tick_task = asyncio.get_running_loop().create_task(self._tick_loop(term))
+            if self.lease.settings.enabled:
+                self._lease_task = asyncio.get_running_loop().create_task(self._renew_lease(term))
             self._evaluate()
 
     def stop_leading(self) -> None:
@@ -176,6 +209,10 @@ class QuorumCoordinator:
         if self._tick_task is not None:
             self._tick_task.cancel()
             self._tick_task = None
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            self._lease_task = None
+        self.lease.reset()
         if self._round is not None and not self._round.done():
             self._round.set_exception(NotLeader("leader stepped down"))
             self._round.exception()  # mark retrieved: there may be no waiter at all
@@ -207,6 +244,8 @@ class QuorumCoordinator:
         deadline = None if timeout is None else loop.time() + timeout
         rid = member.replica_id
         now = self._clock()
+        self._last_request = now
+        self._requested.set()
         self._heartbeats[rid] = now
         self._register(member, now)
         self._waiting[rid] = self._waiting.get(rid, 0) + 1
@@ -298,6 +337,9 @@ class QuorumCoordinator:
         if decision.members is None:
             return
         quorum = issue_quorum(prev, decision.members, self._wall_ms())
+        if self._on_lease(prev, quorum):
+            self._issue(quorum, None)
+            return
         self._in_flight = True
         asyncio.get_running_loop().create_task(self._commit(prev.quorum_id if prev else 0, quorum, self._term))
 
@@ -330,11 +372,73 @@ class QuorumCoordinator:
             return
         self._issue(quorum, self._clock() - started)
 
-    def _issue(self, quorum: Quorum, commit_s: float) -> None:
+    def _on_lease(self, prev: Quorum | None, quorum: Quorum) -> bool:
+        """A fast quorum (the committed id and member set again) while the lease holds."""
+        return (prev is not None and quorum.quorum_id == prev.quorum_id
+                and len(quorum.participants) == len(prev.participants)
+                and all(a.replica_id == b.replica_id for a, b in zip(quorum.participants, prev.participants))
+                and self.lease.valid(self._term, self._clock()))
+
+    async def _record(self, quorum: Quorum, term: int | None) -> None:
+        """Write a round issued on the lease to the log (same id and members as the committed
+        quorum, fresher steps); nobody waits for it. A round committed meanwhile wins the
+        compare-and-set, which is as good."""
+        self._recorded_at = self._clock()
+        try:
+            result = await asyncio.wait_for(
+                self._submit(CommitQuorum(expected_quorum_id=quorum.quorum_id, quorum=quorum, term=term or 0,
+                                          node_id=self.node_id)), COMMIT_TIMEOUT_S)
+        except (CommitError, asyncio.TimeoutError):
+            return
+        finally:
+            self._recording = False
+        if self._term == term and isinstance(result, CommitResult) and result.fenced:
+            log.warning("quorum %d record refused (%s); stepping down", quorum.quorum_id, result.reason)
+            self.stop_leading()
+
+    async def _renew_lease(self, term: int) -> None:
+        """Keep the lease while rounds are being asked for: confirm this term through Raft
+        whenever less than half a confirmation's worth is left; idle (no request for a second),
+        wait for the next request instead."""
+        settings = self.lease.settings
+        cmd = ConfirmLeadership(term=term, node_id=self.node_id, lease_ms=settings.lease_ms)
+        while self._term == term:
+            now = self._clock()
+            if now - self._last_request > LEASE_IDLE_S:
+                self._requested.clear()
+                await self._requested.wait()
+                continue
+            if not self.lease.renewal_due(term, now):
+                await asyncio.sleep(max(0.001, self.lease.remaining(term, now) - settings.held_s / 2))
+                continue
+            try:
+                confirmed = await asyncio.wait_for(self._submit(cmd, while_leader_of=term), COMMIT_TIMEOUT_S)
+            except (CommitError, asyncio.TimeoutError) as e:
+                log.debug("term %d: lease not renewed (%s)", term, str(e) or type(e).__name__)
+                await asyncio.sleep(self.tick_s)
+                continue
+            if self._term != term:
+                return
+            if confirmed is not True:
+                # The state machine has another leader in force: this node is deposed.
+                log.warning("term %d: leadership not confirmed (another TermStart is in force); stepping down", term)
+                self.stop_leading()
+                return
+            self.lease.confirmed(term, now)
+
+    def _issue(self, quorum: Quorum, commit_s: float | None) -> None:
         response = pb.LighthouseQuorumResponse(quorum=quorum_to_proto(quorum)).SerializeToString()
         issued = IssuedRound(quorum=quorum, member_ids=frozenset(m.replica_id for m in quorum.participants),
                              response=response)
         previous, self.last_issued = self.last_issued, issued
+        if commit_s is None:
+            self.rounds_on_lease += 1
+            if not self._recording and self._clock() - self._recorded_at >= RECORD_INTERVAL_S:
+                self._recording = True
+                asyncio.get_running_loop().create_task(self._record(quorum, self._term))
+        else:
+            self.rounds_committed += 1
+            self._recorded_at = self._clock()
         if previous is None or previous.quorum.quorum_id != quorum.quorum_id:
             log.info("quorum %d issued: %d members (%s)", quorum.quorum_id, len(quorum.participants),
                      self.last_reason)

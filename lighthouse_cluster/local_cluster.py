@@ -84,6 +84,8 @@ class LocalCluster:
     quorum_tick_ms: int = 100
     heartbeat_timeout_ms: int = 5_000
     election_timeout_ms: int | None = None
+    # --quorum-lease-ms; None = the node's default (lease.DEFAULT_LEASE_MS).
+    quorum_lease_ms: int | None = None
     log_level: str = "info"
     extra_args: list[str] = field(default_factory=list)
     client_bind_host: str | None = None
@@ -169,6 +171,8 @@ class LocalCluster:
         ]
         if self.election_timeout_ms:
             cmd += ["--election-timeout-ms", str(self.election_timeout_ms)]
+        if self.quorum_lease_ms is not None:
+            cmd += ["--quorum-lease-ms", str(self.quorum_lease_ms)]
         if self.http_ports is not None:
             cmd += ["--http-bind", f"{bind_host}:{self.http_ports[i]}"]
         if self.pki is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -78,12 +78,21 @@ class NodeMetrics:
         self.quorum_commit_seconds = Histogram(
             PREFIX + "quorum_commit_seconds", "Raft commit latency of issued quorum rounds",
             registry=self.registry, buckets=LATENCY_BUCKETS)
+        self.quorum_rounds = Counter(
+            PREFIX + "quorum_rounds", "Quorum rounds issued, by path: 'commit' (a Raft commit per round) "
+            "or 'lease' (a fast quorum on the leader lease, no commit)", ["path"], registry=self.registry)
+        for path in ("commit", "lease"):
+            self.quorum_rounds.labels(path)  # both series exist from the start, at 0
         self.raft_write_seconds = Histogram(
             PREFIX + "raft_write_seconds", "Latency of Raft writes from submit to applied (or failed)",
             ["outcome"], registry=self.registry, buckets=LATENCY_BUCKETS)
 
-    def on_issue(self, _issued: Any, commit_s: float) -> None:
-        self.quorum_commit_seconds.observe(commit_s)
+    def on_issue(self, _issued: Any, commit_s: float | None) -> None:
+        if commit_s is None:
+            self.quorum_rounds.labels("lease").inc()
+        else:
+            self.quorum_rounds.labels("commit").inc()
+            self.quorum_commit_seconds.observe(commit_s)
 
     def observe_raft_write(self, seconds: float, ok: bool) -> None:
         self.raft_write_seconds.labels("ok" if ok else "error").observe(seconds)

@@ -27,6 +27,7 @@ from .codec import SCHEMA_VERSION, Command
 from .config import NodeConfig, PeerSpec
 from .metrics import NodeMetrics
 from .coordinator import NotLeader, QuorumCoordinator, member_to_proto, quorum_to_proto
+from .lease import LeaseSettings
 from .proto import lighthouse_cluster_pb2 as cpb
 from .proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from .proto import torchft_pb2 as pb
@@ -105,7 +106,8 @@ class LighthouseNode:
         self._loop = asyncio.get_running_loop()
         cfg = self.config
         self.coordinator = QuorumCoordinator(cfg.node_id, cfg.options, cfg.quorum_tick_ms, self.machine, self.submit,
-                                             on_issue=self.metrics.on_issue)
+                                             on_issue=self.metrics.on_issue,
+                                             lease=LeaseSettings(lease_ms=cfg.quorum_lease_ms))
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         self.server.add_generic_rpc_handlers((LighthouseServiceAdapter(self).handler(), self.forwarding.handler()))
         cpb_grpc.add_LighthouseClusterServicer_to_server(ClusterServiceAdapter(self), self.server)
@@ -194,14 +196,14 @@ class LighthouseNode:
 
     # -- Raft -> loop ---------------------------------------------------------------------------
 
-    def submit(self, command: Command) -> "asyncio.Future[Any]":
+    def submit(self, command: Command, while_leader_of: int | None = None) -> "asyncio.Future[Any]":
         loop = self._loop
         assert loop is not None and self.raft is not None
         started = time.monotonic()
         future, on_result = loop_future(
             loop, on_settle=lambda _result, error: self.metrics.observe_raft_write(time.monotonic() - started,
                                                                                    error is None))
-        self.raft.submit(command, on_result)
+        self.raft.submit(command, on_result, while_leader_of=while_leader_of)
         return future
 
     async def _watch(self) -> None:

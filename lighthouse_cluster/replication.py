@@ -474,13 +474,23 @@ class RaftNode:
 
     # -- writes ---------------------------------------------------------------------------
 
-    def submit(self, command: codec.Command, callback: Callable[[Any, CommitError | None], None]) -> None:
+    def submit(self, command: codec.Command, callback: Callable[[Any, CommitError | None], None], *,
+               while_leader_of: int | None = None) -> None:
         """Append ``command`` to the log; ``callback(result, error)`` runs on the tick thread
-        once it is applied here or has failed."""
+        once it is applied here or has failed.
+
+        ``while_leader_of=T``: succeed only if this node still leads term ``T`` when the entry is
+        applied here (read on the tick thread, at that moment). Then the entry was committed by
+        this leader in ``T``: a majority stored it in term ``T``, after it was submitted, and
+        before any of them moved to a later term (the quorum lease rests on this)."""
         payload = codec.encode_command(command, version=self.state.machine.schema_version)
 
         def done(result: Any, err: int) -> None:
             if err == FAIL_REASON.SUCCESS:
+                if while_leader_of is not None and self.led_term != while_leader_of:
+                    callback(None, CommitError(f"applied after this node stopped leading term {while_leader_of}",
+                                               unknown=False))
+                    return
                 callback(result, None)
                 return
             name = _FAIL_NAMES.get(err, str(err))

@@ -30,6 +30,10 @@ A new state machine starts at ``SCHEMA_VERSION`` (a new cluster writes fenced co
 first entry); when the first command it applies was written at an older version (an existing
 log replayed from its beginning), it adopts that version, as every other node of that log did.
 Snapshots carry the version.
+* ``lease_ms``: the quorum-lease length the latest ``ConfirmLeadership`` announced: a new leader
+  waits at least this long before serving, so that its predecessor's lease has run out
+  (``lease.py``). A ``ConfirmLeadership`` changes nothing else; its result says whether its
+  writer is the leader in force.
 * ``members`` / ``members_version``: the replicated member table (node id, Raft address,
   client address), written by ``SetMembers`` (compare-and-set on the version) when an admin
   changes the membership; empty until the first change (then the configured peers apply).
@@ -42,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import codec
-from .codec import CommitQuorum, EnableSchema, SetMembers, TermStart, UnknownCommand
+from .codec import CommitQuorum, ConfirmLeadership, EnableSchema, SetMembers, TermStart, UnknownCommand
 from .quorum import Quorum
 
 HISTORY_LENGTH = 256
@@ -95,6 +99,7 @@ class QuorumStateMachine:
         self._fresh = True  # nothing applied or restored yet
         self.members: tuple[tuple[str, str, str], ...] = ()
         self.members_version = 0
+        self.lease_ms = 0
 
     @property
     def quorum_id(self) -> int:
@@ -115,6 +120,9 @@ class QuorumStateMachine:
             return self._commit_quorum(command, fencing)
         if isinstance(command, TermStart):
             return self._term_start(command, fencing)
+        if isinstance(command, ConfirmLeadership):
+            self.lease_ms = command.lease_ms
+            return command.term == self.leader_term and command.node_id == self.leader_id
         if isinstance(command, EnableSchema):
             if codec.MIN_READABLE_VERSION <= command.version <= codec.SCHEMA_VERSION:
                 self.schema_version = max(self.schema_version, command.version)
@@ -191,6 +199,7 @@ class QuorumStateMachine:
             **({"rejected_ts": self.rejected_term_starts} if self.rejected_term_starts else {}),
             **({"members": [list(m) for m in self.members], "members_v": self.members_version}
                if self.members_version else {}),
+            **({"lease_ms": self.lease_ms} if self.lease_ms else {}),
         }, version=self.schema_version)
 
     def restore_snapshot(self, data: bytes) -> None:
@@ -210,3 +219,4 @@ class QuorumStateMachine:
         self._fresh = self.commands_applied == 0  # a snapshot of a state that applied nothing
         self.members = tuple((str(m[0]), str(m[1]), str(m[2])) for m in obj.get("members", []))
         self.members_version = obj.get("members_v", 0)
+        self.lease_ms = obj.get("lease_ms", 0)

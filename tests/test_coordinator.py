@@ -37,7 +37,7 @@ class InProcessLog:
         self.commands: list[Command] = []
         self.fail_next: CommitError | None = None
 
-    async def submit(self, command: Command) -> Any:
+    async def submit(self, command: Command, while_leader_of: int | None = None) -> Any:
         await asyncio.sleep(0)
         if self.fail_next is not None:
             err, self.fail_next = self.fail_next, None

@@ -320,6 +320,20 @@ def _check_logs_and_history(cluster: LocalCluster, results: list[RoundResult], l
              and (r.quorum_id, tuple(sorted(r.participants))) not in before_cut]
     assert not stale, explain(f"the isolated node returned quorums not committed before the cut: {stale[:5]}")
 
+    # Quorum ids never go back in real time: no call that started after another one returned
+    # id X got an id below X (the isolated leader's quorum lease ran out before the new leader
+    # served; without the lease, the same holds because every round is committed).
+    by_finish = sorted(successes, key=finished)
+    went_back, best, j = [], None, 0
+    for r in sorted(successes, key=lambda r: r.started):
+        while j < len(by_finish) and finished(by_finish[j]) < r.started:
+            if best is None or by_finish[j].quorum_id > best.quorum_id:
+                best = by_finish[j]
+            j += 1
+        if best is not None and r.quorum_id < best.quorum_id:
+            went_back.append((best, r))
+    assert not went_back, explain(f"quorum ids went back in real time (returned earlier, started later): {went_back[:3]}")
+
     # (a) The majority's quorums during the partition were issued without the iso groups.
     maj_during = [r for r in successes if r.replica_id in MAJ_GROUPS
                   and r.started >= t_cut1 + CUT_GRACE_S and finished(r) < t_heal0]

@@ -1,0 +1,100 @@
+"""The leader's quorum lease: fast quorums without a Raft commit, while a majority follows.
+
+Pure: no clock, no I/O; every time value (monotonic seconds of this node) is an argument.
+
+Why. A *fast* quorum has the members of the last committed quorum, so it keeps its quorum id
+(torchft's rule): the (id, member set) it hands out is already committed, and what differs
+(steps, ``created``) is never read by a later leader (``quorum.compute_quorum`` uses the previous
+quorum's member ids only). A commit per fast round buys one thing: a leader cut off from the
+majority cannot answer, so quorum ids never go back in real time (a deposed leader handing out
+id 7 after its successor issued 8). The lease buys the same with time instead of a commit per
+round, as in the Raft thesis (section 6.4.1, leases for reads):
+
+1. The leader of term ``T`` submits ``ConfirmLeadership`` at its time ``s``. When the entry is
+   applied while this node still leads ``T`` (``RaftNode.submit(while_leader_of=T)``), a
+   majority stored it in term ``T``, after ``s``. Any later leader is elected by a majority that
+   shares a node with it, and that node stored the entry before it moved to a later term; so
+   every later leader was elected after ``s`` (real time).
+2. The lease holder issues fast quorums on the lease until ``s + trust * L`` on its clock, and
+   commits every round otherwise (what it did without a lease).
+3. A new leader serves only once it has led for ``max(L, L')`` on its clock, ``L'`` being the
+   lease length its predecessor announced (replicated in ``ConfirmLeadership``, so a node with
+   a shorter or no lease still waits out a longer one).
+
+Only durations are compared, each on one node's clock: no synchronized clocks. With ``trust =
+1/2`` it holds while the clock *rates* of two nodes differ by less than 2x (NTP slews by at
+most 0.05 %). A node whose clock runs several times slower than its peers' (the fault-injection
+harness's clock nemesis, rates 0.25x-4x) breaks that assumption: it could issue a stale fast
+quorum (an id its successor already replaced; never a second member set for an id, which the
+commits alone guarantee); run with ``--quorum-lease-ms 0`` where that can happen. The price is
+that a new leader waits ``L`` (default 100 ms) before serving: failover takes that much longer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_LEASE_MS", "LeaseSettings", "QuorumLease"]
+
+DEFAULT_LEASE_MS = 100
+
+
+@dataclass(frozen=True)
+class LeaseSettings:
+    """``lease_ms`` = L (0: no lease, every round is committed); ``trust``: the share of L the
+    holder uses, the rest is the margin for clock-rate differences."""
+
+    lease_ms: int = 0
+    trust: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.lease_ms < 0:
+            raise ValueError(f"lease_ms must be >= 0, got {self.lease_ms}")
+        if not 0.0 < self.trust <= 1.0:
+            raise ValueError(f"trust must be in (0, 1], got {self.trust}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.lease_ms > 0
+
+    @property
+    def held_s(self) -> float:
+        """How long one confirmation lets the holder issue on the lease (its clock)."""
+        return self.trust * self.lease_ms / 1000.0
+
+
+class QuorumLease:
+    """The lease of one leader: granted by confirmations of its term, valid until it runs out."""
+
+    def __init__(self, settings: LeaseSettings) -> None:
+        self.settings = settings
+        self._term: int | None = None
+        self._until = float("-inf")
+
+    def reset(self) -> None:
+        self._term = None
+        self._until = float("-inf")
+
+    def confirmed(self, term: int, submitted_at: float) -> None:
+        """A ``ConfirmLeadership`` submitted at ``submitted_at`` was applied while leading ``term``."""
+        if not self.settings.enabled:
+            return
+        if term != self._term:
+            self._term, self._until = term, float("-inf")
+        self._until = max(self._until, submitted_at + self.settings.held_s)
+
+    def valid(self, term: int | None, now: float) -> bool:
+        return term is not None and term == self._term and now < self._until
+
+    def remaining(self, term: int | None, now: float) -> float:
+        return max(0.0, self._until - now) if term is not None and term == self._term else 0.0
+
+    def renewal_due(self, term: int | None, now: float) -> bool:
+        """Renew once less than half of a confirmation's worth is left (a confirmation takes one
+        Raft commit, a few ms; half of ``held_s`` leaves room for a slow one)."""
+        return self.remaining(term, now) < self.settings.held_s / 2
+
+    def serve_after(self, leading_since: float, predecessor_lease_ms: int) -> float:
+        """When a leader that took over at ``leading_since`` may serve: every lease a predecessor
+        can still hold has run out by then (point 3 of the module docstring)."""
+        return leading_since + max(self.settings.lease_ms, predecessor_lease_ms) / 1000.0
