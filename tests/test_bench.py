@@ -198,3 +198,31 @@ def test_quick_bench_writes_every_section(tmp_path: Path):
     assert fp["torchft"]["rss_mb"] > 1
 
     assert res["targets"], "targets are evaluated"
+
+
+def test_python_grpc_floor_answers_a_full_round_once_every_requester_is_in(tmp_path: Path):
+    """The floor (bench/grpc_floor.py) must really answer rounds, or its figures mean nothing:
+    it holds Quorum calls until min_replicas are in, then answers them all with one quorum."""
+    import concurrent.futures
+
+    import grpc
+
+    from lighthouse_cluster.bench.procs import GrpcFloor
+    from lighthouse_cluster.proto import torchft_pb2 as pb
+    from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
+
+    with GrpcFloor(min_replicas=3, log_path=tmp_path / "floor.log") as floor, \
+            grpc.insecure_channel(floor.address) as ch:
+        stub = pb_grpc.LighthouseServiceStub(ch)
+        assert stub.Heartbeat(pb.LighthouseHeartbeatRequest(replica_id="a"), timeout=10) is not None
+
+        def ask(rid: str) -> pb.Quorum:
+            req = pb.LighthouseQuorumRequest(requester=pb.QuorumMember(replica_id=rid, step=1))
+            return stub.Quorum(req, timeout=20).quorum
+
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            first = [pool.submit(ask, r) for r in ("c", "a")]
+            concurrent.futures.wait(first, timeout=0.5)
+            assert not any(f.done() for f in first), "answered before min_replicas requesters were in"
+            quorums = [f.result(timeout=20) for f in first + [pool.submit(ask, "b")]]
+    assert all([m.replica_id for m in q.participants] == ["a", "b", "c"] for q in quorums)

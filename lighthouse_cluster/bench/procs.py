@@ -220,9 +220,7 @@ class RustLighthouse:
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError("torchft_lighthouse is already running")
         t0 = time.monotonic()
-        cmd = [*lighthouse_command(), "--bind", self.address, "--min_replicas", str(self.min_replicas),
-               "--join_timeout_ms", str(self.join_timeout_ms), "--quorum_tick_ms", str(self.quorum_tick_ms),
-               "--heartbeat_timeout_ms", str(self.heartbeat_timeout_ms)]
+        cmd = self.command()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -230,9 +228,16 @@ class RustLighthouse:
         if not wait_port(self.host, self.port, timeout):
             code = self.process.poll()
             self.kill()
-            raise RuntimeError(f"torchft_lighthouse did not listen on {self.address} within {timeout}s "
+            raise RuntimeError(f"{self.name} did not listen on {self.address} within {timeout}s "
                                f"(exit {code}); log {self.log_path}")
         return time.monotonic() - t0
+
+    name = "torchft_lighthouse"
+
+    def command(self) -> list[str]:
+        return [*lighthouse_command(), "--bind", self.address, "--min_replicas", str(self.min_replicas),
+                "--join_timeout_ms", str(self.join_timeout_ms), "--quorum_tick_ms", str(self.quorum_tick_ms),
+                "--heartbeat_timeout_ms", str(self.heartbeat_timeout_ms)]
 
     def kill(self) -> None:
         """SIGKILL and reap (idempotent)."""
@@ -245,6 +250,17 @@ class RustLighthouse:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
+
+
+class GrpcFloor(RustLighthouse):
+    """``bench/grpc_floor.py`` (the Python gRPC floor) as a child process, handled like
+    torchft_lighthouse (the timeouts are ignored: it has none)."""
+
+    name = "grpc_floor"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "lighthouse_cluster.bench.grpc_floor", "--bind", self.address,
+                "--min_replicas", str(self.min_replicas)]
 
 
 def kill_process(p: subprocess.Popen | None, timeout: float = 10.0) -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 SYSTEM_LABEL = {"torchft": "torchft_lighthouse (Rust)", "leader": "cluster, clients on leader",
-                "followers": "cluster, clients on followers"}
+                "followers": "cluster, clients on followers",
+                "pyfloor": "Python gRPC floor (no Raft, not a lighthouse)"}
 ROUND_TARGETS = {8: 0.5, 64: 1.0, 256: 2.0, 1024: 2.0}
 
 
@@ -113,7 +114,7 @@ def _md_rounds(s: dict) -> list[str]:
            "errors | heartbeats/s (of N x 10) | leader changes | load avg |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in s.get("summary", []):
-        for system in ("torchft", "leader", "followers"):
+        for system in ("torchft", "leader", "followers", "pyfloor"):
             r = row.get(system)
             if r is None:
                 continue
@@ -234,12 +235,13 @@ def plot(res: dict, path: Path) -> str:
     sec = res.get("sections", {})
     fig, axes = plt.subplots(2, 2, figsize=(12, 9))
     rounds = sec.get("rounds", {}).get("summary", [])
-    colors = {"torchft": "tab:orange", "leader": "tab:blue", "followers": "tab:green"}
+    colors = {"torchft": "tab:orange", "leader": "tab:blue", "followers": "tab:green", "pyfloor": "tab:gray"}
     ax = axes[0][0]
-    for system in ("torchft", "leader", "followers"):
+    for system in ("torchft", "leader", "followers", "pyfloor"):
         pts = [(r["n"], r[system]["rounds_per_s"]) for r in rounds if system in r and r[system]["rounds_per_s"]]
         if pts:
-            ax.plot(*zip(*pts), marker="o", label=SYSTEM_LABEL[system], color=colors[system])
+            ax.plot(*zip(*pts), marker="o", label=SYSTEM_LABEL[system], color=colors[system],
+                    linestyle=":" if system == "pyfloor" else "-")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("replica groups N")

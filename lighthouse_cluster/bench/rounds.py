@@ -2,7 +2,8 @@
 
 Systems: ``torchft`` (torchft_lighthouse, the Rust server), ``leader`` (our 3-node cluster, every
 group talking to the Raft leader) and ``followers`` (every group on one of the two followers,
-which forward Quorum calls and batch heartbeats to the leader). Every system gets the same flags:
+which forward Quorum calls and batch heartbeats to the leader); in full runs also ``pyfloor``, the
+Python gRPC floor (``grpc_floor.py``: no Raft, no rules, one process), for scale. Every system gets the same flags:
 ``--min_replicas N --join_timeout_ms 60000 --quorum_tick_ms 100 --heartbeat_timeout_ms 5000``, so
 after the first round every round is a fast quorum.
 
@@ -21,9 +22,12 @@ from typing import Any, Callable
 
 from ..local_cluster import LocalCluster
 from .loadgen import LoadGenerator, LoadSpec, analyze_rounds
-from .procs import CpuMeter, RustLighthouse, load_snapshot, rss_bytes
+from .procs import CpuMeter, GrpcFloor, RustLighthouse, load_snapshot, rss_bytes
 
 SYSTEMS = ("torchft", "leader", "followers")
+# Not a lighthouse: what a one-process Python grpc.aio server costs per round at the least.
+FLOOR = "pyfloor"
+ALL_SYSTEMS = SYSTEMS + (FLOOR,)
 JOIN_TIMEOUT_MS = 60_000
 QUORUM_TICK_MS = 100
 HEARTBEAT_TIMEOUT_MS = 5_000
@@ -78,15 +82,16 @@ def stable_leader(cluster: LocalCluster, timeout: float = 30.0, settle_s: float 
 
 
 def start_system(name: str, n: int, workdir: Path) -> _System:
-    if name == "torchft":
-        lh = RustLighthouse(min_replicas=n, log_path=workdir / f"torchft-{n}.log", join_timeout_ms=JOIN_TIMEOUT_MS,
-                            quorum_tick_ms=QUORUM_TICK_MS, heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
+    if name in ("torchft", FLOOR):
+        kind = RustLighthouse if name == "torchft" else GrpcFloor
+        lh = kind(min_replicas=n, log_path=workdir / f"{name}-{n}.log", join_timeout_ms=JOIN_TIMEOUT_MS,
+                  quorum_tick_ms=QUORUM_TICK_MS, heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
         try:
             lh.start()
         except BaseException:
             lh.kill()
             raise
-        return _System(name, (lh.address,), {"torchft_lighthouse": lh.pid}, lh.kill)
+        return _System(name, (lh.address,), {lh.name: lh.pid}, lh.kill)
     root = Path(tempfile.mkdtemp(prefix=f"cluster-{name}-{n}-", dir=workdir))
     cluster = LocalCluster(root=root, nodes=3, min_replicas=n,
                            join_timeout_ms=JOIN_TIMEOUT_MS, quorum_tick_ms=QUORUM_TICK_MS,
@@ -234,7 +239,7 @@ def summarize(runs: list[dict]) -> list[dict]:
     out = []
     for n in sorted({k[0] for k in by}):
         row: dict[str, Any] = {"n": n}
-        for system in SYSTEMS:
+        for system in ALL_SYSTEMS:
             rs = by.get((n, system))
             if not rs:
                 continue
@@ -260,7 +265,7 @@ def summarize(runs: list[dict]) -> list[dict]:
                 "failed": pick.get("failed"),
             }
         base = row.get("torchft", {}).get("rounds_per_s")
-        for system in ("leader", "followers"):
+        for system in ("leader", "followers", FLOOR):
             if system in row and base:
                 row[system]["ratio_vs_torchft"] = round(row[system]["rounds_per_s"] / base, 3)
         out.append(row)
