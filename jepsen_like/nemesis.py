@@ -32,7 +32,7 @@ class Nemesis:
         if arg in (LEADER, FOLLOWER):
             i = self.cluster.wait_for_leader(timeout=5.0)
             if i is None:
-                raise NemesisError(f"no leader (to target it or a follower) within 5s")
+                raise NemesisError("no leader (to target it or a follower) within 5s")
             if arg == FOLLOWER:   # the lowest-numbered running follower: deterministic for replays
                 i = next(j for j in range(self.cluster.nodes) if j != i and self.cluster.running(j))
             return i

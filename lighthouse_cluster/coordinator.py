@@ -32,7 +32,7 @@ from typing import Any, Awaitable, Callable
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from .codec import Command, CommitQuorum, ConfirmLeadership, TermStart
+from .codec import CommitQuorum, ConfirmLeadership, TermStart
 from .lease import LeaseSettings, QuorumLease
 from .proto import torchft_pb2 as pb
 from .quorum import Member, Participant, Quorum, QuorumOptions, compute_quorum, issue_quorum

@@ -38,10 +38,10 @@ import pytest
 pytest.importorskip("torch", reason="torch is not installed")
 
 from lighthouse_cluster.local_cluster import LocalCluster  # noqa: E402
+from trainer_process import ROOT, TrainerProcess  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "train_diloco.py"
 JOIN_TIMEOUT_MS = 1_000
 BASE_ENV = {
@@ -62,62 +62,24 @@ ROUND_LINE = re.compile(
     r"healed=(?P<healed>True|False)", re.MULTILINE)
 
 
-@dataclass
-class Trainer:
+@dataclass(kw_only=True)
+class Trainer(TrainerProcess):
     """One replica group: one process of the example."""
 
-    group: int
-    lighthouse: str
-    workdir: Path
     args: list[str]
-    incarnation: int = 0
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def name(self) -> str:
-        return f"g{self.group}.{self.incarnation}"
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / f"{self.name}.log"
 
     @property
     def output_path(self) -> Path:
         return self.workdir / f"{self.name}.json"
 
-    def start(self) -> None:
+    def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
         env.update(BASE_ENV)
         env.update(TORCHFT_LIGHTHOUSE=self.lighthouse, REPLICA_GROUP_ID=str(self.group))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        cmd = [sys.executable, str(EXAMPLE), "--output", str(self.output_path), "--log-level", "info", *self.args]
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env=env, cwd=str(self.workdir), start_new_session=True)
+        return env
 
-    def kill(self) -> None:
-        p = self.process
-        if p is None or p.poll() is not None:
-            return
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-
-    def restart(self) -> None:
-        self.kill()
-        self.incarnation += 1
-        self.start()
-
-    def output(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+    def command(self) -> list[str]:
+        return [sys.executable, str(EXAMPLE), "--output", str(self.output_path), "--log-level", "info", *self.args]
 
     def rounds(self) -> list[dict[str, Any]]:
         return [{"round": int(m["round"]), "step": int(m["step"]), "fragment": m["fragment"],

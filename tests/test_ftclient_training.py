@@ -34,7 +34,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -49,10 +48,10 @@ pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[e
 pytest.importorskip("sklearn", reason="scikit-learn is not installed: pip install -e '.[examples]'")
 
 from lighthouse_cluster.local_cluster import LocalCluster, free_ports  # noqa: E402
+from trainer_process import ROOT, TrainerProcess  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "train_ddp.py"
 
 JOIN_TIMEOUT_MS = 1_000
@@ -76,29 +75,14 @@ STEP_LINE = re.compile(r"^group=(?P<group>\d+)(?: rank=(?P<rank>\d+))? step=(?P<
 # -- helpers ------------------------------------------------------------------------------------
 
 
-@dataclass
-class Trainer:
+@dataclass(kw_only=True)
+class Trainer(TrainerProcess):
     """One replica group: one process of the example (which may start more ranks itself)."""
 
-    group: int
     num_groups: int
-    lighthouse: str
-    workdir: Path
     args: list[str]
     env: dict[str, str] = field(default_factory=dict)
     nproc: int = 1
-    incarnation: int = 0
-    process: subprocess.Popen[bytes] | None = None
-    started_at: float = 0.0
-    killed: bool = False  # SIGKILLed on purpose (and not restarted yet)
-
-    @property
-    def name(self) -> str:
-        return f"g{self.group}.{self.incarnation}"
-
-    @property
-    def log_path(self) -> Path:
-        return self.workdir / f"{self.name}.log"
 
     @property
     def output_path(self) -> Path:
@@ -109,46 +93,17 @@ class Trainer:
             return [self.output_path]
         return [self.workdir / f"{self.name}.rank{r}.json" for r in range(self.nproc)]
 
-    def start(self) -> None:
+    def environment(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
         env.update(BASE_ENV)
         env.update(self.env)
         env.update(TORCHFT_LIGHTHOUSE=self.lighthouse, REPLICA_GROUP_ID=str(self.group),
                    NUM_REPLICA_GROUPS=str(self.num_groups))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        cmd = [sys.executable, str(EXAMPLE), "--output", str(self.output_path), "--log-level", "info",
-               "--nproc-per-group", str(self.nproc), *self.args]
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env=env, cwd=str(self.workdir), start_new_session=True)
-        self.started_at = time.time()
-        self.killed = False
+        return env
 
-    def kill(self) -> None:
-        """SIGKILL the trainer's whole process group (the ranks it started too) and reap it."""
-        p = self.process
-        if p is None:
-            return
-        self.killed = True
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-
-    def restart(self) -> None:
-        self.kill()
-        self.incarnation += 1
-        self.start()
-
-    def output(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+    def command(self) -> list[str]:
+        return [sys.executable, str(EXAMPLE), "--output", str(self.output_path), "--log-level", "info",
+                "--nproc-per-group", str(self.nproc), *self.args]
 
     def steps(self, rank: int = 0) -> list[dict[str, Any]]:
         """The per-step lines printed so far by ``rank`` of this incarnation."""
@@ -481,8 +436,8 @@ def test_leader_sigkill_fails_no_step(harness: Harness) -> None:
 def test_two_ranks_per_replica_group(harness: Harness) -> None:
     cluster = harness.start_cluster(min_replicas=2)
     steps = 10
-    trainers = harness.start_trainers(2, cluster.endpoints, ["--steps", str(steps), "--step-sleep", "0.05",
-                                                             "--min-replica-size", "2"], nproc=2)
+    harness.start_trainers(2, cluster.endpoints, ["--steps", str(steps), "--step-sleep", "0.05",
+                                                  "--min-replica-size", "2"], nproc=2)
     results = harness.wait_finished()
     harness.check(len(results) == 4, f"expected 4 outputs (2 groups x 2 ranks), got {len(results)}")
     harness.assert_identical(results, steps)

@@ -14,7 +14,6 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import click
 import pytest

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -61,11 +60,11 @@ pytest.importorskip("torch", reason="torch is not installed: the torchft trainin
 pytest.importorskip("torchft", reason="torchft is not installed: the torchft training tests need it")
 
 from lighthouse_cluster.local_cluster import LocalCluster  # noqa: E402
+from trainer_process import TrainerProcess  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 TRAINER = Path(__file__).resolve().parent / "torchft_trainer.py"
-ROOT = Path(__file__).resolve().parent.parent
 
 GROUPS = 3
 MIN_REPLICAS = 2
@@ -99,26 +98,14 @@ GO_FILE = "go"
 # -- helpers ------------------------------------------------------------------------------------
 
 
-@dataclass
-class Trainer:
+@dataclass(kw_only=True)
+class Trainer(TrainerProcess):
     """One replica group's process, its progress/result files and its output log."""
 
-    group: int
-    lighthouse: str
-    workdir: Path
     extra_env: dict[str, str]
     extra_args: list[str] = field(default_factory=list)
     steps: int = STEPS
     step_sleep: float = STEP_SLEEP_S
-    incarnation: int = 0
-    process: subprocess.Popen[bytes] | None = None
-    started_at: float = 0.0
-    history: list[int] = field(default_factory=list)  # pids of earlier incarnations
-    killed: bool = False  # SIGKILLed on purpose and not restarted (yet)
-
-    @property
-    def name(self) -> str:
-        return f"g{self.group}.{self.incarnation}"
 
     @property
     def progress_path(self) -> Path:
@@ -129,50 +116,19 @@ class Trainer:
         return self.workdir / f"{self.name}.result.json"
 
     @property
-    def log_path(self) -> Path:
-        return self.workdir / f"{self.name}.log"
-
-    @property
     def ready_path(self) -> Path:
         return self.workdir / f"{self.name}.ready"
 
-    def start(self) -> None:
-        env = {**os.environ, **BASE_ENV, **self.extra_env, "TORCHFT_LIGHTHOUSE": f"http://{self.lighthouse}",
-               "REPLICA_GROUP_ID": str(self.group), "PYTHONUNBUFFERED": "1"}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        cmd = [sys.executable, str(TRAINER), "--replica-group", str(self.group), "--steps", str(self.steps),
-               "--min-final-participants", str(GROUPS), "--min-replica-size", str(MIN_REPLICAS),
-               "--step-sleep", str(self.step_sleep), "--progress", str(self.progress_path),
-               "--result", str(self.result_path), "--ready-file", str(self.ready_path),
-               "--go-file", str(self.workdir / GO_FILE), *self.extra_args]
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env=env, cwd=str(self.workdir), start_new_session=True)
-        self.started_at = time.time()
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, **BASE_ENV, **self.extra_env, "TORCHFT_LIGHTHOUSE": f"http://{self.lighthouse}",
+                "REPLICA_GROUP_ID": str(self.group), "PYTHONUNBUFFERED": "1"}
 
-    def kill(self) -> None:
-        """SIGKILL the trainer's whole process group and reap it."""
-        p = self.process
-        if p is None:
-            return
-        self.killed = True
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-
-    def restart(self) -> None:
-        self.kill()
-        assert self.process is not None
-        self.history.append(self.process.pid)
-        self.incarnation += 1
-        self.killed = False
-        self.start()
+    def command(self) -> list[str]:
+        return [sys.executable, str(TRAINER), "--replica-group", str(self.group), "--steps", str(self.steps),
+                "--min-final-participants", str(GROUPS), "--min-replica-size", str(MIN_REPLICAS),
+                "--step-sleep", str(self.step_sleep), "--progress", str(self.progress_path),
+                "--result", str(self.result_path), "--ready-file", str(self.ready_path),
+                "--go-file", str(self.workdir / GO_FILE), *self.extra_args]
 
     def records(self) -> list[dict]:
         try:
