@@ -41,6 +41,8 @@ def test_serve_refuses_to_start_without_a_secret() -> None:
     (["--peer", "n4=127.0.0.1:7004,127.0.0.1:99999"], "port outside 1-65535"),
     (["--peer", "n1=127.0.0.1:7009,127.0.0.1:8009"], "duplicate node ids"),
     (["--heartbeat_timeout_ms", "0", "--insecure"], "--heartbeat_timeout_ms must be positive"),
+    (["--quorum-lease-ms", "-1"], "--quorum-lease-ms must be between 0 (off) and 10000"),
+    (["--quorum-lease-ms", "60000"], "--quorum-lease-ms must be between 0 (off) and 10000"),
 ])
 def test_serve_bad_flags_give_one_line_reasons(extra: list[str], message: str) -> None:
     res = run(serve_args(*extra), env={"LIGHTHOUSE_CLUSTER_SECRET": "s3cret"})
