@@ -8,7 +8,6 @@ one-line reason.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -24,6 +23,8 @@ import click
 
 from . import __version__
 from .config import ConfigError, build_node_config, parse_host_port, split_endpoints
+from .event_loop import DEFAULT_LOOP, LOOPS
+from .event_loop import run as run_event_loop
 from .lease import DEFAULT_LEASE_MS
 
 ENV = "LIGHTHOUSE_CLUSTER_"
@@ -132,6 +133,8 @@ def main() -> None:
 @click.option("--election-timeout-ms", type=int, envvar=ENV + "ELECTION_TIMEOUT_MS",
               help="Raft election timeout lower bound (default 150; upper bound is three times it).")
 @lease_flag
+@click.option("--event-loop", type=click.Choice(LOOPS), default=DEFAULT_LOOP, show_default=True,
+              envvar=ENV + "EVENT_LOOP", help="asyncio event loop of the node (uvloop: faster; asyncio: the standard one).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               envvar=ENV + "LOG_LEVEL", show_default=True)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", envvar=ENV + "LOG_FORMAT",
@@ -141,7 +144,7 @@ def serve(node_id: str, peers: tuple[str, ...], client_bind: str | None, raft_bi
           insecure: bool, http_bind: str | None, admin_token: str | None, tls_cert: str | None, tls_key: str | None,
           tls_client_ca: str | None, tls_ca: str | None, join: bool, min_replicas: int, join_timeout_ms: int,
           quorum_tick_ms: int, heartbeat_timeout_ms: int, election_timeout_ms: int | None, quorum_lease_ms: int,
-          log_level: str, log_format: str) -> None:
+          event_loop: str, log_level: str, log_format: str) -> None:
     """Run one lighthouse node in the foreground (SIGTERM hands leadership over, then exits)."""
     from .logs import configure_logging
 
@@ -166,7 +169,7 @@ def serve(node_id: str, peers: tuple[str, ...], client_bind: str | None, raft_bi
         _exit_config_error(e)
     configure_logging(log_level, log_format, node_id)
     try:
-        asyncio.run(_serve(config))
+        run_event_loop(_serve(config), event_loop)
     except OSError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)

@@ -27,6 +27,7 @@ from .codec import SCHEMA_VERSION, Command
 from .config import NodeConfig, PeerSpec
 from .metrics import NodeMetrics
 from .coordinator import NotLeader, QuorumCoordinator, member_to_proto, quorum_to_proto
+from .event_loop import running_loop_name
 from .lease import LeaseSettings
 from .proto import lighthouse_cluster_pb2 as cpb
 from .proto import lighthouse_cluster_pb2_grpc as cpb_grpc
@@ -151,9 +152,9 @@ class LighthouseNode:
         if self.http is not None:
             log.info("node %s serving /metrics, /livez, /readyz and the dashboard on http://%s", cfg.node_id,
                      self.http.address)
-        log.info("node %s serving torchft.LighthouseService on %s%s (Raft %s, peers %s)", cfg.node_id,
+        log.info("node %s serving torchft.LighthouseService on %s%s (Raft %s, peers %s; %s event loop)", cfg.node_id,
                  cfg.client_bind, "" if cfg.tls is None else (" with mutual TLS" if cfg.tls.mutual else " with TLS"),
-                 cfg.self_peer.raft_address, ", ".join(str(p) for p in self.other_members))
+                 cfg.self_peer.raft_address, ", ".join(str(p) for p in self.other_members), running_loop_name())
 
     async def stop(self, grace_s: float = 1.0) -> None:
         """Hand leadership over if leading, then stop serving and leave the Raft group."""

@@ -171,3 +171,22 @@ def test_admin_token_check_is_exact() -> None:
 def test_up_refuses_demo_with_tls() -> None:
     res = CliRunner().invoke(main, ["up", "--min_replicas", "1", "--tls", "--demo"])
     assert res.exit_code == 2 and "drop --tls" in res.output
+
+
+def test_event_loop_choice_is_validated() -> None:
+    res = run(serve_args("--event-loop", "trio"), env={"LIGHTHOUSE_CLUSTER_SECRET": "s3cret"})
+    assert res.exit_code == 2 and "'trio' is not one of 'uvloop', 'asyncio'" in res.output, res.output
+
+
+def test_event_loop_runner_runs_a_coroutine_on_the_chosen_loop() -> None:
+    from lighthouse_cluster.event_loop import run as run_loop
+    from lighthouse_cluster.event_loop import running_loop_name
+
+    async def name() -> str:
+        return running_loop_name()
+
+    pytest.importorskip("uvloop")
+    assert run_loop(name(), "uvloop") == "uvloop"
+    assert run_loop(name(), "asyncio") == "asyncio"
+    with pytest.raises(ValueError, match="unknown event loop"):
+        run_loop(name(), "trio")

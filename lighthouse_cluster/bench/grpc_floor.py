@@ -3,7 +3,7 @@
 A one-process ``torchft.LighthouseService`` that does nothing but the unavoidable: parse each
 Quorum request, hold it until ``min_replicas`` requesters are waiting, build and serialize one
 response for all of them, answer; Heartbeat answers at once. No Raft, no heartbeat table, no
-checks, no timeouts, no forwarding. It is *not* a lighthouse (it never times out, ignores
+checks, no timeouts, no forwarding; on the nodes' default event loop (uvloop). It is *not* a lighthouse (it never times out, ignores
 heartbeats, has no quorum rules); the rounds section runs it beside the real systems (system
 ``pyfloor``) to show how much of the gap to the Rust server is Python gRPC itself on the
 machine at hand, whatever the cluster does on top (benchmarks/README.md, F10).
@@ -17,6 +17,7 @@ import argparse
 import asyncio
 from typing import Any
 
+from ..event_loop import DEFAULT_LOOP, LOOPS, run
 from ..node import SERVER_OPTIONS
 
 
@@ -60,8 +61,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bind", required=True)
     p.add_argument("--min_replicas", type=int, required=True)
+    p.add_argument("--event-loop", choices=LOOPS, default=DEFAULT_LOOP)
     args = p.parse_args()
-    asyncio.run(serve(args.bind, args.min_replicas))
+    run(serve(args.bind, args.min_replicas), args.event_loop)
 
 
 if __name__ == "__main__":
