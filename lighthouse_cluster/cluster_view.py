@@ -40,6 +40,8 @@ class ClusterView:
     pending: list[dict[str, Any]] = field(default_factory=list)
     quorum_reason: str = ""
     settings: dict[str, int] = field(default_factory=dict)
+    # Rounds the leader issued (since it started): on the lease / after a Raft commit each.
+    rounds: dict[str, int] = field(default_factory=dict)
 
 
 def collect(endpoints: Sequence[str], timeout: float = 2.0,
@@ -102,7 +104,9 @@ def build_view(answers: Sequence[tuple[str, cpb.NodeStatus | None]]) -> ClusterV
                     for p in st.pending]
     view.settings = {"min_replicas": st.settings.min_replicas, "join_timeout_ms": st.settings.join_timeout_ms,
                      "quorum_tick_ms": st.settings.quorum_tick_ms,
-                     "heartbeat_timeout_ms": st.settings.heartbeat_timeout_ms}
+                     "heartbeat_timeout_ms": st.settings.heartbeat_timeout_ms,
+                     "quorum_lease_ms": st.settings.quorum_lease_ms}
+    view.rounds = {"lease": st.rounds_on_lease, "commit": st.rounds_committed}
     return view
 
 
@@ -129,6 +133,7 @@ def to_json(view: ClusterView) -> dict[str, Any]:
         "pending": view.pending,
         "heartbeats": view.heartbeats,
         "settings": view.settings,
+        "rounds": view.rounds,
     }
 
 
@@ -158,6 +163,11 @@ def render(view: ClusterView, console: Any) -> None:
         console.print(q)
     if view.quorum_reason:
         console.print(f"next quorum: {view.quorum_reason}")
+    if view.rounds:
+        lease_ms = view.settings.get("quorum_lease_ms", 0)
+        console.print(f"rounds issued by {view.leader}: {view.rounds['lease']} on the leader lease, "
+                      f"{view.rounds['commit']} committed each"
+                      + (f" (lease {lease_ms} ms)" if lease_ms else " (lease off)"))
     if view.heartbeats:
         hb = Table(title="heartbeats", title_justify="left")
         hb.add_column("replica id")

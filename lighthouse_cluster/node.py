@@ -502,7 +502,8 @@ class LighthouseNode:
             settings=cpb.QuorumSettings(min_replicas=cfg.options.min_replicas,
                                         join_timeout_ms=cfg.options.join_timeout_ms,
                                         quorum_tick_ms=cfg.quorum_tick_ms,
-                                        heartbeat_timeout_ms=cfg.options.heartbeat_timeout_ms),
+                                        heartbeat_timeout_ms=cfg.options.heartbeat_timeout_ms,
+                                        quorum_lease_ms=cfg.quorum_lease_ms),
         )
         st.ready, st.ready_reason = self.readiness()
         q = self.machine.quorum
@@ -512,6 +513,7 @@ class LighthouseNode:
         if coord is not None and coord.term is not None:
             st.serving = coord.serving
             st.quorum_reason = coord.last_reason
+            st.rounds_on_lease, st.rounds_committed = coord.rounds_on_lease, coord.rounds_committed
             for rid, age in sorted(coord.heartbeat_ages_ms().items()):
                 st.heartbeats.append(cpb.HeartbeatAge(replica_id=rid, age_ms=age))
             for m, waiting in coord.pending():

@@ -143,8 +143,12 @@ def test_status_shows_quorum_and_heartbeats(up_cluster) -> None:
     assert set(members) <= {"replica_0", "replica_1"} and members
     assert {h["replica_id"] for h in view["heartbeats"]} == {"replica_0", "replica_1"}
     assert all(h["age_ms"] >= 0 for h in view["heartbeats"])
+    # The first quorum of a member set is always committed; the lease is on by default.
+    assert view["rounds"]["commit"] >= 1 and view["rounds"]["lease"] >= 0, view["rounds"]
+    assert view["settings"]["quorum_lease_ms"] == 100
     res = _status("--endpoints", f"127.0.0.1:{ports[2]}", env={"COLUMNS": "200"})
     assert f"quorum {q['quorum_id']}" in res.stdout and "replica_0" in res.stdout and "heartbeats" in res.stdout
+    assert "on the leader lease" in res.stdout and "(lease 100 ms)" in res.stdout
 
 
 def test_status_exits_1_without_a_leader_and_up_stops_every_node(up_cluster) -> None:

@@ -54,23 +54,25 @@ class PendingRequester(_message.Message):
     def __init__(self, member: _Optional[_Union[_torchft_pb2.QuorumMember, _Mapping]] = ..., waiting_ms: _Optional[int] = ...) -> None: ...
 
 class QuorumSettings(_message.Message):
-    __slots__ = ("min_replicas", "join_timeout_ms", "quorum_tick_ms", "heartbeat_timeout_ms")
+    __slots__ = ("min_replicas", "join_timeout_ms", "quorum_tick_ms", "heartbeat_timeout_ms", "quorum_lease_ms")
     MIN_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     JOIN_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     QUORUM_TICK_MS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
     min_replicas: int
     join_timeout_ms: int
     quorum_tick_ms: int
     heartbeat_timeout_ms: int
-    def __init__(self, min_replicas: _Optional[int] = ..., join_timeout_ms: _Optional[int] = ..., quorum_tick_ms: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ...) -> None: ...
+    quorum_lease_ms: int
+    def __init__(self, min_replicas: _Optional[int] = ..., join_timeout_ms: _Optional[int] = ..., quorum_tick_ms: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ..., quorum_lease_ms: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node", "role", "term", "commit_index", "last_applied", "leader_id", "leader_client_address", "peers", "has_quorum", "quorum", "heartbeats", "pending", "quorum_reason", "serving", "uptime_ms", "version", "schema_version", "settings", "ready", "ready_reason", "members_version", "tls")
+    __slots__ = ("node", "role", "term", "commit_index", "last_applied", "leader_id", "leader_client_address", "peers", "has_quorum", "quorum", "heartbeats", "pending", "quorum_reason", "serving", "uptime_ms", "version", "schema_version", "settings", "ready", "ready_reason", "members_version", "tls", "rounds_on_lease", "rounds_committed")
     NODE_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +95,8 @@ class NodeStatus(_message.Message):
     READY_REASON_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_VERSION_FIELD_NUMBER: _ClassVar[int]
     TLS_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_ON_LEASE_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     node: NodeInfo
     role: Role
     term: int
@@ -115,7 +119,9 @@ class NodeStatus(_message.Message):
     ready_reason: str
     members_version: int
     tls: bool
-    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., role: _Optional[_Union[Role, str]] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_client_address: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerState, _Mapping]]] = ..., has_quorum: _Optional[bool] = ..., quorum: _Optional[_Union[_torchft_pb2.Quorum, _Mapping]] = ..., heartbeats: _Optional[_Iterable[_Union[HeartbeatAge, _Mapping]]] = ..., pending: _Optional[_Iterable[_Union[PendingRequester, _Mapping]]] = ..., quorum_reason: _Optional[str] = ..., serving: _Optional[bool] = ..., uptime_ms: _Optional[int] = ..., version: _Optional[str] = ..., schema_version: _Optional[int] = ..., settings: _Optional[_Union[QuorumSettings, _Mapping]] = ..., ready: _Optional[bool] = ..., ready_reason: _Optional[str] = ..., members_version: _Optional[int] = ..., tls: _Optional[bool] = ...) -> None: ...
+    rounds_on_lease: int
+    rounds_committed: int
+    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., role: _Optional[_Union[Role, str]] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_client_address: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerState, _Mapping]]] = ..., has_quorum: _Optional[bool] = ..., quorum: _Optional[_Union[_torchft_pb2.Quorum, _Mapping]] = ..., heartbeats: _Optional[_Iterable[_Union[HeartbeatAge, _Mapping]]] = ..., pending: _Optional[_Iterable[_Union[PendingRequester, _Mapping]]] = ..., quorum_reason: _Optional[str] = ..., serving: _Optional[bool] = ..., uptime_ms: _Optional[int] = ..., version: _Optional[str] = ..., schema_version: _Optional[int] = ..., settings: _Optional[_Union[QuorumSettings, _Mapping]] = ..., ready: _Optional[bool] = ..., ready_reason: _Optional[str] = ..., members_version: _Optional[int] = ..., tls: _Optional[bool] = ..., rounds_on_lease: _Optional[int] = ..., rounds_committed: _Optional[int] = ...) -> None: ...
 
 class LeaderRequest(_message.Message):
     __slots__ = ()
