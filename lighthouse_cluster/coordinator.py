@@ -2,9 +2,9 @@
 
 Only the leader runs rounds. Requesters and heartbeats are leader-local (they are soft state
 that clients re-send every 100 ms); the decision itself is ``quorum.compute_quorum`` and a
-quorum reaches requesters only after its ``CommitQuorum`` has been committed by a majority and
-applied (a compare-and-set on the quorum id it was computed from). A deposed or partitioned
-leader therefore cannot hand out anything.
+quorum with new members or a new id reaches requesters only after its ``CommitQuorum`` has been
+committed by a majority and applied (a compare-and-set on the quorum id it was computed from), so
+a deposed or partitioned leader cannot hand one out; a fast quorum can go out on the lease (below).
 
 Warm-up: a new leader has heard no heartbeats, so without care it would see the requesters that
 re-sent first as the whole healthy set and could issue a smaller quorum than its predecessor

@@ -3,14 +3,15 @@
 Two kinds: histograms observed as things happen (a quorum round's Raft commit, observed in the
 coordinator's ``on_issue`` hook; every Raft write, from submit to applied), and gauges/counters
 read from the node at scrape time by ``NodeCollector`` (role, term, indexes, current quorum,
-heartbeating replicas, forwarded and re-routed quorum calls). Nothing here does I/O.
+heartbeating replicas, forwarded and re-routed quorum calls, rounds issued on the lease or through
+a commit). Nothing here does I/O.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -67,6 +68,12 @@ class NodeCollector(Collector):
                                   "Quorum call attempts re-routed after a leader change or failure", labels=["node"])
         rer.add_metric([node_id], node.rerouted_quorum_calls)
         yield rer
+        rounds = CounterMetricFamily(
+            PREFIX + "quorum_rounds", "Quorum rounds issued, by path: 'commit' (a Raft commit per round) "
+            "or 'lease' (a fast quorum on the leader lease, no commit)", labels=["node", "path"])
+        rounds.add_metric([node_id, "commit"], coord.rounds_committed if coord is not None else 0)
+        rounds.add_metric([node_id, "lease"], coord.rounds_on_lease if coord is not None else 0)
+        yield rounds
 
 
 class NodeMetrics:
@@ -78,20 +85,12 @@ class NodeMetrics:
         self.quorum_commit_seconds = Histogram(
             PREFIX + "quorum_commit_seconds", "Raft commit latency of issued quorum rounds",
             registry=self.registry, buckets=LATENCY_BUCKETS)
-        self.quorum_rounds = Counter(
-            PREFIX + "quorum_rounds", "Quorum rounds issued, by path: 'commit' (a Raft commit per round) "
-            "or 'lease' (a fast quorum on the leader lease, no commit)", ["path"], registry=self.registry)
-        for path in ("commit", "lease"):
-            self.quorum_rounds.labels(path)  # both series exist from the start, at 0
         self.raft_write_seconds = Histogram(
             PREFIX + "raft_write_seconds", "Latency of Raft writes from submit to applied (or failed)",
             ["outcome"], registry=self.registry, buckets=LATENCY_BUCKETS)
 
     def on_issue(self, _issued: Any, commit_s: float | None) -> None:
-        if commit_s is None:
-            self.quorum_rounds.labels("lease").inc()
-        else:
-            self.quorum_rounds.labels("commit").inc()
+        if commit_s is not None:  # None: issued on the lease, no commit to time
             self.quorum_commit_seconds.observe(commit_s)
 
     def observe_raft_write(self, seconds: float, ok: bool) -> None:
