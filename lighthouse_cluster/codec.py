@@ -16,6 +16,13 @@ rolling upgrade:
 Version 2 adds ``set_members`` and, for commands written at 2 or later, fencing in the state
 machine: a ``TermStart`` must raise the leader term, a ``CommitQuorum`` must carry it.
 
+Version 3 keeps quorum members whole: a member that arrived from a trainer is written as its
+serialized ``torchft.QuorumMember`` (key ``pb``, beside its ``r``eplica id) instead of the known
+fields one by one, so fields this version does not know survive the log, snapshots and a new
+leader (``torchft_wire``). Readers of every version read both forms; a version-2 writer keeps
+writing the fields (an old node in the cluster could not read ``pb``), and the leader enables 3
+once every member node runs a version that reads it (``LighthouseNode``).
+
 This module only translates between Python values and bytes; it owns no state.
 """
 
@@ -27,14 +34,17 @@ from typing import Any, Union
 import msgpack
 
 from .quorum import Member, Quorum
+from .torchft_wire import DecodeError, member_from_bytes
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MIN_READABLE_VERSION = 1
 # Version 2 adds the ``set_members`` command (the replicated member table).
 MEMBERS_SCHEMA_VERSION = 2
 # Commands written at version 2 or later are fenced (``QuorumStateMachine``): a second
 # ``TermStart`` for a term, or a ``CommitQuorum`` outside the current leader term, is a no-op.
 FENCING_SCHEMA_VERSION = 2
+# Version 3 writes a member as the requester's serialized QuorumMember: every field passes through.
+PASS_THROUGH_SCHEMA_VERSION = 3
 
 
 class SchemaError(ValueError):
@@ -97,7 +107,9 @@ class SetMembers:
 
 Command = Union[TermStart, CommitQuorum, ConfirmLeadership, EnableSchema, SetMembers, UnknownCommand]
 
-def member_to_wire(m: Member) -> dict[str, Any]:
+def member_to_wire(m: Member, version: int = SCHEMA_VERSION) -> dict[str, Any]:
+    if m.raw and version >= PASS_THROUGH_SCHEMA_VERSION:
+        return {"r": m.replica_id, "pb": m.raw}
     return {
         "r": m.replica_id, "a": m.address, "s": m.store_address, "st": m.step, "w": m.world_size,
         "so": m.shrink_only, "d": m.data, "cf": m.commit_failures,
@@ -105,6 +117,12 @@ def member_to_wire(m: Member) -> dict[str, Any]:
 
 
 def member_from_wire(d: dict[str, Any]) -> Member:
+    raw = d.get("pb")
+    if raw is not None:
+        try:
+            return member_from_bytes(raw)
+        except (DecodeError, TypeError) as e:
+            raise SchemaError(f"member {d.get('r')!r} is not a serialized QuorumMember: {e}") from e
     return Member(
         replica_id=d["r"], address=d.get("a", ""), store_address=d.get("s", ""), step=d.get("st", 0),
         world_size=d.get("w", 0), shrink_only=d.get("so", False), data=d.get("d", ""),
@@ -112,8 +130,8 @@ def member_from_wire(d: dict[str, Any]) -> Member:
     )
 
 
-def quorum_to_wire(q: Quorum) -> dict[str, Any]:
-    return {"id": q.quorum_id, "p": [member_to_wire(m) for m in q.participants], "c": q.created_ms}
+def quorum_to_wire(q: Quorum, version: int = SCHEMA_VERSION) -> dict[str, Any]:
+    return {"id": q.quorum_id, "p": [member_to_wire(m, version) for m in q.participants], "c": q.created_ms}
 
 
 def quorum_from_wire(d: dict[str, Any]) -> Quorum:
@@ -146,7 +164,7 @@ def encode_command(cmd: Command, version: int = SCHEMA_VERSION) -> bytes:
     if isinstance(cmd, TermStart):
         body = {"k": "term_start", "term": cmd.term, "node": cmd.node_id, "t": cmd.time_ms}
     elif isinstance(cmd, CommitQuorum):
-        body = {"k": "commit_quorum", "expect": cmd.expected_quorum_id, "q": quorum_to_wire(cmd.quorum),
+        body = {"k": "commit_quorum", "expect": cmd.expected_quorum_id, "q": quorum_to_wire(cmd.quorum, version),
                 "term": cmd.term, "node": cmd.node_id}
     elif isinstance(cmd, ConfirmLeadership):
         body = {"k": "confirm", "term": cmd.term, "node": cmd.node_id, "lease": cmd.lease_ms}

@@ -18,7 +18,7 @@ from .tls import ClientTLS, ServerTLS, TLSConfigError
 DEFAULT_CLIENT_PORT = 29510
 # A longer lease only lengthens failovers (a new leader waits it out).
 MAX_LEASE_MS = 10_000
-MAX_DATA_BYTES = 64 * 1024
+MAX_MEMBER_BYTES = 64 * 1024
 
 
 class ConfigError(ValueError):
@@ -40,8 +40,9 @@ class PeerSpec:
 _NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
-def parse_host_port(value: str, what: str) -> tuple[str, int]:
-    """Split ``host:port`` (``[v6]:port`` too); raise ConfigError with a clear reason."""
+def parse_host_port(value: str, what: str, *, allow_zero: bool = False) -> tuple[str, int]:
+    """Split ``host:port`` (``[v6]:port`` too); raise ConfigError with a clear reason.
+    ``allow_zero``: port 0 (pick free ports) is accepted."""
     value = value.strip()
     if value.startswith("http://") or value.startswith("https://"):
         value = value.split("://", 1)[1].rstrip("/")
@@ -52,8 +53,10 @@ def parse_host_port(value: str, what: str) -> tuple[str, int]:
         port_no = int(port)
     except ValueError:
         raise ConfigError(f"{what} {value!r} has a non-numeric port") from None
+    if allow_zero and port_no == 0:
+        return host, 0
     if not 0 < port_no < 65536:
-        raise ConfigError(f"{what} {value!r} has a port outside 1-65535")
+        raise ConfigError(f"{what} {value!r} has a port outside {'0' if allow_zero else '1'}-65535")
     return host, port_no
 
 
@@ -105,7 +108,7 @@ class NodeConfig:
     # confirmed this leader within the lease; a new leader waits this long (lease.py). 0: off.
     quorum_lease_ms: int = DEFAULT_LEASE_MS
     raft: RaftSettings = field(default_factory=RaftSettings)
-    max_data_bytes: int = MAX_DATA_BYTES
+    max_member_bytes: int = MAX_MEMBER_BYTES  # a serialized QuorumMember, every field counted
     # --raft-dial: (peer id, HOST:PORT) pairs; that peer is dialed there, its identity stays
     # its Raft address.
     raft_dial: tuple[tuple[str, str], ...] = ()

@@ -30,14 +30,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from google.protobuf.timestamp_pb2 import Timestamp
-
 from .codec import CommitQuorum, ConfirmLeadership, TermStart
 from .lease import LeaseSettings, QuorumLease
-from .proto import torchft_pb2 as pb
 from .quorum import Member, Participant, Quorum, QuorumOptions, compute_quorum, issue_quorum
 from .replication import CommitError
 from .state_machine import CommitResult, QuorumStateMachine, TermStartResult
+from .torchft_wire import quorum_response
 
 log = logging.getLogger(__name__)
 
@@ -60,30 +58,6 @@ class IssuedRound:
     quorum: Quorum
     member_ids: frozenset[str]
     response: bytes
-
-
-def quorum_to_proto(q: Quorum) -> pb.Quorum:
-    created = Timestamp()
-    created.FromMilliseconds(q.created_ms)
-    return pb.Quorum(
-        quorum_id=q.quorum_id,
-        participants=[member_to_proto(m) for m in q.participants],
-        created=created,
-    )
-
-
-def member_to_proto(m: Member) -> pb.QuorumMember:
-    return pb.QuorumMember(
-        replica_id=m.replica_id, address=m.address, store_address=m.store_address, step=m.step,
-        world_size=m.world_size, shrink_only=m.shrink_only, data=m.data, commit_failures=m.commit_failures,
-    )
-
-
-def member_from_proto(p: pb.QuorumMember) -> Member:
-    return Member(
-        replica_id=p.replica_id, address=p.address, store_address=p.store_address, step=p.step,
-        world_size=p.world_size, shrink_only=p.shrink_only, data=p.data, commit_failures=p.commit_failures,
-    )
 
 
 class QuorumCoordinator:
@@ -427,7 +401,7 @@ class QuorumCoordinator:
             self.lease.confirmed(term, now)
 
     def _issue(self, quorum: Quorum, commit_s: float | None) -> None:
-        response = pb.LighthouseQuorumResponse(quorum=quorum_to_proto(quorum)).SerializeToString()
+        response = quorum_response(quorum)
         issued = IssuedRound(quorum=quorum, member_ids=frozenset(m.replica_id for m in quorum.participants),
                              response=response)
         previous, self.last_issued = self.last_issued, issued

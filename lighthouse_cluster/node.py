@@ -23,10 +23,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from . import __version__
-from .codec import SCHEMA_VERSION, Command
+from .codec import SCHEMA_VERSION, Command, EnableSchema
 from .config import NodeConfig, PeerSpec
 from .metrics import NodeMetrics
-from .coordinator import NotLeader, QuorumCoordinator, member_to_proto, quorum_to_proto
+from .coordinator import NotLeader, QuorumCoordinator
 from .event_loop import running_loop_name
 from .lease import LeaseSettings
 from .proto import lighthouse_cluster_pb2 as cpb
@@ -39,10 +39,14 @@ from .servicers import (AdminServiceAdapter, ClusterServiceAdapter, InvalidReque
                         validate_requester)
 from .state_machine import QuorumStateMachine
 from .thread_hop import loop_future
+from .torchft_wire import member_to_proto, quorum_to_proto
 
 log = logging.getLogger(__name__)
 
 WATCH_PERIOD_S = 0.02
+# How often a leader whose cluster runs an older schema than this version writes asks the other
+# nodes which version they read (see _upgrade_schema).
+SCHEMA_CHECK_PERIOD_S = 2.0
 # While no leader is known, a waiting call re-checks at least this often.
 REROUTE_POLL_S = 0.05
 # A Quorum call is answered this long before the caller's deadline (see route_quorum).
@@ -100,6 +104,8 @@ class LighthouseNode:
         self.health = health.aio.HealthServicer()
         self._health_serving: bool | None = None
         self.http = None  # http_endpoints.HttpEndpoints when --http-bind is set
+        self._schema_checked_at = float("-inf")
+        self._schema_task: asyncio.Task[None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -168,6 +174,8 @@ class LighthouseNode:
             log.info("leadership %s before shutdown", "handed over" if not self.raft.is_leader else "not handed over")
         if self._watch_task is not None:
             self._watch_task.cancel()
+        if self._schema_task is not None:
+            self._schema_task.cancel()
         if self.coordinator is not None:
             self.coordinator.stop_leading()
         await self.heartbeats.stop()
@@ -212,7 +220,47 @@ class LighthouseNode:
             self._check_raft()
             self.refresh_members()
             await self._update_health()
+            self._maybe_upgrade_schema()
             await asyncio.sleep(WATCH_PERIOD_S)
+
+    # -- schema upgrades ----------------------------------------------------------------------
+
+    def _maybe_upgrade_schema(self) -> None:
+        coord = self.coordinator
+        if self.machine.schema_version >= SCHEMA_VERSION or coord is None or not coord.serving:
+            return
+        if self._schema_task is not None and not self._schema_task.done():
+            return
+        now = time.monotonic()
+        if now - self._schema_checked_at < SCHEMA_CHECK_PERIOD_S:
+            return
+        self._schema_checked_at = now
+        self._schema_task = asyncio.get_running_loop().create_task(self._upgrade_schema())
+
+    async def _upgrade_schema(self) -> None:
+        """Enable the newest schema every member node reads (each reports the version it writes
+        in ``Status``; 0 from a version that predates the field). Until the last node of a
+        rolling upgrade runs this version, the cluster keeps writing the schema it has."""
+        enabled = self.machine.schema_version
+        readable = [SCHEMA_VERSION]
+        for peer in self.other_members:
+            stub = cpb_grpc.LighthouseClusterStub(self.channels.get(peer.client_address))
+            try:
+                st = await stub.Status(cpb.StatusRequest(), timeout=1.0)
+            except grpc.aio.AioRpcError as e:
+                log.debug("schema %d enabled, %d written here: node %s did not answer (%s)", enabled,
+                          SCHEMA_VERSION, peer.node_id, e.code().name)
+                return
+            readable.append(st.schema_version)
+        target = min(readable)
+        if target <= enabled:
+            return
+        try:
+            now_enabled = await asyncio.wait_for(self.submit(EnableSchema(version=target)), 2.0)
+        except Exception as e:  # noqa: BLE001 -- not committed: retried at the next check
+            log.info("schema %d not enabled yet (%s)", target, str(e) or type(e).__name__)
+            return
+        log.info("every node reads schema %d: enabled (was %d)", now_enabled, enabled)
 
     # -- members -------------------------------------------------------------------------------
 
@@ -407,7 +455,7 @@ class LighthouseNode:
         what ``route_quorum`` does for a call carrying ``FORWARDED_HEADER`` (``timeout`` is that
         call's deadline), failures raised as the ``grpc.aio.AioRpcError`` it would have ended with."""
         try:
-            member = validate_requester(pb.LighthouseQuorumRequest.FromString(raw), self.config.max_data_bytes)
+            member = validate_requester(pb.LighthouseQuorumRequest.FromString(raw), self.config.max_member_bytes)
         except DecodeError as e:
             raise forward_error(grpc.StatusCode.INVALID_ARGUMENT, f"malformed LighthouseQuorumRequest: {e}") from None
         except InvalidRequest as e:

@@ -37,7 +37,7 @@ Semantics follow torchft's ``src/lighthouse.rs`` exactly, including its quirks:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 
 __all__ = [
@@ -57,7 +57,10 @@ class Member:
     """One replica group's quorum request (mirrors ``torchft.QuorumMember``).
 
     ``data`` is an opaque JSON string; ``commit_failures`` is the number of consecutive
-    failed commits the replica reports (a positive value forces a new quorum id).
+    failed commits the replica reports (a positive value forces a new quorum id). ``raw`` is
+    the requester's serialized ``torchft.QuorumMember`` exactly as it sent it, fields this
+    version does not know included: participants go back to trainers from it
+    (``torchft_wire``); empty for a member built from the fields above alone.
     """
 
     replica_id: str
@@ -68,6 +71,7 @@ class Member:
     shrink_only: bool = False
     data: str = ""
     commit_failures: int = 0
+    raw: bytes = field(default=b"", repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 import grpc
 from google.protobuf.message import DecodeError
 
-from .coordinator import member_from_proto
 from .proto import lighthouse_cluster_pb2 as cpb
 from .proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from .proto import torchft_pb2 as pb
 from .quorum import Member
 from .routing import FORWARDED_HEADER
+from .torchft_wire import member_from_proto
 
 if TYPE_CHECKING:
     from .node import LighthouseNode
@@ -33,7 +33,8 @@ class InvalidRequest(ValueError):
     """A request the lighthouse cannot act on; becomes INVALID_ARGUMENT."""
 
 
-def validate_requester(request: pb.LighthouseQuorumRequest, max_data_bytes: int) -> Member:
+def validate_requester(request: pb.LighthouseQuorumRequest, max_member_bytes: int) -> Member:
+    """The requester as a ``Member`` (carrying every field it sent), or ``InvalidRequest``."""
     if not request.HasField("requester"):
         raise InvalidRequest("missing requester")
     r = request.requester
@@ -45,8 +46,10 @@ def validate_requester(request: pb.LighthouseQuorumRequest, max_data_bytes: int)
         raise InvalidRequest(f"requester.commit_failures must be >= 0, got {r.commit_failures}")
     if r.world_size >= 2**63:
         raise InvalidRequest(f"requester.world_size {r.world_size} is out of range (negative when signed)")
-    if len(r.data.encode()) > max_data_bytes:
-        raise InvalidRequest(f"requester.data is {len(r.data.encode())} bytes; the limit is {max_data_bytes}")
+    size = r.ByteSize()  # every field, known to this version or not: all of it is replicated
+    if size > max_member_bytes:
+        raise InvalidRequest(f"requester is {size} bytes serialized ({len(r.data.encode())} of them data); "
+                             f"the limit on a member is {max_member_bytes}")
     if len(r.replica_id) > 1024:
         raise InvalidRequest("requester.replica_id is longer than 1024 characters")
     return member_from_proto(r)
@@ -74,7 +77,7 @@ class LighthouseServiceAdapter:
     async def quorum(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
             request = pb.LighthouseQuorumRequest.FromString(raw)
-            member = validate_requester(request, self.node.config.max_data_bytes)
+            member = validate_requester(request, self.node.config.max_member_bytes)
         except DecodeError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed LighthouseQuorumRequest: {e}")
         except InvalidRequest as e:

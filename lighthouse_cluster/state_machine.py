@@ -190,7 +190,7 @@ class QuorumStateMachine:
 
     def to_snapshot(self) -> bytes:
         return codec.encode_snapshot({
-            "quorum": codec.quorum_to_wire(self.quorum) if self.quorum is not None else None,
+            "quorum": codec.quorum_to_wire(self.quorum, self.schema_version) if self.quorum is not None else None,
             "history": [[h.quorum_id, list(h.replica_ids), h.created_ms, h.term] for h in self.history],
             "leader": [self.leader_term, self.leader_id, self.leader_since_ms],
             "schema": self.schema_version,

@@ -144,7 +144,7 @@ def test_apply_is_deterministic_and_ids_monotonic(ops: list[tuple[int, Quorum]])
 def test_member_table_is_a_compare_and_set_and_survives_snapshots() -> None:
     sm = QuorumStateMachine()
     members = (("n1", "h:1", "h:2"), ("n4", "h:7", "h:8"))
-    assert sm.apply(EnableSchema(version=codec.MEMBERS_SCHEMA_VERSION)) == 2
+    assert sm.apply(EnableSchema(version=codec.MEMBERS_SCHEMA_VERSION)) == codec.SCHEMA_VERSION  # never lowers
     raw = codec.encode_command(codec.SetMembers(expected_version=0, members=members), version=sm.schema_version)
     assert sm.apply_bytes(raw).applied and sm.members == members and sm.members_version == 1
     assert not sm.apply(codec.SetMembers(expected_version=0, members=())).applied  # stale: rejected
