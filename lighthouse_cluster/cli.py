@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from . import __version__
+from .codec import SCHEMA_VERSION
 from .config import ConfigError, build_node_config, parse_host_port, split_endpoints
 from .event_loop import DEFAULT_LOOP, LOOPS
 from .event_loop import run as run_event_loop
@@ -139,12 +140,15 @@ def main() -> None:
               envvar=ENV + "LOG_LEVEL", show_default=True)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", envvar=ENV + "LOG_FORMAT",
               show_default=True)
+@click.option("--schema-version", type=int, default=SCHEMA_VERSION, hidden=True,
+              help="Write and report at most this replicated schema version: act as an older version "
+                   "(rolling-upgrade tests).")
 def serve(node_id: str, peers: tuple[str, ...], client_bind: str | None, raft_bind: str | None,
           raft_dial: tuple[str, ...], data_dir: Path | None, secret: str | None, secret_file: Path | None,
           insecure: bool, http_bind: str | None, admin_token: str | None, tls_cert: str | None, tls_key: str | None,
           tls_client_ca: str | None, tls_ca: str | None, join: bool, min_replicas: int, join_timeout_ms: int,
           quorum_tick_ms: int, heartbeat_timeout_ms: int, election_timeout_ms: int | None, quorum_lease_ms: int,
-          event_loop: str, log_level: str, log_format: str) -> None:
+          event_loop: str, log_level: str, log_format: str, schema_version: int) -> None:
     """Run one lighthouse node in the foreground (SIGTERM hands leadership over, then exits)."""
     from .logs import configure_logging
 
@@ -164,7 +168,7 @@ def serve(node_id: str, peers: tuple[str, ...], client_bind: str | None, raft_bi
             quorum_tick_ms=quorum_tick_ms, heartbeat_timeout_ms=heartbeat_timeout_ms,
             election_timeout_ms=election_timeout_ms, raft_dial=list(raft_dial), http_bind=http_bind,
             admin_token=admin_token, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca, tls_ca=tls_ca,
-            join=join, quorum_lease_ms=quorum_lease_ms)
+            join=join, quorum_lease_ms=quorum_lease_ms, schema_version=schema_version)
     except ConfigError as e:
         _exit_config_error(e)
     configure_logging(log_level, log_format, node_id)

@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .codec import MEMBERS_SCHEMA_VERSION as MIN_WRITABLE_VERSION
+from .codec import SCHEMA_VERSION
 from .lease import DEFAULT_LEASE_MS
 from .quorum import QuorumOptions
 from .replication import RaftSettings
@@ -109,6 +111,9 @@ class NodeConfig:
     quorum_lease_ms: int = DEFAULT_LEASE_MS
     raft: RaftSettings = field(default_factory=RaftSettings)
     max_member_bytes: int = MAX_MEMBER_BYTES  # a serialized QuorumMember, every field counted
+    # The newest replicated schema this node writes and reports (--schema-version, hidden: below
+    # codec.SCHEMA_VERSION only to act as an older version in rolling-upgrade tests).
+    schema_version: int = SCHEMA_VERSION
     # --raft-dial: (peer id, HOST:PORT) pairs; that peer is dialed there, its identity stays
     # its Raft address.
     raft_dial: tuple[tuple[str, str], ...] = ()
@@ -186,6 +191,7 @@ def build_node_config(
     tls_ca: str | Path | None = None,
     join: bool = False,
     quorum_lease_ms: int = DEFAULT_LEASE_MS,
+    schema_version: int = SCHEMA_VERSION,
 ) -> NodeConfig:
     """Validate raw settings into a NodeConfig, or raise ConfigError naming the problem."""
     check_node_id(node_id)
@@ -218,6 +224,9 @@ def build_node_config(
         f"[::]:{parse_host_port(self_spec.client_address, 'client address')[1]}")
     if not 0 <= quorum_lease_ms <= MAX_LEASE_MS:
         raise ConfigError(f"--quorum-lease-ms must be between 0 (off) and {MAX_LEASE_MS}, got {quorum_lease_ms}")
+    if not MIN_WRITABLE_VERSION <= schema_version <= SCHEMA_VERSION:
+        raise ConfigError(f"--schema-version must be between {MIN_WRITABLE_VERSION} and {SCHEMA_VERSION}, "
+                          f"got {schema_version}")
     if election_timeout_ms is not None and election_timeout_ms < 50:
         raise ConfigError("--election-timeout-ms must be at least 50")
     raft = RaftSettings.from_election_timeout_ms(election_timeout_ms) if election_timeout_ms else RaftSettings()
@@ -254,4 +263,5 @@ def build_node_config(
         tls=server_tls,
         peer_tls=peer_tls,
         join=join,
+        schema_version=schema_version,
     )

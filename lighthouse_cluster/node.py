@@ -23,7 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from . import __version__
-from .codec import SCHEMA_VERSION, Command, EnableSchema
+from .codec import Command, EnableSchema
 from .config import NodeConfig, PeerSpec
 from .metrics import NodeMetrics
 from .coordinator import NotLeader, QuorumCoordinator
@@ -80,7 +80,7 @@ class LighthouseNode:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.started = time.monotonic()
-        self.machine = QuorumStateMachine()
+        self.machine = QuorumStateMachine(config.schema_version)
         self.raft: RaftNode | None = None
         self.coordinator: QuorumCoordinator | None = None
         self.server: grpc.aio.Server | None = None
@@ -227,7 +227,7 @@ class LighthouseNode:
 
     def _maybe_upgrade_schema(self) -> None:
         coord = self.coordinator
-        if self.machine.schema_version >= SCHEMA_VERSION or coord is None or not coord.serving:
+        if self.machine.schema_version >= self.config.schema_version or coord is None or not coord.serving:
             return
         if self._schema_task is not None and not self._schema_task.done():
             return
@@ -242,14 +242,14 @@ class LighthouseNode:
         in ``Status``; 0 from a version that predates the field). Until the last node of a
         rolling upgrade runs this version, the cluster keeps writing the schema it has."""
         enabled = self.machine.schema_version
-        readable = [SCHEMA_VERSION]
+        readable = [self.config.schema_version]
         for peer in self.other_members:
             stub = cpb_grpc.LighthouseClusterStub(self.channels.get(peer.client_address))
             try:
                 st = await stub.Status(cpb.StatusRequest(), timeout=1.0)
             except grpc.aio.AioRpcError as e:
                 log.debug("schema %d enabled, %d written here: node %s did not answer (%s)", enabled,
-                          SCHEMA_VERSION, peer.node_id, e.code().name)
+                          self.config.schema_version, peer.node_id, e.code().name)
                 return
             readable.append(st.schema_version)
         target = min(readable)
@@ -544,7 +544,8 @@ class LighthouseNode:
                    for p in self.other_members],
             uptime_ms=int((time.monotonic() - self.started) * 1000),
             version=__version__,
-            schema_version=SCHEMA_VERSION,
+            schema_version=self.config.schema_version,
+            enabled_schema_version=self.machine.schema_version,
             members_version=self.machine.members_version,
             tls=cfg.tls is not None,
             settings=cpb.QuorumSettings(min_replicas=cfg.options.min_replicas,

@@ -86,13 +86,16 @@ class HistoryEntry:
 class QuorumStateMachine:
     """The lighthouse cluster's replicated state; see the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_schema_version: int = codec.SCHEMA_VERSION) -> None:
+        """``max_schema_version``: the newest schema this node's version writes (lower only to act
+        as an older version, for rolling-upgrade tests)."""
+        self.max_schema_version = max_schema_version
         self.quorum: Quorum | None = None
         self.history: deque[HistoryEntry] = deque(maxlen=HISTORY_LENGTH)
         self.leader_term = 0
         self.leader_id = ""
         self.leader_since_ms = 0
-        self.schema_version = codec.SCHEMA_VERSION
+        self.schema_version = max_schema_version
         self.commands_applied = 0
         self.rejected_commits = 0
         self.rejected_term_starts = 0
@@ -124,7 +127,7 @@ class QuorumStateMachine:
             self.lease_ms = command.lease_ms
             return command.term == self.leader_term and command.node_id == self.leader_id
         if isinstance(command, EnableSchema):
-            if codec.MIN_READABLE_VERSION <= command.version <= codec.SCHEMA_VERSION:
+            if codec.MIN_READABLE_VERSION <= command.version <= self.max_schema_version:
                 self.schema_version = max(self.schema_version, command.version)
             return self.schema_version
         if isinstance(command, SetMembers):
