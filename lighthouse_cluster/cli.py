@@ -194,7 +194,8 @@ async def _serve(config: Any) -> None:
 @main.command()
 @click.option("--nodes", type=click.IntRange(1, 9), default=3, show_default=True, help="How many nodes (odd).")
 @click.option("--bind", default="[::]:29510", show_default=True, metavar="HOST:PORT",
-              help="The first node's client address; the others take the following ports (as torchft_lighthouse).")
+              help="The first node's client address; the others take the following ports (as torchft_lighthouse). "
+                   "Port 0 picks free ports for every node (printed).")
 @click.option("--raft-port", type=int, help="The first node's Raft port (default: client port + 100).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Keep node data here (default: a temporary directory removed on exit).")
@@ -215,7 +216,7 @@ def up(nodes: int, bind: str, raft_port: int | None, data_dir: Path | None, min_
     """Run a local N-node cluster on this host in the foreground; Ctrl-C stops every node."""
     from rich.console import Console
 
-    from .local_cluster import LocalCluster, port_is_free
+    from .local_cluster import LocalCluster, free_ports, port_is_free
 
     console = Console(stderr=False)
     if nodes % 2 == 0:
@@ -223,15 +224,21 @@ def up(nodes: int, bind: str, raft_port: int | None, data_dir: Path | None, min_
     if demo and (tls or mtls):
         _exit_config_error(ConfigError("--demo's simulated replica groups speak plaintext: drop --tls/--mtls"))
     try:
-        host, port = parse_host_port(bind, "--bind")
+        host, port = parse_host_port(bind, "--bind", allow_zero=True)
     except ConfigError as e:
         _exit_config_error(e)
     wildcard = host in ("[::]", "0.0.0.0", "::")
     advertise = "127.0.0.1" if wildcard or host in ("localhost",) else host.strip("[]")
-    client_ports = [port + i for i in range(nodes)]
-    raft_base = raft_port or port + 100
-    raft_ports = [raft_base + i for i in range(nodes)]
-    http_ports = [port + 200 + i for i in range(nodes)]
+    if port == 0:
+        # Port 0: the kernel picks every client, Raft and HTTP port (all distinct); printed below.
+        picked = free_ports(3 * nodes, advertise)
+        client_ports, http_ports = picked[:nodes], picked[2 * nodes:]
+        raft_ports = [raft_port + i for i in range(nodes)] if raft_port else picked[nodes:2 * nodes]
+    else:
+        client_ports = [port + i for i in range(nodes)]
+        raft_base = raft_port or port + 100
+        raft_ports = [raft_base + i for i in range(nodes)]
+        http_ports = [port + 200 + i for i in range(nodes)]
     busy = [p for p in client_ports + raft_ports + http_ports if not port_is_free(p, advertise)]
     if busy:
         _exit_config_error(ConfigError(f"ports already in use on {advertise}: {busy} (pick another --bind)"))
@@ -262,6 +269,9 @@ def up(nodes: int, bind: str, raft_port: int | None, data_dir: Path | None, min_
             if not cluster.wait_for_followers(leader, timeout=10):
                 console.print("[yellow]warning:[/] not every node follows the leader yet; "
                               "`lighthouse-cluster status` shows which")
+        if port == 0:
+            click.echo(f"--bind {bind}: chose client ports {','.join(map(str, client_ports))}, "
+                       f"raft ports {','.join(map(str, raft_ports))}, http ports {','.join(map(str, http_ports))}")
         _print_endpoints(console, cluster, leader, root)
         if demo:
             from .demo import run_demo
