@@ -28,6 +28,9 @@ class NodeRow:
     commit_index: int
     reachable: bool
     leader_id: str = ""
+    version: str = ""
+    schema_writes: int = 0    # the newest replicated schema the node's version writes
+    schema_enabled: int = 0   # the schema the cluster has enabled, as applied on the node
 
 
 @dataclass
@@ -71,7 +74,8 @@ def build_view(answers: Sequence[tuple[str, cpb.NodeStatus | None]]) -> ClusterV
             continue
         rows[st.node.id] = NodeRow(id=st.node.id, address=st.node.client_address, role=_ROLE_NAMES[st.role],
                                    term=st.term, commit_index=st.commit_index, reachable=True,
-                                   leader_id=st.leader_id)
+                                   leader_id=st.leader_id, version=st.version, schema_writes=st.schema_version,
+                                   schema_enabled=st.enabled_schema_version)
         for p in st.peers:
             known.setdefault(p.node.id, p.node)
         if st.role == cpb.LEADER and (leader_status is None or st.term > leader_status.term):
@@ -127,7 +131,8 @@ def to_json(view: ClusterView) -> dict[str, Any]:
         "leader": view.leader,
         "term": view.term,
         "nodes": [{"id": r.id, "address": r.address, "role": r.role, "term": r.term,
-                   "commit_index": r.commit_index, "reachable": r.reachable} for r in view.nodes],
+                   "commit_index": r.commit_index, "reachable": r.reachable, "version": r.version,
+                   "schema": {"writes": r.schema_writes, "enabled": r.schema_enabled}} for r in view.nodes],
         "quorum": view.quorum,
         "quorum_reason": view.quorum_reason,
         "pending": view.pending,
@@ -135,6 +140,19 @@ def to_json(view: ClusterView) -> dict[str, Any]:
         "settings": view.settings,
         "rounds": view.rounds,
     }
+
+
+def upgrade_note(view: ClusterView) -> str:
+    """One line while a rolling upgrade is under way (nodes on different versions, or a newer
+    replicated schema not enabled yet); empty otherwise."""
+    up = [r for r in view.nodes if r.reachable]
+    versions = sorted({r.version for r in up if r.version})
+    enabled = min((r.schema_enabled for r in up if r.schema_enabled), default=0)
+    writes = max((r.schema_writes for r in up), default=0)
+    if len(versions) <= 1 and enabled >= writes:
+        return ""
+    return (f"rolling upgrade: versions {', '.join(versions) or '?'}; replicated schema {enabled} enabled"
+            + (f", {writes} once the leader sees every node run it" if writes > enabled else ""))
 
 
 def render(view: ClusterView, console: Any) -> None:
@@ -150,6 +168,9 @@ def render(view: ClusterView, console: Any) -> None:
                       str(r.commit_index) if r.reachable else "-", "yes" if r.reachable else "[red]no[/]")
     console.print(nodes)
     console.print(f"leader: {view.leader or '[red]none known[/]'}   term: {view.term}")
+    upgrading = upgrade_note(view)
+    if upgrading:
+        console.print(upgrading)
     if view.quorum is None:
         console.print("quorum: none issued yet")
     else:

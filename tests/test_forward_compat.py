@@ -151,7 +151,13 @@ def test_rolling_upgrade_from_schema_2_keeps_whole_members_once_every_node_reads
             wait_for(cluster, "the leader to hold round 2's known fields",
                      lambda: stored(cluster, leader) == {"a": member_bytes("a", step=2)}, 10.0)
             assert 2 in enabled_schemas(cluster)
+            table = cli("status", env=env(cluster))
+            assert table.returncode == 0 and "replicated schema 2 enabled, 3 once the leader sees every node" \
+                in " ".join(table.stdout.split()), table.stdout
+            nodes = json.loads(cli("status", "-o", "json", env=env(cluster)).stdout)["nodes"]
+            assert sorted(n["schema"]["writes"] for n in nodes) == [2, 3, 3], nodes
     wait_for(cluster, "schema 3 enabled on every node", lambda: enabled_schemas(cluster) == [3, 3, 3], 15.0)
+    assert "rolling upgrade" not in cli("status", env=env(cluster)).stdout
     new = {"a": member_bytes("a", step=3, extra=unknown_field(15, b"new"))}
     assert call_raw(cluster.client_addresses[leader], new["a"]) == new, cluster.tail_logs()
     for i in range(3):
