@@ -35,8 +35,11 @@ from typing import IO
 from .config import ConfigError, parse_host_port
 from .local_cluster import LocalCluster, free_ports, port_is_free
 
-# torchft's LighthouseServer defaults (torchft/src/lighthouse.rs, the torchft_lighthouse flags).
-DEFAULT_JOIN_TIMEOUT_MS = 60_000
+# The defaults of torchft's Python LighthouseServer (its pyo3 constructor): join_timeout_ms is 100
+# there, not the torchft_lighthouse command line's 60000 (torchft's own tests rely on it: e.g.
+# local_sgd_integ_test's upscale cases expect two replicas to go on without a third that
+# heartbeats but waits at a barrier).
+DEFAULT_JOIN_TIMEOUT_MS = 100
 DEFAULT_QUORUM_TICK_MS = 100
 DEFAULT_HEARTBEAT_TIMEOUT_MS = 5_000
 
@@ -152,7 +155,8 @@ class LighthouseServer:
     Args:
         bind: ``HOST:PORT`` for the (first) node's client port; port 0 picks free ports.
         min_replicas: fewest replica groups a new quorum may have.
-        join_timeout_ms: how long to wait for heartbeating replicas that have not asked (60000).
+        join_timeout_ms: how long to wait for heartbeating replicas that have not asked (100, as
+            torchft's LighthouseServer; torchft_lighthouse's command line defaults to 60000).
         quorum_tick_ms: how often the leader re-evaluates the pending quorum (100).
         heartbeat_timeout_ms: a replica whose last heartbeat is older is unhealthy (5000).
         nodes: how many node processes (odd; 3 by default).

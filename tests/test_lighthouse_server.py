@@ -57,7 +57,7 @@ def _node_pids(server: LighthouseServer) -> list[int]:
 
 def test_torchft_client_gets_a_quorum_and_shutdown_leaves_nothing() -> None:
     torchft = pytest.importorskip("torchft._torchft", reason="torchft is not installed")
-    server = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=10_000)
+    server = LighthouseServer(bind="[::]:0", min_replicas=2)
     try:
         pids = _node_pids(server)
         reaper = server.cluster.reaper.process.pid
@@ -66,13 +66,13 @@ def test_torchft_client_gets_a_quorum_and_shutdown_leaves_nothing() -> None:
         assert address.startswith("http://") and int(address.rsplit(":", 1)[1]) > 0
         print(f"\nLighthouseServer('[::]:0') served at {address} after {server.start_seconds:.2f}s")
 
-        # torchft's defaults for what was not given, as every node reports them.
+        # torchft's LighthouseServer defaults for what was not given, as every node reports them (the
+        # Python class's join timeout is 100 ms; torchft_lighthouse's command line has 60000).
         for i in range(3):
             st = query_status(server.cluster.client_addresses[i], 2.0)
             assert st is not None
             s = st.settings
-            assert (s.min_replicas, s.join_timeout_ms, s.quorum_tick_ms, s.heartbeat_timeout_ms) == (2, 10_000, 100,
-                                                                                                    5_000)
+            assert (s.min_replicas, s.join_timeout_ms, s.quorum_tick_ms, s.heartbeat_timeout_ms) == (2, 100, 100, 5_000)
 
         # Two replicas through torchft's own Rust client, at address(): one quorum of both.
         results: dict[str, object] = {}
