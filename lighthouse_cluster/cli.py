@@ -415,9 +415,9 @@ def status(endpoints: str | None, tls_ca: str | None, tls_client_cert: str | Non
     if output == "json":
         click.echo(json.dumps(to_json(view), indent=2))
     else:
-        from rich.console import Console
+        from .output import console
 
-        render(view, Console())
+        render(view, console())
     if view.leader is None:
         click.echo("error: no leader is known (election in progress or no majority reachable)", err=True)
         sys.exit(1)
@@ -440,9 +440,9 @@ def health(endpoints: str | None, tls_ca: str | None, tls_client_cert: str | Non
     if output == "json":
         click.echo(json.dumps(health_to_json(h), indent=2))
     else:
-        from rich.console import Console
+        from .output import console
 
-        render_health(h, Console())
+        render_health(h, console())
     if not h.healthy:
         click.echo(f"error: cluster unhealthy: {h.problems[0]}", err=True)
         sys.exit(1)
@@ -459,16 +459,13 @@ def _print_members(r: Any, output: str, title: str = "members") -> None:
     if output == "json":
         click.echo(json.dumps(data, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
+    from .output import Cell, print_table
 
-    t = Table(title=f"{title} (table version {r.version}{', from --peer' if not r.version else ''})",
-              title_justify="left")
-    for col in ("id", "raft address", "client address", "role"):
-        t.add_column(col, no_wrap=True)
-    for m in data["members"]:
-        t.add_row(m["id"], m["raft_address"], m["client_address"], "[bold green]leader[/]" if m["leader"] else "")
-    Console().print(t)
+    print_table(f"{title} (table version {r.version}{', from --peer' if not r.version else ''})",
+                ("id", "raft address", "client address", "role", "connected"),
+                [(m["id"], m["raft_address"], m["client_address"],
+                  Cell("leader", "bold green") if m["leader"] else "follower",
+                  "yes" if m["connected"] else Cell("no", "red")) for m in data["members"]], record="member")
 
 
 @main.group()
@@ -560,14 +557,10 @@ def transfer_leader(to: str | None, endpoints: str | None, tls_ca: str | None, t
     if output == "json":
         click.echo(json.dumps(data, indent=2))
     else:
-        from rich.console import Console
-        from rich.table import Table
+        from .output import Cell, print_table
 
-        t = Table(title="leadership transferred", title_justify="left")
-        for col in ("previous leader", "leader", "term"):
-            t.add_column(col)
-        t.add_row(r.previous_leader_id, f"[bold green]{r.leader_id}[/]", str(r.term))
-        Console().print(t)
+        print_table("leadership transferred", ("previous leader", "leader", "term"),
+                    [(r.previous_leader_id, Cell(r.leader_id, "bold green"), str(r.term))])
     if to and r.leader_id != to:
         click.echo(f"error: {r.leader_id} was elected, not {to}", err=True)
         sys.exit(1)
@@ -587,15 +580,9 @@ def _snapshot_table(title: str, rows: dict[str, Any], output: str) -> None:
     if output == "json":
         click.echo(json.dumps(rows, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
+    from .output import print_record
 
-    t = Table(title=title, title_justify="left")
-    t.add_column("field")
-    t.add_column("value")
-    for k, v in rows.items():
-        t.add_row(k, str(v))
-    Console().print(t)
+    print_record(title, {k: str(v) for k, v in rows.items()})
 
 
 @snapshot.command("save")

@@ -156,48 +156,39 @@ def upgrade_note(view: ClusterView) -> str:
 
 
 def render(view: ClusterView, console: Any) -> None:
-    """Print the view as rich tables."""
-    from rich.table import Table
+    """Print the view: tables on a terminal, plain lines elsewhere (``output.print_table``)."""
+    from .output import Cell, print_table
 
-    nodes = Table(title="nodes", title_justify="left")
-    for col in ("id", "client address", "role", "term", "commit index", "reachable"):
-        nodes.add_column(col)
-    for r in view.nodes:
-        role = f"[bold green]{r.role}[/]" if r.role == "leader" else r.role
-        nodes.add_row(r.id, r.address, role, str(r.term) if r.reachable else "-",
-                      str(r.commit_index) if r.reachable else "-", "yes" if r.reachable else "[red]no[/]")
-    console.print(nodes)
-    console.print(f"leader: {view.leader or '[red]none known[/]'}   term: {view.term}")
+    print_table("nodes", ("id", "client address", "role", "term", "commit index", "reachable"), [
+        (r.id, r.address, Cell(r.role, "bold green" if r.role == "leader" else ""),
+         str(r.term) if r.reachable else "-", str(r.commit_index) if r.reachable else "-",
+         Cell("yes") if r.reachable else Cell("no", "red"))
+        for r in view.nodes], out=console, record="node")
+    console.print(f"leader: {view.leader or 'none known'}   term: {view.term}",
+                  style="" if view.leader else "red", markup=False)
     upgrading = upgrade_note(view)
     if upgrading:
-        console.print(upgrading)
+        console.print(upgrading, markup=False)
     if view.quorum is None:
         console.print("quorum: none issued yet")
     else:
-        q = Table(title=f"quorum {view.quorum['quorum_id']}", title_justify="left")
-        for col in ("replica id", "step", "address", "world size"):
-            q.add_column(col)
         max_step = max((p["step"] for p in view.quorum["participants"]), default=0)
-        for p in view.quorum["participants"]:
-            step = str(p["step"]) + (" (recovering)" if p["step"] < max_step else "")
-            q.add_row(p["replica_id"], step, p["address"], str(p["world_size"]))
-        console.print(q)
+        print_table(f"quorum {view.quorum['quorum_id']}", ("replica id", "step", "address", "world size"), [
+            (p["replica_id"], str(p["step"]) + (" (recovering)" if p["step"] < max_step else ""), p["address"],
+             str(p["world_size"])) for p in view.quorum["participants"]], out=console, wide=("address",),
+            record="participant")
     if view.quorum_reason:
-        console.print(f"next quorum: {view.quorum_reason}")
+        console.print(f"next quorum: {view.quorum_reason}", markup=False)
     if view.rounds:
         lease_ms = view.settings.get("quorum_lease_ms", 0)
         console.print(f"rounds issued by {view.leader}: {view.rounds['lease']} on the leader lease, "
                       f"{view.rounds['commit']} committed each"
-                      + (f" (lease {lease_ms} ms)" if lease_ms else " (lease off)"))
+                      + (f" (lease {lease_ms} ms)" if lease_ms else " (lease off)"), markup=False)
     if view.heartbeats:
-        hb = Table(title="heartbeats", title_justify="left")
-        hb.add_column("replica id")
-        hb.add_column("age")
         timeout = view.settings.get("heartbeat_timeout_ms", 0)
-        for h in view.heartbeats:
-            age = f"{h['age_ms']} ms"
-            hb.add_row(h["replica_id"], f"[red]{age}[/]" if timeout and h["age_ms"] >= timeout else age)
-        console.print(hb)
+        print_table("heartbeats", ("replica id", "age (ms)"), [
+            (h["replica_id"], Cell(str(h["age_ms"]), "red" if timeout and h["age_ms"] >= timeout else ""))
+            for h in view.heartbeats], out=console, record="heartbeat")
 
 
 # -- health ----------------------------------------------------------------------------------------
@@ -280,18 +271,14 @@ def health_to_json(h: Health) -> dict[str, Any]:
 
 
 def render_health(h: Health, console: Any) -> None:
-    from rich.table import Table
+    from .output import Cell, print_table
 
-    t = Table(title="health", title_justify="left")
-    for col in ("id", "client address", "live", "ready", "role", "term", "leader", "commit index", "lag"):
-        t.add_column(col, no_wrap=col in ("id", "client address"))
-    for r in h.nodes:
-        t.add_row(r.id, r.address, "yes" if r.live else "[red]no[/]",
-                  "yes" if r.ready else f"[red]no[/] ({r.reason})", r.role, str(r.term) if r.live else "-",
-                  r.leader_id or "-", str(r.commit_index) if r.live else "-", "-" if r.lag is None else str(r.lag))
-    console.print(t)
+    print_table("health", ("id", "client address", "live", "ready", "role", "term", "leader", "commit index", "lag"), [
+        (r.id, r.address, Cell("yes") if r.live else Cell("no", "red"), Cell("yes") if r.ready else Cell("no", "red"),
+         r.role, str(r.term) if r.live else "-", r.leader_id or "-", str(r.commit_index) if r.live else "-",
+         "-" if r.lag is None else str(r.lag)) for r in h.nodes], out=console, record="node")
     if h.healthy:
-        console.print(f"[bold green]healthy[/]: leader {h.leader} in term {h.term}")
+        console.print(f"healthy: leader {h.leader} in term {h.term}", style="bold green", markup=False)
     else:
         for p in h.problems:
-            console.print(f"[red]unhealthy[/]: {p}")
+            console.print(f"unhealthy: {p}", style="red", markup=False)

@@ -147,7 +147,7 @@ def test_status_shows_quorum_and_heartbeats(up_cluster) -> None:
     assert view["rounds"]["commit"] >= 1 and view["rounds"]["lease"] >= 0, view["rounds"]
     assert view["settings"]["quorum_lease_ms"] == 100
     res = _status("--endpoints", f"127.0.0.1:{ports[2]}", env={"COLUMNS": "200"})
-    assert f"quorum {q['quorum_id']}" in res.stdout and "replica_0" in res.stdout and "heartbeats" in res.stdout
+    assert f"quorum {q['quorum_id']}" in res.stdout and "replica_0" in res.stdout and "heartbeat: replica_id=replica_0 age_ms=" in res.stdout
     assert "on the leader lease" in res.stdout and "(lease 100 ms)" in res.stdout
 
 
