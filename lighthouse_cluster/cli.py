@@ -23,12 +23,14 @@ import click
 
 from . import __version__
 from .codec import SCHEMA_VERSION
-from .config import ConfigError, build_node_config, parse_host_port, split_endpoints
+from .config import MAX_LEASE_MS, ConfigError, build_node_config, parse_host_port, split_endpoints
 from .event_loop import DEFAULT_LOOP, LOOPS
 from .event_loop import run as run_event_loop
 from .lease import DEFAULT_LEASE_MS
 
 ENV = "LIGHTHOUSE_CLUSTER_"
+# gRPC core logs a failed TLS handshake at INFO on stderr; the commands say what failed in one line.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 
 def _load_config_file(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
@@ -53,23 +55,24 @@ def _load_config_file(ctx: click.Context, _param: click.Parameter, value: str | 
 
 def torchft_flags(f: Any) -> Any:
     """torchft_lighthouse's own flags, same names, meaning and defaults."""
-    f = click.option("--heartbeat_timeout_ms", "--heartbeat-timeout-ms", "heartbeat_timeout_ms", type=int,
+    f = click.option("--heartbeat_timeout_ms", "--heartbeat-timeout-ms", "heartbeat_timeout_ms", type=click.IntRange(min=1),
                      default=5000, show_default=True, envvar=ENV + "HEARTBEAT_TIMEOUT_MS",
                      help="A replica whose last heartbeat is older is unhealthy.")(f)
-    f = click.option("--quorum_tick_ms", "--quorum-tick-ms", "quorum_tick_ms", type=int, default=100,
+    f = click.option("--quorum_tick_ms", "--quorum-tick-ms", "quorum_tick_ms", type=click.IntRange(min=1), default=100,
                      show_default=True, envvar=ENV + "QUORUM_TICK_MS",
                      help="How often the leader re-evaluates the pending quorum.")(f)
-    f = click.option("--join_timeout_ms", "--join-timeout-ms", "join_timeout_ms", type=int, default=60000,
+    f = click.option("--join_timeout_ms", "--join-timeout-ms", "join_timeout_ms", type=click.IntRange(min=1), default=60000,
                      show_default=True, envvar=ENV + "JOIN_TIMEOUT_MS",
                      help="How long to wait for heartbeating replicas that have not asked for the quorum.")(f)
-    f = click.option("--min_replicas", "--min-replicas", "min_replicas", type=int, required=True,
+    f = click.option("--min_replicas", "--min-replicas", "min_replicas", type=click.IntRange(min=1), required=True,
                      envvar=ENV + "MIN_REPLICAS", help="Fewest replica groups a new quorum may have.")(f)
     return f
 
 
 def lease_flag(f: Any) -> Any:
     return click.option(
-        "--quorum-lease-ms", "quorum_lease_ms", type=int, default=DEFAULT_LEASE_MS, show_default=True,
+        "--quorum-lease-ms", "quorum_lease_ms", type=click.IntRange(0, MAX_LEASE_MS), default=DEFAULT_LEASE_MS,
+        show_default=True,
         envvar=ENV + "QUORUM_LEASE_MS",
         help="Leader lease for fast quorums: issued without a Raft commit while a majority confirmed "
              "the leader within it; a new leader waits it out before serving. Assumes node clock rates "
@@ -81,7 +84,30 @@ def _exit_config_error(e: ConfigError) -> None:
     sys.exit(2)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class OneLineErrors(click.Group):
+    """Usage errors as one line on stderr, exit 2 (``error: COMMAND: what is wrong (see --help)``),
+    instead of click's usage block."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.UsageError as e:
+            command = e.ctx.command_path if e.ctx is not None else "lighthouse-cluster"
+            click.echo(f"error: {command}: {e.format_message()} (see {command} --help)", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            click.echo(f"error: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(130)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="lighthouse-cluster")
 def main() -> None:
     """Highly-available lighthouse for torchft: Raft-replicated quorums on 3 or 5 nodes."""
@@ -196,7 +222,7 @@ async def _serve(config: Any) -> None:
 @click.option("--bind", default="[::]:29510", show_default=True, metavar="HOST:PORT",
               help="The first node's client address; the others take the following ports (as torchft_lighthouse). "
                    "Port 0 picks free ports for every node (printed).")
-@click.option("--raft-port", type=int, help="The first node's Raft port (default: client port + 100).")
+@click.option("--raft-port", type=click.IntRange(1, 65535), help="The first node's Raft port (default: client port + 100).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Keep node data here (default: a temporary directory removed on exit).")
 @torchft_flags
@@ -207,7 +233,7 @@ async def _serve(config: Any) -> None:
               help="Admin token of every node (enables the admin commands and the dashboard's kill button).")
 @lease_flag
 @click.option("--demo", is_flag=True, help="Also run simulated replica groups and print their quorums.")
-@click.option("--demo-replicas", type=int, default=3, show_default=True)
+@click.option("--demo-replicas", type=click.IntRange(1, 1024), default=3, show_default=True)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
 def up(nodes: int, bind: str, raft_port: int | None, data_dir: Path | None, min_replicas: int,
@@ -334,7 +360,7 @@ def _print_endpoints(console: Any, cluster: Any, leader: int, root: Path) -> Non
 
 def client_options(f: Any, timeout: float = 5.0) -> Any:
     """Where the nodes are and how to dial them; shared by status and every admin command."""
-    f = click.option("--timeout", type=float, default=timeout, show_default=True,
+    f = click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=timeout, show_default=True,
                      help="Seconds to wait for each call.")(f)
     f = click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)(f)
     f = click.option("--tls-client-key", envvar=ENV + "TLS_CLIENT_KEY", type=click.Path(dir_okay=False),
@@ -360,7 +386,8 @@ def _client_settings(endpoints: str | None, tls_ca: str | None, tls_client_cert:
     from .tls import TLSConfigError, client_tls_for
 
     if not endpoints:
-        _exit_config_error(ConfigError("no endpoints: pass --endpoints URL[,URL...] or set LIGHTHOUSE_CLUSTER_ENDPOINTS"))
+        _exit_config_error(ConfigError("no endpoints: pass --endpoints URL[,URL...], or set LIGHTHOUSE_CLUSTER_ENDPOINTS "
+                                       "(or TORCHFT_LIGHTHOUSE)"))
     try:
         addresses = split_endpoints(endpoints)
         tls = client_tls_for(endpoints, tls_ca, tls_client_cert, tls_client_key, env={})
@@ -404,12 +431,13 @@ def status(endpoints: str | None, tls_ca: str | None, tls_client_cert: str | Non
     from .cluster_view import build_view, collect, render, to_json
 
     addresses, tls = _client_settings(endpoints, tls_ca, tls_client_cert, tls_client_key)
-    answers = collect(addresses, timeout, tls)
+    reasons: dict[str, str] = {}
+    answers = collect(addresses, timeout, tls, reasons)
     if all(st is None for _, st in answers):
+        message = "no node answered: " + "; ".join(reasons.get(a, a) for a in addresses)
         if output == "json":
-            click.echo(json.dumps({"leader": None, "nodes": [], "quorum": None,
-                                   "error": f"no node answered at {', '.join(addresses)}"}))
-        click.echo(f"error: no node answered at {', '.join(addresses)} within {timeout:g}s", err=True)
+            click.echo(json.dumps({"leader": None, "nodes": [], "quorum": None, "error": message}))
+        click.echo(f"error: {message}", err=True)
         sys.exit(1)
     view = build_view(answers)
     if output == "json":
@@ -436,7 +464,12 @@ def health(endpoints: str | None, tls_ca: str | None, tls_client_cert: str | Non
     from .cluster_view import build_health, collect, health_to_json, render_health
 
     addresses, tls = _client_settings(endpoints, tls_ca, tls_client_cert, tls_client_key)
-    h = build_health(collect(addresses, timeout, tls), max_lag)
+    reasons: dict[str, str] = {}
+    answers = collect(addresses, timeout, tls, reasons)
+    if all(st is None for _, st in answers) and output != "json":
+        click.echo("error: no node answered: " + "; ".join(reasons.get(a, a) for a in addresses), err=True)
+        sys.exit(1)
+    h = build_health(answers, max_lag)
     if output == "json":
         click.echo(json.dumps(health_to_json(h), indent=2))
     else:

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .status_client import query_status
+from .status_client import probe_status
 from .proto import lighthouse_cluster_pb2 as cpb
 from .tls import ClientTLS
 
@@ -47,15 +47,18 @@ class ClusterView:
     rounds: dict[str, int] = field(default_factory=dict)
 
 
-def collect(endpoints: Sequence[str], timeout: float = 2.0,
-            tls: ClientTLS | None = None) -> list[tuple[str, cpb.NodeStatus | None]]:
-    """Ask every endpoint, then every peer those answers name that was not asked yet."""
+def collect(endpoints: Sequence[str], timeout: float = 2.0, tls: ClientTLS | None = None,
+            reasons: dict[str, str] | None = None) -> list[tuple[str, cpb.NodeStatus | None]]:
+    """Ask every endpoint, then every peer those answers name that was not asked yet. Why an
+    endpoint did not answer goes into ``reasons`` (one line each), when given."""
     asked: dict[str, cpb.NodeStatus | None] = {}
     todo = list(dict.fromkeys(endpoints))
     with ThreadPoolExecutor(max_workers=8) as pool:
         while todo:
-            for endpoint, answer in zip(todo, pool.map(lambda e: query_status(e, timeout, tls), todo)):
+            for endpoint, (answer, why) in zip(todo, pool.map(lambda e: probe_status(e, timeout, tls), todo)):
                 asked[endpoint] = answer
+                if answer is None and reasons is not None:
+                    reasons[endpoint] = why
             named = [p.node.client_address for st in asked.values() if st is not None for p in st.peers]
             todo = [a for a in dict.fromkeys(named) if a not in asked]
     return list(asked.items())

@@ -15,11 +15,45 @@ from .tls import ClientTLS, channel
 
 def query_status(address: str, timeout: float = 1.0, tls: ClientTLS | None = None) -> cpb.NodeStatus | None:
     """One node's Status, or None when it does not answer in time."""
+    return probe_status(address, timeout, tls)[0]
+
+
+def probe_status(address: str, timeout: float = 1.0,
+                 tls: ClientTLS | None = None) -> tuple[cpb.NodeStatus | None, str]:
+    """(one node's Status, "") or (None, one line saying why not and what to check)."""
     try:
         with channel(address, tls) as ch:
-            return cpb_grpc.LighthouseClusterStub(ch).Status(cpb.StatusRequest(), timeout=timeout)
-    except grpc.RpcError:
-        return None
+            return cpb_grpc.LighthouseClusterStub(ch).Status(cpb.StatusRequest(), timeout=timeout), ""
+    except grpc.RpcError as e:
+        return None, explain_rpc_error(address, e.code(), e.details() or "", timeout, tls is not None)
+
+
+def explain_rpc_error(address: str, code: grpc.StatusCode, details: str, timeout: float,
+                      tls: bool) -> str:
+    """A failed call as one line for an operator: what went wrong and what to check."""
+    d = details.lower()
+    if "http/2" in d or "http1" in d or "settings frame" in d or "http2" in d:
+        why = "not a gRPC port (an HTTP port such as the dashboard's?); give the node's client port"
+    elif "ssl" in d or "tls" in d or "handshake" in d or "certificate" in d:
+        why = ("TLS handshake failed; check http:// versus https:// (the node's client port may be plaintext "
+               "or TLS) and --tls-ca / --tls-client-cert")
+    elif tls and code == grpc.StatusCode.UNAVAILABLE and ("socket closed" in d or "connection reset" in d
+                                                          or "end of file" in d):
+        why = "the connection closed during the TLS handshake; is the node's client port plaintext (http://)?"
+    elif "connection refused" in d:
+        why = "connection refused: nothing listens there (node down, or a wrong host or port?)"
+    elif "resolution" in d or "resolve" in d or "dns" in d:
+        why = "the host name does not resolve"
+    elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        why = (f"no answer within {timeout:g}s (a paused or overloaded node, or a firewall that drops packets; "
+               "--timeout waits longer)")
+    elif code == grpc.StatusCode.UNIMPLEMENTED:
+        why = "not a lighthouse-cluster node (a torchft_lighthouse, or another gRPC server?)"
+    elif code == grpc.StatusCode.UNAVAILABLE and not tls and ("socket closed" in d or "connection reset" in d):
+        why = "the connection closed at once; does the node's client port require TLS (https://)?"
+    else:
+        why = f"{code.name}: {details.splitlines()[0] if details else 'no details'}"
+    return f"{address}: {why}"
 
 
 # admin.NodeAdmin's refusal on a node that does not lead (the leader moved): route again.
@@ -54,7 +88,8 @@ class AdminClient:
                 with channel(address, self.tls) as ch:
                     r = cpb_grpc.LighthouseClusterStub(ch).Leader(cpb.LeaderRequest(), timeout=min(self.timeout, 2.0))
             except grpc.RpcError as e:
-                errors.append(f"{address}: {e.code().name}")
+                errors.append(explain_rpc_error(address, e.code(), e.details() or "", min(self.timeout, 2.0),
+                                                self.tls is not None))
                 continue
             if r.leader_client_address:
                 return r.leader_client_address, r
@@ -84,7 +119,12 @@ class AdminClient:
                 return rpc(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             code = e.code()
-            raise AdminCallError(f"{address}: {code.name}: {e.details()}", code) from None
+            details = e.details() or ""
+            if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNIMPLEMENTED):
+                message = explain_rpc_error(address, code, details, timeout, self.tls is not None)
+            else:  # the node's own answer (a refused token, a bad argument): already one line for the operator
+                message = f"{address}: {code.name}: {details}"
+            raise AdminCallError(message, code) from None
 
     def any_node(self, method: str, request: Any) -> Any:
         """``method`` on the first endpoint that answers (read-only calls)."""
