@@ -39,7 +39,8 @@ def explain_rpc_error(address: str, code: grpc.StatusCode, details: str, timeout
                "or TLS) and --tls-ca / --tls-client-cert")
     elif tls and code == grpc.StatusCode.UNAVAILABLE and ("socket closed" in d or "connection reset" in d
                                                           or "end of file" in d):
-        why = "the connection closed during the TLS handshake; is the node's client port plaintext (http://)?"
+        why = ("the node closed the connection during the TLS handshake: does it require a client certificate "
+               "(--tls-client-cert, --tls-client-key), or is its port plaintext (http://)?")
     elif "connection refused" in d:
         why = "connection refused: nothing listens there (node down, or a wrong host or port?)"
     elif "resolution" in d or "resolve" in d or "dns" in d:
