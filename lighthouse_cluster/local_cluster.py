@@ -26,6 +26,7 @@ from .status_client import query_status
 from .tls import ClientTLS, PKIFiles
 
 SECRET_ENV = "LIGHTHOUSE_CLUSTER_SECRET"
+PARENT_PID_ENV = "LIGHTHOUSE_CLUSTER_PARENT_PID"  # see supervise.die_with_parent_from_env
 ADMIN_TOKEN_ENV = "LIGHTHOUSE_CLUSTER_ADMIN_TOKEN"
 
 
@@ -49,6 +50,26 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def can_bind(host: str, port: int) -> bool:
+    """Could a TCP listener bind ``host:port`` now? ``host`` may be ``[::]`` (every interface,
+    IPv4 too, as the nodes bind it), ``0.0.0.0``, an address or a name."""
+    bare = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(bare, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return False
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6 and bare == "::":
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        try:
+            s.bind(address)
         except OSError:
             return False
     return True
@@ -106,6 +127,18 @@ class LocalCluster:
     # Per-node Raft secret overrides (index -> secret; None = --insecure): tests of nodes that
     # must not be able to join.
     node_secrets: dict[int, str | None] = field(default_factory=dict, repr=False)
+    # Node log files go here (kept when ``root`` is a throw-away directory); None = in ``root``.
+    log_dir: Path | None = None
+    # --raft-bind host of every node (on its Raft port); None = the node's default (every interface).
+    raft_bind_host: str | None = None
+    # --http-bind host, and the host the HTTP ports are reached at; None = as the client port.
+    http_bind_host: str | None = None
+    http_host: str | None = None
+    # Each node is SIGKILLed by the kernel when the thread that started it exits (Linux
+    # PR_SET_PDEATHSIG, set by the node itself: ``supervise.die_with_parent_from_env``), and
+    # exits at once if that process is gone before it got there. Start such nodes from a thread
+    # that lives as long as the cluster should (a worker thread that ends takes them with it).
+    die_with_parent: bool = False
     members: list[NodeProcess] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -127,7 +160,10 @@ class LocalCluster:
             host = self.node_host(i)
             peer = PeerSpec(node_id, f"{host}:{raft[i]}", f"{host}:{client[i]}")
             self.members.append(NodeProcess(peer=peer, data_dir=self.root / node_id,
-                                            log_path=self.root / f"{node_id}.log"))
+                                            log_path=self._log_path(node_id)))
+
+    def _log_path(self, node_id: str) -> Path:
+        return Path(self.log_dir or self.root) / f"{node_id}.log"
 
     # -- addresses ----------------------------------------------------------------------------
 
@@ -145,7 +181,7 @@ class LocalCluster:
 
     def http_address(self, i: int) -> str | None:
         """Where node ``i`` serves HTTP (/metrics, /readyz, the dashboard), if it does."""
-        return None if self.http_ports is None else f"{self.node_host(i)}:{self.http_ports[i]}"
+        return None if self.http_ports is None else f"{self.http_host or self.node_host(i)}:{self.http_ports[i]}"
 
     @property
     def endpoints(self) -> str:
@@ -173,8 +209,10 @@ class LocalCluster:
             cmd += ["--election-timeout-ms", str(self.election_timeout_ms)]
         if self.quorum_lease_ms is not None:
             cmd += ["--quorum-lease-ms", str(self.quorum_lease_ms)]
+        if self.raft_bind_host is not None:
+            cmd += ["--raft-bind", f"{self.raft_bind_host}:{m.peer.raft_address.rsplit(':', 1)[1]}"]
         if self.http_ports is not None:
-            cmd += ["--http-bind", f"{bind_host}:{self.http_ports[i]}"]
+            cmd += ["--http-bind", f"{self.http_bind_host or bind_host}:{self.http_ports[i]}"]
         if self.pki is not None:
             cmd += ["--tls-cert", str(self.pki.server_cert), "--tls-key", str(self.pki.server_key),
                     "--tls-ca", str(self.pki.ca_cert)]
@@ -195,6 +233,8 @@ class LocalCluster:
 
     def start(self) -> "LocalCluster":
         self.root.mkdir(parents=True, exist_ok=True)
+        if self.log_dir is not None:
+            Path(self.log_dir).mkdir(parents=True, exist_ok=True)
         for i in range(self.nodes):
             self.start_node(i)
         return self
@@ -204,11 +244,15 @@ class LocalCluster:
         if m.running:
             raise RuntimeError(f"{m.peer.node_id} is already running")
         m.data_dir.mkdir(parents=True, exist_ok=True)
+        m.log_path.parent.mkdir(parents=True, exist_ok=True)
         secret = self.node_secrets.get(i, self.secret) if i in self.node_secrets else self.secret
         env = {**os.environ, SECRET_ENV: secret or "", "PYTHONUNBUFFERED": "1"}
         env.pop(ADMIN_TOKEN_ENV, None)
         if self.admin_token:
             env[ADMIN_TOKEN_ENV] = self.admin_token
+        env.pop(PARENT_PID_ENV, None)
+        if self.die_with_parent:
+            env[PARENT_PID_ENV] = str(os.getpid())
         log = open(m.log_path, "ab")
         try:
             m.process = subprocess.Popen(self.launch_command(i), stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -289,7 +333,7 @@ class LocalCluster:
             self.http_ports.append(free_ports(1, self.host)[0])
         host = self.host
         self.members.append(NodeProcess(peer=PeerSpec(node_id, f"{host}:{raft}", f"{host}:{client}"),
-                                        data_dir=self.root / node_id, log_path=self.root / f"{node_id}.log"))
+                                        data_dir=self.root / node_id, log_path=self._log_path(node_id)))
         self.nodes = len(self.members)
         return i
 
@@ -356,6 +400,35 @@ class LocalCluster:
                 return leader
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"no leader followed by every node within {timeout:.1f}s\n{self.tail_logs()}")
+
+    def wait_for_stable_leader(self, timeout: float = 30.0, stable_for: float = 0.5,
+                               should_stop: Callable[[], bool] | None = None,
+                               on_poll: Callable[[], None] | None = None) -> tuple[int, int]:
+        """``(index, term)`` of the leader that every running node names in the same term, while
+        it serves, unchanged for ``stable_for`` seconds (``up_core.agreed_leader``): a start-up
+        election followed by another one is waited out, not reported. ``on_poll`` runs between
+        polls (e.g. a supervisor restarting nodes); ``should_stop()`` true raises InterruptedError.
+        TimeoutError with the nodes' last log lines when no leader is agreed on in time."""
+        from .up_core import Stable, agreed_leader
+
+        deadline = time.monotonic() + timeout
+        stable = Stable(stable_for)
+        while time.monotonic() < deadline:
+            if should_stop is not None and should_stop():
+                raise InterruptedError("stopped while waiting for a leader")
+            if on_poll is not None:
+                on_poll()
+            running = [i for i, m in enumerate(self.members) if m.running and not m.paused]
+            views = [self.status(i, timeout=0.5) for i in running]
+            agreed = agreed_leader(views) if len(running) > self.nodes // 2 else None
+            if stable.observe(agreed, time.monotonic()):
+                assert agreed is not None
+                leader_id, term = agreed
+                return next(i for i, m in enumerate(self.members) if m.peer.node_id == leader_id), term
+            self._raise_if_all_exited()
+            time.sleep(0.02)
+        raise TimeoutError(f"no leader followed by every node for {stable_for:g}s within {timeout:.1f}s\n"
+                           f"{self.tail_logs()}")
 
     def _raise_if_all_exited(self) -> None:
         started = [m for m in self.members if m.process is not None]

@@ -1,0 +1,207 @@
+"""The decisions of `lighthouse-cluster up`, as pure functions and small state machines.
+
+No processes, sockets or clocks here: ``cli.up`` (the shell) and ``supervise`` feed them.
+
+* :func:`plan_addresses` turns ``--bind``, ``--http-bind`` and ``--raft-port`` into where each
+  node listens and how it is reached from this host (a wildcard such as ``[::]`` is bound as
+  given and reached at 127.0.0.1).
+* :func:`agreed_leader` and :class:`Stable`: the leader ``up`` names is the one every running
+  node names, in the same term, while it serves, and it has stayed so for a moment.
+* :class:`RestartBackoff`: how long ``up`` waits before restarting a node that exited.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Sequence
+
+from .config import ConfigError, parse_host_port
+
+WILDCARD_HOSTS = ("[::]", "::", "0.0.0.0")
+# Where a node bound on a wildcard (or on "localhost") is reached from this host.
+LOOPBACK = "127.0.0.1"
+
+
+def bracket(host: str) -> str:
+    """An IPv6 literal in brackets (as HOST:PORT needs); other hosts unchanged."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def is_wildcard(host: str) -> bool:
+    return bracket(host) in ("[::]", "0.0.0.0")
+
+
+def reach_host(bind_host: str) -> str:
+    """How a process on this host reaches a listener bound on ``bind_host``."""
+    if is_wildcard(bind_host) or bind_host == "localhost":
+        return LOOPBACK
+    return bracket(bind_host)
+
+
+def parse_host_or_host_port(value: str, what: str) -> tuple[str, int | None]:
+    """``HOST`` or ``HOST:PORT`` (``[v6]``, ``[v6]:PORT`` and a bare ``::1`` too); port 0 allowed."""
+    value = value.strip()
+    if not value:
+        raise ConfigError(f"{what} is empty: give HOST or HOST:PORT")
+    if value.startswith("["):
+        if value.endswith("]"):
+            return value, None
+    elif value.count(":") == 0:
+        return value, None
+    elif value.count(":") > 1:  # a bare IPv6 address: no port
+        return bracket(value), None
+    host, port = parse_host_port(value, what, allow_zero=True)
+    return host, port
+
+
+@dataclass(frozen=True)
+class Listeners:
+    """One kind of port of every node: the host it binds, the host it is reached at, the ports."""
+
+    bind_host: str
+    reach_host: str
+    ports: tuple[int, ...]
+
+    @property
+    def wildcard(self) -> bool:
+        return is_wildcard(self.bind_host)
+
+    def bind(self, i: int) -> str:
+        return f"{self.bind_host}:{self.ports[i]}"
+
+    def reach(self, i: int) -> str:
+        return f"{self.reach_host}:{self.ports[i]}"
+
+    def describe(self) -> str:
+        """Where these ports listen, for the banner: ``[::] (every interface)``."""
+        if self.wildcard:
+            return f"{self.bind_host} (every interface)"
+        if self.bind_host.startswith("127.") or self.bind_host in ("[::1]", "localhost"):
+            return f"{self.bind_host} (this host only)"
+        return self.bind_host
+
+
+@dataclass(frozen=True)
+class AddressPlan:
+    client: Listeners
+    raft: Listeners
+    http: Listeners
+    picked: bool  # some ports were picked by the kernel (port 0): print them
+
+    def every_port(self) -> list[tuple[str, str, int]]:
+        """(kind, bind host, port) of every listener."""
+        return [(kind, ls.bind_host, p) for kind, ls in (("client", self.client), ("raft", self.raft),
+                                                         ("http", self.http)) for p in ls.ports]
+
+
+def plan_addresses(nodes: int, bind: str, http_bind: str | None, raft_port: int | None,
+                   pick_ports: Callable[[int, str], list[int]]) -> AddressPlan:
+    """Where ``up``'s nodes listen.
+
+    ``--bind HOST:PORT``: node i's client port is PORT + i on HOST (as torchft_lighthouse binds
+    it: ``[::]`` is every interface). Raft is node-to-node on this host only: it binds the host
+    the client ports are reached at (127.0.0.1 for a wildcard), on ``--raft-port`` (default
+    PORT + 100) + i. ``--http-bind HOST`` or ``HOST:PORT`` (default: --bind's host, PORT + 200):
+    node i's HTTP port. Port 0 (in --bind or --http-bind) takes ports ``pick_ports(n, host)``
+    picks. Raises ConfigError with a one-line reason.
+    """
+    host, port = parse_host_port(bind, "--bind", allow_zero=True)
+    host = "127.0.0.1" if host == "localhost" else bracket(host)
+    if http_bind is not None:
+        http_host, http_port = parse_host_or_host_port(http_bind, "--http-bind")
+        http_host = "127.0.0.1" if http_host == "localhost" else http_host
+    else:
+        http_host, http_port = host, None
+    local = reach_host(host)
+    picked = False
+    if port == 0:
+        fresh = pick_ports(3 * nodes, local)
+        picked = True
+        client = fresh[:nodes]
+        raft = [raft_port + i for i in range(nodes)] if raft_port else fresh[nodes:2 * nodes]
+        http = fresh[2 * nodes:]
+    else:
+        client = [port + i for i in range(nodes)]
+        raft = [(raft_port or port + 100) + i for i in range(nodes)]
+        http = [port + 200 + i for i in range(nodes)]
+    if http_port == 0:
+        http = pick_ports(nodes, reach_host(http_host))
+        picked = True
+    elif http_port is not None:
+        http = [http_port + i for i in range(nodes)]
+    for what, ports in (("--bind", client), ("--raft-port", raft), ("--http-bind", http)):
+        if ports[-1] > 65535:
+            raise ConfigError(f"{what}: {nodes} nodes need ports {ports[0]}-{ports[-1]}, past 65535")
+    plan = AddressPlan(client=Listeners(host, local, tuple(client)), raft=Listeners(local, local, tuple(raft)),
+                       http=Listeners(http_host, reach_host(http_host), tuple(http)), picked=picked)
+    seen: dict[int, str] = {}
+    for kind, _host, p in plan.every_port():
+        if p in seen:
+            raise ConfigError(f"port {p} would serve both {seen[p]} and {kind}: pick other ports")
+        seen[p] = kind
+    return plan
+
+
+def agreed_leader(views: Sequence[Any]) -> tuple[str, int] | None:
+    """``(leader id, term)`` when every view (a ``NodeStatus`` of each running node; None: no
+    answer) names the same leader in the same term and that leader's own view says it leads
+    and serves; otherwise None."""
+    if not views or any(v is None for v in views):
+        return None
+    names = {(v.leader_id, v.term) for v in views}
+    if len(names) != 1:
+        return None
+    leader_id, term = names.pop()
+    if not leader_id:
+        return None
+    own = [v for v in views if v.node.id == leader_id]
+    from .proto import lighthouse_cluster_pb2 as cpb
+
+    if len(own) != 1 or own[0].role != cpb.LEADER or not own[0].serving:
+        return None
+    return leader_id, term
+
+
+@dataclass
+class Stable:
+    """Has the same value been observed, without a gap, for ``hold_s``? (None never is.)"""
+
+    hold_s: float
+    value: Hashable | None = None
+    since: float | None = None
+
+    def observe(self, value: Hashable | None, now: float) -> bool:
+        if value is None or value != self.value:
+            self.value, self.since = value, now
+        return value is not None and self.since is not None and now - self.since >= self.hold_s
+
+
+@dataclass
+class RestartBackoff:
+    """Bounded exponential backoff per node: ``initial_s``, then doubling up to ``max_s`` while
+    the node keeps exiting within ``healthy_after_s`` of its start; a node that ran longer
+    starts over at ``initial_s``."""
+
+    initial_s: float = 0.5
+    factor: float = 2.0
+    max_s: float = 10.0
+    healthy_after_s: float = 5.0
+    failures: dict[str, int] = field(default_factory=dict)
+
+    def next_delay(self, node: str, ran_for_s: float) -> float:
+        if ran_for_s >= self.healthy_after_s:
+            self.failures[node] = 0
+        n = self.failures.get(node, 0)
+        self.failures[node] = n + 1
+        return min(self.max_s, self.initial_s * self.factor ** n)
+
+
+def describe_exit(code: int) -> str:
+    """A process's exit status as ``up`` prints it: ``-9 (SIGKILL)``, ``1``."""
+    if code < 0:
+        try:
+            return f"{code} ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return str(code)
