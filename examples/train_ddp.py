@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fault-tolerant data-parallel training with ftclient, on scikit-learn's bundled digits data.
+"""Fault-tolerant data-parallel training with ftclient or torchft, on scikit-learn's bundled digits.
 
 torchft's ``train_ddp.py`` on a real dataset that ships with an installed package (no download):
 8x8 images of handwritten digits (``sklearn.datasets.load_digits``, 1,797 samples, 10 classes),
@@ -12,6 +12,20 @@ a small MLP, AdamW. Run one copy per replica group; they find each other through
 
 Kill one (Ctrl-C) and start it again: it heals from a peer and trains on. Kill the lighthouse
 leader: nothing happens (the SDK follows the leader through the endpoint list).
+
+``--sdk torchft`` runs the same script on torchft's own Manager, ProcessGroupGloo,
+DistributedDataParallel, Optimizer and DistributedSampler (``pip install torchft``). torchft's
+client takes exactly ONE lighthouse URL: give each replica group one node's URL (any node works;
+spread the groups over the nodes), or a host name with one address per node (deploy/README.md,
+"One name for every node"); a comma-separated list is refused at start::
+
+    REPLICA_GROUP_ID=0 NUM_REPLICA_GROUPS=2 TORCHFT_LIGHTHOUSE=http://127.0.0.1:29510 \
+        python examples/train_ddp.py --sdk torchft
+    REPLICA_GROUP_ID=1 NUM_REPLICA_GROUPS=2 TORCHFT_LIGHTHOUSE=http://127.0.0.1:29511 \
+        python examples/train_ddp.py --sdk torchft
+
+With torchft, set ``TORCHFT_QUORUM_RETRIES`` (e.g. 9, with ``TORCHFT_QUORUM_TIMEOUT_SEC=10``) to
+ride out a restart of the node a group talks to (README.md, "Using it with torchft").
 
 Every step prints ``step= loss= quorum_id= participants= committed=`` (``step`` counts the
 committed steps, ``loss`` is this rank's batch loss); the end prints the sha256 of the parameters
@@ -29,7 +43,8 @@ its gradients with rank r of the others through the Manager (DDP), then the rank
 average among themselves (a plain Gloo group on the replica group's store).
 
 Environment: torchft's. ``REPLICA_GROUP_ID`` / ``NUM_REPLICA_GROUPS`` (default 0 / 2),
-``TORCHFT_LIGHTHOUSE`` (one URL or every lighthouse node), ``TORCHFT_MANAGER_PORT`` (default:
+``TORCHFT_LIGHTHOUSE`` (ftclient: one URL or every lighthouse node; torchft: one URL),
+``TORCHFT_QUORUM_RETRIES`` (torchft; default 0), ``TORCHFT_MANAGER_PORT`` (default:
 any free port), ``TORCHFT_TIMEOUT_SEC`` (collectives, commit, checkpoint transfer; default 30),
 ``TORCHFT_QUORUM_TIMEOUT_SEC`` (default 60), ``TORCHFT_CONNECT_TIMEOUT_SEC`` (default 60).
 """
@@ -50,19 +65,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
-
-from ftclient import DistributedDataParallel, DistributedSampler, Manager, Optimizer, ProcessGroupGloo
-
-TEST_SAMPLES = 297  # held out (fixed split): 1,500 training samples remain
+SDKS = ("ftclient", "torchft")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--sdk", choices=SDKS, default="ftclient",
+                    help="the fault-tolerance SDK: ftclient (this package; TORCHFT_LIGHTHOUSE may list every "
+                         "node) or torchft (TORCHFT_LIGHTHOUSE must be exactly one URL)")
     ap.add_argument("--steps", type=int, default=200, help="train until this many steps are committed")
     ap.add_argument("--step-sleep", type=float, default=0.0,
                     help="seconds slept at the start of every step (simulated data loading), to slow training "
@@ -81,8 +92,71 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-level", default="warning",
-                    choices=["debug", "info", "warning", "error"], help="ftclient's log level (stderr)")
+                    choices=["debug", "info", "warning", "error"], help="the SDK's log level (stderr)")
     return ap.parse_args(argv)
+
+
+class UsageError(Exception):
+    """A setting the script refuses before it starts (exit status 2)."""
+
+
+def check_lighthouse(sdk: str, value: str) -> None:
+    """torchft's client connects to exactly one URL: with a comma-separated list its Manager waits
+    out its connect timeout (60 s by default) and then fails with "invalid URI". Refuse it at once."""
+    urls = [u.strip() for u in value.split(",") if u.strip()]
+    if sdk == "torchft" and len(urls) > 1:
+        raise UsageError(
+            f"torchft takes exactly one lighthouse URL, but TORCHFT_LIGHTHOUSE lists {len(urls)} ({value}): "
+            f"set it to one node's URL (e.g. TORCHFT_LIGHTHOUSE={urls[0]}; spread replica groups over the nodes) "
+            "or to a host name with one address per node (deploy/README.md, \"One name for every node\"), "
+            "or run with --sdk ftclient, which takes the whole list")
+
+
+def preflight(argv: list[str] | None = None) -> int | None:
+    """Check the command line and TORCHFT_LIGHTHOUSE: the exit status to stop with, or None."""
+    args = parse_args(argv)
+    try:
+        check_lighthouse(args.sdk, os.environ.get("TORCHFT_LIGHTHOUSE", ""))
+    except UsageError as e:
+        print(f"train_ddp: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    return None
+
+
+if __name__ == "__main__" and (_code := preflight()) is not None:
+    sys.exit(_code)  # at once, without the seconds that importing torch takes
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+
+TEST_SAMPLES = 297  # held out (fixed split): 1,500 training samples remain
+
+
+def load_sdk(sdk: str) -> Any:
+    """The module with Manager, ProcessGroupGloo, DistributedDataParallel, Optimizer and
+    DistributedSampler: ftclient, or torchft itself (same constructors, same training loop)."""
+    if sdk == "torchft":
+        import torchft
+
+        return torchft
+    import ftclient
+
+    return ftclient
+
+
+def quorum_view(sdk: str, manager: Any, step_before: int, step_mid: int) -> tuple[int, bool, int]:
+    """(quorum id, whether this group healed from a peer in this step, the step it healed to).
+
+    ``step_mid`` is the manager's step once this step's quorum (and any heal) is done."""
+    if sdk == "torchft":
+        # torchft 0.2.0 has no public accessor for the quorum id (display only). A group that
+        # heals takes no part in its step (is_participating() is False until the next quorum).
+        return getattr(manager, "_quorum_id", -1), not manager.is_participating(), step_mid
+    quorum = manager.last_quorum_result
+    healed = bool(quorum and quorum.heal)  # loaded a peer's state at quorum.max_step first
+    return (quorum.quorum_id if quorum else -1), healed, (quorum.max_step if healed else step_before)
 
 
 class Net(nn.Module):
@@ -149,10 +223,11 @@ def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str,
     tag = f"group={group}" + (f" rank={rank}" if world_size > 1 else "")
     torch.manual_seed(args.seed)  # every replica group starts from the same weights
     torch.set_num_threads(1)
+    sdk = load_sdk(args.sdk)
 
     trainset, testset = load_data()
-    sampler = DistributedSampler(trainset, replica_rank=group, num_replica_groups=num_groups, group_rank=rank,
-                                 num_replicas=world_size, shuffle=True, seed=args.seed)
+    sampler = sdk.DistributedSampler(trainset, replica_rank=group, num_replica_groups=num_groups, group_rank=rank,
+                                     num_replicas=world_size, shuffle=True, seed=args.seed)
     loader = DataLoader(trainset, batch_size=args.batch_size, sampler=sampler)
 
     # Collectives, commit and checkpoint transfer (the Manager reads TORCHFT_TIMEOUT_SEC itself too).
@@ -170,8 +245,8 @@ def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str,
     def state_dict() -> dict[str, Any]:
         return {"model": model.state_dict(), "optim": optimizer.state_dict()}
 
-    manager = Manager(
-        pg=ProcessGroupGloo(timeout=timeout),
+    manager = sdk.Manager(
+        pg=sdk.ProcessGroupGloo(timeout=timeout),
         load_state_dict=load_state_dict,
         state_dict=state_dict,
         min_replica_size=args.min_replica_size,
@@ -181,12 +256,17 @@ def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str,
         rank=rank,
         world_size=world_size,
         timeout=timeout,
+        # torchft passes the constructor's value, not the environment's, to its lighthouse
+        # connection: give both SDKs the environment's values.
+        quorum_timeout=env_seconds("TORCHFT_QUORUM_TIMEOUT_SEC", 60),
+        connect_timeout=env_seconds("TORCHFT_CONNECT_TIMEOUT_SEC", 60),
     )
     net = Net()
-    model = DistributedDataParallel(manager, net)
-    optimizer = Optimizer(manager, torch.optim.AdamW(model.parameters(), lr=args.lr))
+    model = sdk.DistributedDataParallel(manager, net)
+    optimizer = sdk.Optimizer(manager, torch.optim.AdamW(model.parameters(), lr=args.lr))
     criterion = nn.CrossEntropyLoss()
-    say(f"{tag} pid={os.getpid()} replica_group {group}/{num_groups} rank {rank}/{world_size} "
+    say(f"{tag} pid={os.getpid()}" + (f" sdk={args.sdk}" if args.sdk != "ftclient" else "")
+        + f" replica_group {group}/{num_groups} rank {rank}/{world_size} "
         f"lighthouse={os.environ.get('TORCHFT_LIGHTHOUSE', '')} train_samples={len(sampler)}")
 
     records: list[dict[str, Any]] = []
@@ -204,15 +284,16 @@ def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str,
                 loss.backward()  # DDP: gradients averaged across replica groups by the Manager
                 if intra is not None:
                     average_within_group(intra, model, world_size)
+                manager.wait_quorum()  # done already (the allreduce waited for it): a healed group is at its peers' step
+                step_mid = manager.current_step()
                 optimizer.step()  # steps iff every replica group in the quorum may commit
                 step = manager.current_step()
-                quorum = manager.last_quorum_result
-                healed = bool(quorum and quorum.heal)  # loaded a peer's state at quorum.max_step first
-                committed = step == (quorum.max_step if healed else step_before) + 1
+                quorum_id, healed, healed_to = quorum_view(args.sdk, manager, step_before, step_mid)
+                committed = step == healed_to + 1
                 err = manager.errored()
                 rec = {
                     "step_before": step_before, "step": step, "loss": round(float(loss.item()), 6),
-                    "quorum_id": quorum.quorum_id if quorum else -1, "participants": manager.num_participants(),
+                    "quorum_id": quorum_id, "participants": manager.num_participants(),
                     "committed": committed, "healed": healed,
                     "errored": None if err is None else str(err.original_exception)[:300],
                     "t_start": t0, "t_end": time.time(),
@@ -221,7 +302,7 @@ def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str,
                 records.append(rec)
                 say(f"{tag} step={step} loss={rec['loss']:.4f} quorum_id={rec['quorum_id']} "
                     f"participants={rec['participants']} committed={committed}"
-                    + (f" healed_to={quorum.max_step}" if healed else "") + f" time={rec['duration_s']:.3f}s")
+                    + (f" healed_to={healed_to}" if healed else "") + f" time={rec['duration_s']:.3f}s")
                 if committed and step >= args.steps and rec["participants"] >= args.min_final_participants:
                     return finish(args, tag, rank, world_size, group, num_groups, net, optimizer, manager,
                                   testset, records)
@@ -231,7 +312,7 @@ def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str,
 
 
 def finish(args: argparse.Namespace, tag: str, rank: int, world_size: int, group: int, num_groups: int,
-           net: nn.Module, optimizer: Any, manager: Manager, testset: TensorDataset,
+           net: nn.Module, optimizer: Any, manager: Any, testset: TensorDataset,
            records: list[dict[str, Any]]) -> int:
     params, optim_state = digests(net, optimizer.optim)
     with torch.no_grad():
@@ -241,7 +322,8 @@ def finish(args: argparse.Namespace, tag: str, rank: int, world_size: int, group
         f"params_sha256={params} optim_sha256={optim_state}")
     if args.output is not None:
         summary = {
-            "replica_group": group, "num_replica_groups": num_groups, "rank": rank, "world_size": world_size,
+            "sdk": args.sdk, "replica_group": group, "num_replica_groups": num_groups, "rank": rank,
+            "world_size": world_size,
             "pid": os.getpid(), "final_step": manager.current_step(), "params_sha256": params,
             "optim_sha256": optim_state, "test_accuracy": accuracy,
             "batches_committed": manager.batches_committed(),
@@ -289,11 +371,18 @@ def spawn_group(args: argparse.Namespace) -> int:
     return failed[0] if failed else 0
 
 
+def env_seconds(name: str, default: float) -> timedelta:
+    value = os.environ.get(name)
+    return timedelta(seconds=float(value) if value else default)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if (code := preflight(argv)) is not None:
+        return code
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
-    logging.getLogger("ftclient").setLevel(args.log_level.upper())
+    logging.getLogger(args.sdk).setLevel(args.log_level.upper())
     env = os.environ
     if "RANK" in env and "MASTER_PORT" in env:  # torchrun, or a rank started by spawn_group
         return train(args, int(env["RANK"]), int(env.get("WORLD_SIZE", 1)), env.get("MASTER_ADDR", "localhost"),

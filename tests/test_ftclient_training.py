@@ -14,7 +14,10 @@ step holding bitwise-identical parameters and optimizer state (the example's sha
 * two ranks per replica group (the example starts them; they share the group's TCPStore);
 * a quorum that cannot be met ends the process with a TimeoutError within the configured
   ``TORCHFT_QUORUM_TIMEOUT_SEC``;
-* the same example against torchft's Rust ``torchft_lighthouse`` (one URL, no cluster service).
+* the same example against torchft's Rust ``torchft_lighthouse`` (one URL, no cluster service);
+* the same example on torchft 0.2.0 itself (``--sdk torchft``): two groups, each given one node of
+  the cluster as torchft takes one URL, train to identical parameters; a comma-separated
+  ``TORCHFT_LIGHTHOUSE`` is refused at once with a one-line error.
 
 Settings: ``join_timeout_ms=1000`` (survivors wait 1 s, not 60 s, for a dead group that is
 still heartbeat-healthy); ``TORCHFT_TIMEOUT_SEC=15`` bounds collectives, commit and checkpoint
@@ -83,6 +86,7 @@ class Trainer(TrainerProcess):
     args: list[str]
     env: dict[str, str] = field(default_factory=dict)
     nproc: int = 1
+    sdk: str = "ftclient"
 
     @property
     def output_path(self) -> Path:
@@ -102,8 +106,8 @@ class Trainer(TrainerProcess):
         return env
 
     def command(self) -> list[str]:
-        return [sys.executable, str(EXAMPLE), "--output", str(self.output_path), "--log-level", "info",
-                "--nproc-per-group", str(self.nproc), *self.args]
+        return [sys.executable, str(EXAMPLE), "--sdk", self.sdk, "--output", str(self.output_path),
+                "--log-level", "info", "--nproc-per-group", str(self.nproc), *self.args]
 
     def steps(self, rank: int = 0) -> list[dict[str, Any]]:
         """The per-step lines printed so far by ``rank`` of this incarnation."""
@@ -192,14 +196,17 @@ class Harness:
 
     # trainers
 
-    def start_trainers(self, n: int, lighthouse: str, args: list[str], per_group: dict[int, list[str]] | None = None,
-                       nproc: int = 1, env: dict[str, str] | None = None) -> list[Trainer]:
+    def start_trainers(self, n: int, lighthouse: str | list[str], args: list[str],
+                       per_group: dict[int, list[str]] | None = None, nproc: int = 1,
+                       env: dict[str, str] | None = None, sdk: str = "ftclient") -> list[Trainer]:
+        """``n`` replica groups; ``lighthouse`` is every group's TORCHFT_LIGHTHOUSE, or one per group."""
         for g in range(n):
-            t = Trainer(group=g, num_groups=n, lighthouse=lighthouse, workdir=self.root,
-                        args=[*args, *(per_group or {}).get(g, [])], env=env or {}, nproc=nproc)
+            url = lighthouse if isinstance(lighthouse, str) else lighthouse[g]
+            t = Trainer(group=g, num_groups=n, lighthouse=url, workdir=self.root,
+                        args=[*args, *(per_group or {}).get(g, [])], env=env or {}, nproc=nproc, sdk=sdk)
             t.start()
             self.trainers.append(t)
-        self.note(f"{n} trainers started against {lighthouse}")
+        self.note(f"{n} {sdk} trainers started against {lighthouse}")
         return self.trainers
 
     def note(self, event: str) -> None:
@@ -495,3 +502,57 @@ def test_trains_against_torchft_rust_lighthouse(harness: Harness) -> None:
         harness.assert_seamless(t, r)
     print(f"\ntorchft_lighthouse: 2 groups x {steps} steps, identical digests {results[0]['params_sha256'][:12]}, "
           f"median step {median([s['duration_s'] for r in results for s in r['steps']]):.3f}s")
+
+
+def test_torchft_sdk_trains_against_the_cluster(harness: Harness) -> None:
+    """``--sdk torchft``: torchft 0.2.0's own Manager, DDP, Optimizer and sampler, unchanged, each
+    replica group given one node's URL (torchft takes one), so one of them talks to a follower."""
+    pytest.importorskip("torchft", reason="torchft is not installed: pip install -e '.[interop]'")
+    cluster = harness.start_cluster(min_replicas=2)
+    steps = 15
+    urls = [f"http://{a}" for a in cluster.client_addresses[:2]]
+    trainers = harness.start_trainers(2, urls, ["--steps", str(steps), "--step-sleep", "0.05",
+                                                "--min-replica-size", "2"], sdk="torchft")
+    results = harness.wait_finished()
+    harness.assert_identical(results, steps)
+    for t, r in zip(trainers, results):
+        harness.check(r["sdk"] == "torchft" and f"sdk=torchft replica_group {t.group}/2" in t.output()
+                      and f"lighthouse={t.lighthouse} " in t.output(), f"{t.name}: not torchft on {t.lighthouse}")
+        harness.assert_seamless(t, r)
+        harness.check(all(s["participants"] == 2 and s["quorum_id"] >= 1 for s in r["steps"]),
+                      f"{t.name}: a step without both groups or without a quorum id: {r['steps'][:3]}")
+        harness.check(r["batches_committed"] == 2 * steps, f"{t.name}: batches_committed {r['batches_committed']}")
+        harness.check("torchft.manager" in t.output(), f"{t.name}: no log line from torchft's Manager")
+    losses = [s["loss"] for s in results[0]["steps"]]
+    first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+    harness.check(results[0]["test_accuracy"] > 0.5 and last < first,
+                  f"the model did not learn: mean loss {first:.3f} -> {last:.3f}, "
+                  f"accuracy {results[0]['test_accuracy']}")
+    # The cluster issued the quorum: both torchft managers are its members.
+    st = cluster.status(cluster.wait_for_leader())
+    members = sorted(p.replica_id.split(":")[0] for p in st.quorum.participants)
+    harness.check(members == ["train_ddp_0", "train_ddp_1"], f"the cluster's last quorum: {members}")
+    print(f"\ntorchft 0.2.0 on the cluster: 2 groups x {steps} steps via {urls}, mean loss {first:.3f} -> "
+          f"{last:.3f}, test accuracy {results[0]['test_accuracy']:.3f}, identical digests "
+          f"{results[0]['params_sha256'][:12]}")
+
+
+def test_torchft_sdk_refuses_a_url_list(tmp_path: Path) -> None:
+    """torchft's client takes one URL (with a list it waits out its connect timeout, then fails with
+    "invalid URI"): the example says so in one line and exits 2 before it imports torch."""
+    ports = free_ports(3)  # nothing listens there: were the list let through, nothing would answer
+    urls = ",".join(f"http://127.0.0.1:{p}" for p in ports)
+    env = {k: v for k, v in os.environ.items() if k not in DROPPED_ENV}
+    env.update(TORCHFT_LIGHTHOUSE=urls, TORCHFT_CONNECT_TIMEOUT_SEC="60", PYTHONPATH=str(ROOT))
+    started = time.monotonic()
+    res = subprocess.run([sys.executable, str(EXAMPLE), "--sdk", "torchft", "--steps", "5"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+    elapsed = time.monotonic() - started
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and not res.stdout, (res.returncode, res.stdout, res.stderr)
+    (line,) = lines
+    assert line.startswith("train_ddp: error: torchft takes exactly one lighthouse URL"), line
+    for part in (f"lists 3 ({urls})", f"TORCHFT_LIGHTHOUSE=http://127.0.0.1:{ports[0]};", "One name for every node",
+                 "--sdk ftclient"):
+        assert part in line, f"{part!r} not in {line!r}"
+    assert elapsed < 30, f"took {elapsed:.1f}s: the error must not wait for torchft's 60 s connect timeout"
