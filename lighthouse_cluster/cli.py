@@ -8,6 +8,7 @@ one-line reason.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,7 +24,7 @@ import click
 
 from . import __version__
 from .codec import SCHEMA_VERSION
-from .config import MAX_LEASE_MS, ConfigError, build_node_config, parse_host_port, split_endpoints
+from .config import MAX_LEASE_MS, ConfigError, build_node_config, split_endpoints
 from .event_loop import DEFAULT_LOOP, LOOPS
 from .event_loop import run as run_event_loop
 from .lease import DEFAULT_LEASE_MS
@@ -177,6 +178,9 @@ def serve(node_id: str, peers: tuple[str, ...], client_bind: str | None, raft_bi
           event_loop: str, log_level: str, log_format: str, schema_version: int) -> None:
     """Run one lighthouse node in the foreground (SIGTERM hands leadership over, then exits)."""
     from .logs import configure_logging
+    from .supervise import die_with_parent_from_env
+
+    die_with_parent_from_env()  # a node of `up`: dies with it (no-op unless `up` asked for it)
 
     if secret_file is not None:
         try:
@@ -217,14 +221,102 @@ async def _serve(config: Any) -> None:
 # -- up --------------------------------------------------------------------------------------------
 
 
+class _UpOutput:
+    """What `up` prints. A closed stdout (`up | head -3`, a dropped SSH session) is not an error
+    here: it marks the output broken, which stops `up` like Ctrl-C; later lines go to stderr
+    while it still works, else nowhere."""
+
+    def __init__(self, console: Any) -> None:
+        import threading
+
+        self.console = console
+        self.broken = False
+        self._lock = threading.Lock()
+
+    def _guard(self, write: Any) -> None:
+        with self._lock:
+            if self.broken:
+                return
+            try:
+                write()
+            except OSError:  # BrokenPipeError, or EIO from a terminal that went away
+                self.broken = True
+
+    def echo(self, text: str) -> None:
+        self._guard(lambda: click.echo(text))
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        self._guard(lambda: self.console.print(*args, **kwargs))
+
+    def say(self, text: str) -> None:
+        """One line, to stdout, or to stderr once stdout is gone."""
+        if not self.broken:
+            self.echo(text)
+        if self.broken:
+            try:
+                click.echo(text, err=True)
+            except OSError:
+                pass
+
+    def reader_gone(self) -> bool:
+        """Has the reading end of a stdout pipe been closed (`| head` finished)? Seen without
+        writing: poll reports POLLERR on the write end of a pipe with no reader."""
+        import select
+        import stat
+
+        if self.broken:
+            return True
+        try:
+            fd = sys.stdout.fileno()
+            mode = os.fstat(fd).st_mode
+        except (OSError, ValueError, AttributeError):
+            return False
+        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+            return False
+        poller = select.poll()
+        poller.register(fd, 0)
+        if any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0)):
+            self.broken = True
+        return self.broken
+
+    def silence_stdout(self) -> None:
+        """After a broken stdout: point it at /dev/null so the interpreter's final flush does not
+        print a BrokenPipeError traceback."""
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+
+
+def _kept_log_dir() -> Path:
+    """Where a temporary cluster's node logs go: kept after `up` exits, one directory per run."""
+    base = Path(tempfile.gettempdir()) / "lighthouse-cluster-logs"
+    base.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=base))
+
+
 @main.command()
 @click.option("--nodes", type=click.IntRange(1, 9), default=3, show_default=True, help="How many nodes (odd).")
 @click.option("--bind", default="[::]:29510", show_default=True, metavar="HOST:PORT",
-              help="The first node's client address; the others take the following ports (as torchft_lighthouse). "
-                   "Port 0 picks free ports for every node (printed).")
-@click.option("--raft-port", type=click.IntRange(1, 65535), help="The first node's Raft port (default: client port + 100).")
+              help="The first node's client address; the others take the following ports (as torchft_lighthouse: "
+                   "[::] is every interface). Port 0 picks free ports for every node (printed).")
+@click.option("--http-bind", metavar="HOST[:PORT]",
+              help="Where the HTTP ports (/metrics, /readyz, the dashboard) listen: HOST, or HOST:PORT of the first "
+                   "node (the others take the following ports; port 0 picks free ones). "
+                   "Default: --bind's host, client port + 200.")
+@click.option("--raft-port", type=click.IntRange(1, 65535),
+              help="The first node's Raft port (default: client port + 100). Raft listens on this host only "
+                   "(127.0.0.1 when --bind is a wildcard).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Keep node data here (default: a temporary directory removed on exit).")
+@click.option("--log-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Write the node logs here (default: --data-dir, else a new directory under "
+                   "$TMPDIR/lighthouse-cluster-logs/, kept after exit).")
+@click.option("--no-restart", is_flag=True,
+              help="Leave a node that exits dead (default: restart it, after 0.5 s, doubling up to 10 s while it "
+                   "keeps exiting).")
 @torchft_flags
 @click.option("--tls", "tls", is_flag=True,
               help="Serve every node's client port with TLS (a throw-away CA and certificates in the data dir).")
@@ -232,17 +324,28 @@ async def _serve(config: Any) -> None:
 @click.option("--admin-token", envvar=ENV + "ADMIN_TOKEN",
               help="Admin token of every node (enables the admin commands and the dashboard's kill button).")
 @lease_flag
-@click.option("--demo", is_flag=True, help="Also run simulated replica groups and print their quorums.")
+@click.option("--demo", is_flag=True, help="Also run simulated replica groups and SIGKILL the leader every 8 s.")
 @click.option("--demo-replicas", type=click.IntRange(1, 1024), default=3, show_default=True)
+@click.option("--demo-kill-every", type=click.FloatRange(min=0.5), default=8.0, hidden=True,
+              help="Seconds between the demo's leader kills.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True)
-def up(nodes: int, bind: str, raft_port: int | None, data_dir: Path | None, min_replicas: int,
-       join_timeout_ms: int, quorum_tick_ms: int, heartbeat_timeout_ms: int, tls: bool, mtls: bool,
-       admin_token: str | None, quorum_lease_ms: int, demo: bool, demo_replicas: int, log_level: str) -> None:
-    """Run a local N-node cluster on this host in the foreground; Ctrl-C stops every node."""
+def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data_dir: Path | None,
+       log_dir: Path | None, no_restart: bool, min_replicas: int, join_timeout_ms: int, quorum_tick_ms: int,
+       heartbeat_timeout_ms: int, tls: bool, mtls: bool, admin_token: str | None, quorum_lease_ms: int, demo: bool,
+       demo_replicas: int, demo_kill_every: float, log_level: str) -> None:
+    """Run a local N-node cluster on this host in the foreground.
+
+    Ctrl-C, SIGTERM, SIGHUP (a closed terminal) or a closed stdout stops every node; if `up`
+    itself is killed, its nodes die with it. A node that exits is restarted (see --no-restart).
+    """
+    import threading
+
     from rich.console import Console
 
-    from .local_cluster import LocalCluster, free_ports, port_is_free
+    from .local_cluster import LocalCluster, can_bind, free_ports
+    from .supervise import Guardian, NodeSupervisor
+    from .up_core import describe_exit, plan_addresses
 
     console = Console(stderr=False)
     if nodes % 2 == 0:
@@ -250,109 +353,141 @@ def up(nodes: int, bind: str, raft_port: int | None, data_dir: Path | None, min_
     if demo and (tls or mtls):
         _exit_config_error(ConfigError("--demo's simulated replica groups speak plaintext: drop --tls/--mtls"))
     try:
-        host, port = parse_host_port(bind, "--bind", allow_zero=True)
+        plan = plan_addresses(nodes, bind, http_bind, raft_port, lambda n, host: free_ports(n, host.strip("[]")))
     except ConfigError as e:
         _exit_config_error(e)
-    wildcard = host in ("[::]", "0.0.0.0", "::")
-    advertise = "127.0.0.1" if wildcard or host in ("localhost",) else host.strip("[]")
-    if port == 0:
-        # Port 0: the kernel picks every client, Raft and HTTP port (all distinct); printed below.
-        picked = free_ports(3 * nodes, advertise)
-        client_ports, http_ports = picked[:nodes], picked[2 * nodes:]
-        raft_ports = [raft_port + i for i in range(nodes)] if raft_port else picked[nodes:2 * nodes]
-    else:
-        client_ports = [port + i for i in range(nodes)]
-        raft_base = raft_port or port + 100
-        raft_ports = [raft_base + i for i in range(nodes)]
-        http_ports = [port + 200 + i for i in range(nodes)]
-    busy = [p for p in client_ports + raft_ports + http_ports if not port_is_free(p, advertise)]
+    busy = [f"{p} ({kind} on {host})" for kind, host, p in plan.every_port() if not can_bind(host, p)]
     if busy:
-        _exit_config_error(ConfigError(f"ports already in use on {advertise}: {busy} (pick another --bind)"))
+        _exit_config_error(ConfigError(f"ports already in use: {', '.join(busy)} "
+                                       "(pick another --bind, or HOST:0 for free ports)"))
+    temporary = data_dir is None
+    out = _UpOutput(console)
     root = data_dir or Path(tempfile.mkdtemp(prefix="lighthouse-cluster-"))
+    logs = log_dir or (data_dir if data_dir is not None else _kept_log_dir())
+    out.echo(f"logs: {logs}")
+    guardian = Guardian(remove=root if temporary else None)
+    reach = plan.client.reach_host
     pki = None
     if tls or mtls:
         from .tls import generate_pki
 
-        pki = generate_pki(root / "tls", hosts=sorted({advertise, "127.0.0.1", "localhost", "::1"}))
-    cluster = LocalCluster(root=root, nodes=nodes, host=advertise, client_ports=client_ports, raft_ports=raft_ports,
-                           min_replicas=min_replicas, join_timeout_ms=join_timeout_ms, quorum_tick_ms=quorum_tick_ms,
+        pki = generate_pki(root / "tls", hosts=sorted({reach.strip("[]"), "127.0.0.1", "localhost", "::1"}))
+    cluster = LocalCluster(root=root, nodes=nodes, host=reach, client_ports=list(plan.client.ports),
+                           raft_ports=list(plan.raft.ports), min_replicas=min_replicas,
+                           join_timeout_ms=join_timeout_ms, quorum_tick_ms=quorum_tick_ms,
                            heartbeat_timeout_ms=heartbeat_timeout_ms, log_level=log_level,
-                           client_bind_host=host if wildcard else None, http_ports=http_ports,
-                           pki=pki, mutual_tls=mtls, admin_token=admin_token, quorum_lease_ms=quorum_lease_ms)
-    stopping = False
+                           client_bind_host=plan.client.bind_host, http_ports=list(plan.http.ports),
+                           pki=pki, mutual_tls=mtls, admin_token=admin_token, quorum_lease_ms=quorum_lease_ms,
+                           log_dir=logs, raft_bind_host=plan.raft.bind_host, http_bind_host=plan.http.bind_host,
+                           http_host=plan.http.reach_host, die_with_parent=True)
+    # Nodes are started only from this (the main) thread: their parent-death signal is tied to it.
+    supervisor = NodeSupervisor(cluster, say=out.say, restart=not no_restart, guardian=guardian)
+    stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-        raise KeyboardInterrupt
+        stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+
+    def startup_check() -> None:
+        exited = supervisor.exited()
+        if exited:
+            i, code = exited[0]
+            raise RuntimeError(f"{cluster.members[i].peer.node_id} exited with {describe_exit(code)} while the "
+                               f"cluster started\n{cluster.tail_logs()}")
+
+    demo_thread: threading.Thread | None = None
+    code = 0
     try:
-        cluster.start()
-        with console.status(f"starting {nodes} nodes, waiting for a leader ..."):
-            leader = cluster.wait_for_leader(timeout=30)
-        with console.status("waiting for every node to follow the leader ..."):
-            if not cluster.wait_for_followers(leader, timeout=10):
-                console.print("[yellow]warning:[/] not every node follows the leader yet; "
-                              "`lighthouse-cluster status` shows which")
-        if port == 0:
-            click.echo(f"--bind {bind}: chose client ports {','.join(map(str, client_ports))}, "
-                       f"raft ports {','.join(map(str, raft_ports))}, http ports {','.join(map(str, http_ports))}")
-        _print_endpoints(console, cluster, leader, root)
+        supervisor.start_all()
+        with console.status(f"starting {nodes} nodes, waiting for a leader every node follows ..."):
+            leader, term = cluster.wait_for_stable_leader(timeout=30, stable_for=0.5, should_stop=stop.is_set,
+                                                         on_poll=startup_check)
+        if plan.picked:
+            flag = f"--bind {bind}" if bind.strip().endswith(":0") else f"--http-bind {http_bind}"
+            out.echo(f"{flag}: chose client ports {','.join(map(str, plan.client.ports))}, "
+                     f"raft ports {','.join(map(str, plan.raft.ports))}, "
+                     f"http ports {','.join(map(str, plan.http.ports))}")
+        _print_endpoints(out, cluster, plan, leader, term, root, temporary, logs)
         if demo:
             from .demo import run_demo
 
-            run_demo(cluster, replicas=demo_replicas, console=console)
-        else:
-            while True:
-                for i, m in enumerate(cluster.members):
-                    if m.process is not None and m.process.poll() is not None:
-                        console.print(f"[red]{m.peer.node_id} exited with {m.process.returncode}[/]; "
-                                      f"log: {m.log_path}")
-                        m.process = None
-                time.sleep(0.5)
-    except KeyboardInterrupt:
+            def demo_main() -> None:
+                try:
+                    run_demo(cluster, replicas=demo_replicas, kill_every_s=demo_kill_every, should_stop=stop.is_set,
+                             say=out.say)
+                except Exception as e:  # the cluster keeps running; say why the demo ended
+                    out.say(f"demo stopped: {type(e).__name__}: {e}")
+
+            demo_thread = threading.Thread(target=demo_main, name="demo", daemon=True)
+            demo_thread.start()
+        while not stop.wait(0.1):
+            supervisor.tick()
+            if out.reader_gone():
+                break
+    except InterruptedError:
         pass
     except (TimeoutError, RuntimeError) as e:
-        click.echo(f"error: {e}", err=True)
-        cluster.stop_all()
-        sys.exit(1)
+        with contextlib.suppress(OSError):
+            click.echo(f"error: {e}", err=True)
+        code = 1
     finally:
-        console.print("stopping nodes ...")
-        cluster.stop_all(graceful=True)
-        if data_dir is None:
+        stop.set()
+        if demo_thread is not None:
+            demo_thread.join(timeout=15)
+        out.say("stopping nodes ...")
+        supervisor.stop_all(graceful=code == 0)
+        if temporary:
             shutil.rmtree(root, ignore_errors=True)
+        guardian.close()
+        out.say(f"node logs kept in {logs}")
+        if out.broken:
+            out.silence_stdout()
+    sys.exit(code)
 
 
-def _print_endpoints(console: Any, cluster: Any, leader: int, root: Path) -> None:
+def _print_endpoints(out: _UpOutput, cluster: Any, plan: Any, leader: int, term: int, root: Path, temporary: bool,
+                     logs: Path) -> None:
     from rich.table import Table
 
     table = Table(title="lighthouse-cluster is up", title_justify="left")
-    # Addresses are meant to be copied: never wrap or truncate them; the log path folds instead.
+    # Addresses are meant to be copied: never wrap or truncate them.
     for col in ("node", "client (gRPC)", "raft", "http (dashboard)"):
         table.add_column(col, no_wrap=True)
-    table.add_column("log", overflow="fold")
     for i, m in enumerate(cluster.members):
         name = m.peer.node_id + (" (leader)" if i == leader else "")
         http = cluster.http_address(i)
-        table.add_row(name, m.peer.client_address, m.peer.raft_address, f"http://{http}" if http else "-",
-                      str(m.log_path))
-    console.print(table)
+        table.add_row(name, m.peer.client_address, m.peer.raft_address, f"http://{http}" if http else "-")
+    out.print(table)
     # Plain echo: these lines are meant to be copied, so they must not be wrapped.
-    click.echo(f"data: {root}")
+    out.echo(f"leader: {cluster.members[leader].peer.node_id} (term {term}), followed by every node")
+    out.echo("listening: " + ", ".join(_listening(kind, ls) for kind, ls in
+                                       (("client", plan.client), ("raft", plan.raft), ("http", plan.http))))
+    out.echo(f"data: {root}{' (removed on exit)' if temporary else ''}")
+    out.echo(f"logs: {logs}/{{{','.join(m.peer.node_id for m in cluster.members)}}}.log (kept after exit)")
     if cluster.pki is not None:
-        click.echo("TLS clients (status, admin commands, ftclient):")
-        click.echo(f"  export LIGHTHOUSE_CLUSTER_TLS_CA={cluster.pki.ca_cert}")
+        out.echo("TLS clients (status, admin commands, ftclient):")
+        out.echo(f"  export LIGHTHOUSE_CLUSTER_TLS_CA={cluster.pki.ca_cert}")
         if cluster.mutual_tls:
-            click.echo(f"  export LIGHTHOUSE_CLUSTER_TLS_CLIENT_CERT={cluster.pki.client_cert}")
-            click.echo(f"  export LIGHTHOUSE_CLUSTER_TLS_CLIENT_KEY={cluster.pki.client_key}")
+            out.echo(f"  export LIGHTHOUSE_CLUSTER_TLS_CLIENT_CERT={cluster.pki.client_cert}")
+            out.echo(f"  export LIGHTHOUSE_CLUSTER_TLS_CLIENT_KEY={cluster.pki.client_key}")
     if cluster.pki is None:
-        click.echo("torchft trainers (any node works):")
-        click.echo(f"  export TORCHFT_LIGHTHOUSE=http://{cluster.client_addresses[0]}")
-    click.echo("ftclient trainers and status (all nodes):")
-    click.echo(f"  export TORCHFT_LIGHTHOUSE={cluster.endpoints}")
-    click.echo(f"  lighthouse-cluster status --endpoints {cluster.endpoints}")
-    click.echo("Ctrl-C stops every node.", nl=True)
+        out.echo("torchft trainers (any node works):")
+        out.echo(f"  export TORCHFT_LIGHTHOUSE=http://{cluster.client_addresses[0]}")
+    out.echo("ftclient trainers and status (all nodes):")
+    out.echo(f"  export TORCHFT_LIGHTHOUSE={cluster.endpoints}")
+    out.echo(f"  lighthouse-cluster status --endpoints {cluster.endpoints}")
+    out.echo("Ctrl-C stops every node.")
+
+
+def _listening(kind: str, ls: Any) -> str:
+    """``client on [::] (every interface; reached here at 127.0.0.1)``: what the ports bind."""
+    where = ls.describe()
+    if ls.reach_host != ls.bind_host:
+        where = where[:-1] + f"; reached here at {ls.reach_host})" if where.endswith(")") else \
+            f"{where} (reached here at {ls.reach_host})"
+    return f"{kind} on {where}"
 
 
 # -- client options (status and the admin commands) -------------------------------------------------

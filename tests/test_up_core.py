@@ -1,0 +1,122 @@
+"""`up`'s decisions without processes: addresses, leader agreement, restart backoff."""
+
+from __future__ import annotations
+
+import pytest
+
+from lighthouse_cluster.config import ConfigError
+from lighthouse_cluster.demo import kill_line
+from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+from lighthouse_cluster.up_core import (RestartBackoff, Stable, agreed_leader, describe_exit,
+                                        parse_host_or_host_port, plan_addresses)
+
+
+def picker():
+    ports = iter(range(40000, 41000))
+    return lambda n, host: [next(ports) for _ in range(n)]
+
+
+def test_default_bind_is_every_interface_reached_at_loopback_with_raft_on_loopback() -> None:
+    plan = plan_addresses(3, "[::]:29510", None, None, picker())
+    assert [plan.client.bind(i) for i in range(3)] == ["[::]:29510", "[::]:29511", "[::]:29512"]
+    assert plan.client.reach(0) == "127.0.0.1:29510" and plan.client.wildcard
+    assert [plan.raft.bind(i) for i in range(3)] == ["127.0.0.1:29610", "127.0.0.1:29611", "127.0.0.1:29612"]
+    assert plan.http.bind(0) == "[::]:29710" and plan.http.reach(2) == "127.0.0.1:29712"
+    assert not plan.picked
+
+
+def test_a_specific_bind_host_is_bound_everywhere() -> None:
+    plan = plan_addresses(3, "127.0.0.1:30000", None, 31000, picker())
+    assert {plan.client.bind_host, plan.raft.bind_host, plan.http.bind_host} == {"127.0.0.1"}
+    assert plan.raft.ports == (31000, 31001, 31002) and plan.http.ports == (30200, 30201, 30202)
+    assert plan_addresses(1, "localhost:30000", None, None, picker()).client.bind_host == "127.0.0.1"
+
+
+@pytest.mark.parametrize("value, bind_host, ports", [
+    ("127.0.0.2", "127.0.0.2", (30200, 30201, 30202)),
+    ("127.0.0.2:9000", "127.0.0.2", (9000, 9001, 9002)),
+    ("[::]", "[::]", (30200, 30201, 30202)),
+    ("[::1]:9000", "[::1]", (9000, 9001, 9002)),
+    ("::1", "[::1]", (30200, 30201, 30202)),
+    ("0.0.0.0:0", "0.0.0.0", (40000, 40001, 40002)),
+])
+def test_http_bind_takes_a_host_or_the_first_address(value: str, bind_host: str, ports: tuple[int, ...]) -> None:
+    plan = plan_addresses(3, "127.0.0.1:30000", value, None, picker())
+    assert plan.http.bind_host == bind_host and plan.http.ports == ports
+    assert plan.client.bind_host == "127.0.0.1"
+    assert plan.picked == value.endswith(":0")
+
+
+def test_port_zero_picks_every_port() -> None:
+    plan = plan_addresses(3, "127.0.0.1:0", None, None, picker())
+    every = plan.client.ports + plan.raft.ports + plan.http.ports
+    assert len(set(every)) == 9 and plan.picked
+
+
+@pytest.mark.parametrize("bind, http, raft, message", [
+    ("127.0.0.1:65534", None, None, "past 65535"),
+    ("127.0.0.1:30000", "127.0.0.1:30001", None, "would serve both client and http"),
+    ("127.0.0.1:30000", None, 30002, "would serve both client and raft"),
+    ("127.0.0.1", None, None, "is not HOST:PORT"),
+    ("127.0.0.1:30000", "", None, "--http-bind is empty"),
+    ("127.0.0.1:30000", "h:x", None, "non-numeric port"),
+])
+def test_bad_addresses_are_one_line_config_errors(bind: str, http: str | None, raft: int | None,
+                                                  message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        plan_addresses(3, bind, http, raft, picker())
+
+
+def test_parse_host_or_host_port() -> None:
+    assert parse_host_or_host_port("[::]", "x") == ("[::]", None)
+    assert parse_host_or_host_port("[::]:80", "x") == ("[::]", 80)
+    assert parse_host_or_host_port("example.org:0", "x") == ("example.org", 0)
+
+
+def view(node: str, leader: str, term: int, role: int = cpb.FOLLOWER, serving: bool = False) -> cpb.NodeStatus:
+    return cpb.NodeStatus(node=cpb.NodeInfo(id=node), leader_id=leader, term=term, role=role, serving=serving)
+
+
+def test_agreed_leader_needs_every_node_and_a_serving_leader() -> None:
+    lead = view("n1", "n1", 2, cpb.LEADER, serving=True)
+    assert agreed_leader([lead, view("n2", "n1", 2), view("n3", "n1", 2)]) == ("n1", 2)
+    assert agreed_leader([lead, view("n2", "n1", 2), view("n3", "", 2)]) is None  # n3 knows no leader yet
+    assert agreed_leader([lead, view("n2", "n1", 2), view("n3", "n1", 1)]) is None  # n3 still in term 1
+    assert agreed_leader([lead, view("n2", "n1", 2), None]) is None  # n3 did not answer
+    warming = view("n1", "n1", 2, cpb.LEADER, serving=False)
+    assert agreed_leader([warming, view("n2", "n1", 2), view("n3", "n1", 2)]) is None
+    # A deposition: n3 stands in term 3; nobody agrees until the next leader is followed by all.
+    assert agreed_leader([lead, view("n2", "n1", 2), view("n3", "", 3, cpb.CANDIDATE)]) is None
+    assert agreed_leader([]) is None
+
+
+def test_stable_needs_the_same_value_for_the_whole_hold() -> None:
+    s = Stable(0.5)
+    assert not s.observe(("n1", 1), 0.0)
+    assert not s.observe(("n1", 1), 0.3)
+    assert not s.observe(None, 0.4)  # the deposition resets the clock
+    assert not s.observe(("n2", 2), 0.6)
+    assert not s.observe(("n2", 2), 1.0)
+    assert s.observe(("n2", 2), 1.1)
+    assert not Stable(0.0).observe(None, 5.0)
+
+
+def test_restart_backoff_doubles_while_failing_and_starts_over_after_a_good_run() -> None:
+    b = RestartBackoff(initial_s=0.5, factor=2, max_s=4, healthy_after_s=5)
+    assert [b.next_delay("n1", 0.1) for _ in range(5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
+    assert b.next_delay("n2", 0.1) == 0.5  # per node
+    assert b.next_delay("n1", 60.0) == 0.5  # it ran a minute: a fresh failure
+
+
+def test_describe_exit() -> None:
+    assert describe_exit(-9) == "-9 (SIGKILL)"
+    assert describe_exit(1) == "1"
+    assert describe_exit(-200) == "-200"
+
+
+def test_kill_line_says_whether_the_quorum_id_changed() -> None:
+    assert kill_line("n2", "n3", 0.314, 0.35, 4, 4) == (
+        "killed leader n2 (SIGKILL); new leader n3 after 0.31 s; every group had its next quorum after 0.35 s; "
+        "quorum id still 4")
+    assert kill_line("n2", "n3", 0.3, 0.4, 4, 5).endswith("quorum id 4 -> 5")
+    assert "no new leader yet" in kill_line("n2", None, None, None, None, None)
