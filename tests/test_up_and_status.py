@@ -151,8 +151,16 @@ def test_status_shows_quorum_and_heartbeats(up_cluster) -> None:
     assert "on the leader lease" in res.stdout and "(lease 100 ms)" in res.stdout
 
 
-def test_status_exits_1_without_a_leader_and_up_stops_every_node(up_cluster) -> None:
-    proc, ports, out, data = up_cluster
+@pytest.fixture()
+def up_cluster_no_restart(tmp_path: Path):
+    """As ``up_cluster``, with --no-restart: nodes the test kills stay dead."""
+    up = _running_up(tmp_path, "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "2000", "--no-restart")
+    with up as (proc, base, out, data):
+        yield proc, [base, base + 1, base + 2], out, data
+
+
+def test_status_exits_1_without_a_leader_and_up_stops_every_node(up_cluster_no_restart) -> None:
+    proc, ports, out, data = up_cluster_no_restart
     pids = _pids_of_serve(data)
     assert len(pids) == 3
     # Kill two of three nodes: the survivor cannot know a leader.
