@@ -248,6 +248,10 @@ class _UpOutput:
     def print(self, *args: Any, **kwargs: Any) -> None:
         self._guard(lambda: self.console.print(*args, **kwargs))
 
+    def print_with(self, write: Any) -> None:
+        """``write(console)`` under the same guard (several lines, e.g. ``output.print_table``)."""
+        self._guard(lambda: write(self.console))
+
     def say(self, text: str) -> None:
         """One line, to stdout, or to stderr once stdout is gone."""
         if not self.broken:
@@ -449,17 +453,16 @@ def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data
 
 def _print_endpoints(out: _UpOutput, cluster: Any, plan: Any, leader: int, term: int, root: Path, temporary: bool,
                      logs: Path) -> None:
-    from rich.table import Table
+    from .output import print_table
 
-    table = Table(title="lighthouse-cluster is up", title_justify="left")
-    # Addresses are meant to be copied: never wrap or truncate them.
-    for col in ("node", "client (gRPC)", "raft", "http (dashboard)"):
-        table.add_column(col, no_wrap=True)
+    rows = []
     for i, m in enumerate(cluster.members):
-        name = m.peer.node_id + (" (leader)" if i == leader else "")
         http = cluster.http_address(i)
-        table.add_row(name, m.peer.client_address, m.peer.raft_address, f"http://{http}" if http else "-")
-    out.print(table)
+        rows.append((m.peer.node_id, "leader" if i == leader else "follower", m.peer.client_address,
+                     m.peer.raft_address, f"http://{http}" if http else "-"))
+    # A terminal gets a table; a log file or pipe one "node: id=n1 role=... client=..." line each.
+    out.print_with(lambda console: print_table("lighthouse-cluster is up", ("id", "role", "client", "raft", "http"),
+                                               rows, out=console, record="node"))
     # Plain echo: these lines are meant to be copied, so they must not be wrapped.
     out.echo(f"leader: {cluster.members[leader].peer.node_id} (term {term}), followed by every node")
     out.echo("listening: " + ", ".join(_listening(kind, ls) for kind, ls in
@@ -473,9 +476,10 @@ def _print_endpoints(out: _UpOutput, cluster: Any, plan: Any, leader: int, term:
             out.echo(f"  export LIGHTHOUSE_CLUSTER_TLS_CLIENT_CERT={cluster.pki.client_cert}")
             out.echo(f"  export LIGHTHOUSE_CLUSTER_TLS_CLIENT_KEY={cluster.pki.client_key}")
     if cluster.pki is None:
-        out.echo("torchft trainers (any node works):")
+        out.echo("torchft trainers: exactly ONE URL, any node (torchft hangs on a list; for HA see")
+        out.echo("deploy/README.md, 'One name for every node'):")
         out.echo(f"  export TORCHFT_LIGHTHOUSE=http://{cluster.client_addresses[0]}")
-    out.echo("ftclient trainers and status (all nodes):")
+    out.echo("ftclient trainers and the lighthouse-cluster commands take the list of every node:")
     out.echo(f"  export TORCHFT_LIGHTHOUSE={cluster.endpoints}")
     out.echo(f"  lighthouse-cluster status --endpoints {cluster.endpoints}")
     out.echo("Ctrl-C stops every node.")

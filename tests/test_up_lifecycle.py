@@ -350,3 +350,20 @@ def test_demo_kills_report_the_quorum_id_and_the_node_comes_back(tmp_path: Path)
         assert killed != new_leader
         _wait(lambda: f"{killed} restarted (pid " in out.read_text(), 20, f"{killed} to be restarted")
         assert f"{killed} exited with -9 (SIGKILL); restarting in" in out.read_text()
+
+
+def test_the_banner_in_a_log_file_is_plain_lines(tmp_path: Path) -> None:
+    """Output that is not a terminal (a log file, a Slurm job log, `| cat`): one line a node, no
+    table borders, every address whole (#13: the banner ran to ~130 lines, a column a letter wide)."""
+    base = _free_base()
+    with _up(tmp_path, "--bind", f"127.0.0.1:{base}", "--min_replicas", "1") as (_proc, out):
+        text = out.read_text()
+    banner = text[:text.index(BANNER_END)]
+    assert not set("┏┓┗┛┃━│─┡┩╇┳┻") & set(banner), banner
+    nodes = re.findall(r"^node: id=(n\d) role=(leader|follower) client=127\.0\.0\.1:(\d+) raft=\S+ http=\S+$",
+                       banner, re.M)
+    assert sorted(n for n, _, _ in nodes) == ["n1", "n2", "n3"], banner
+    assert [r for _, r, _ in nodes].count("leader") == 1, banner
+    assert sorted(int(p) for _, _, p in nodes) == [base, base + 1, base + 2], banner
+    assert len(banner.splitlines()) < 25, banner
+    assert "exactly ONE URL" in banner, banner
