@@ -34,6 +34,7 @@ from typing import IO
 
 from .config import ConfigError, parse_host_port
 from .local_cluster import LocalCluster, free_ports, port_is_free
+from .proto import lighthouse_cluster_pb2 as cpb
 
 # The defaults of torchft's Python LighthouseServer (its pyo3 constructor): join_timeout_ms is 100
 # there, not the torchft_lighthouse command line's 60000 (torchft's own tests rely on it: e.g.
@@ -137,6 +138,27 @@ def _cleanup(cluster: _ReapedCluster, reaper: _Reaper, root: Path) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _wait_ready(cluster: LocalCluster, timeout: float) -> int:
+    """The index of a serving leader that every node names as leader in its term. Polls every
+    node's Status; a start-up re-election just moves the target (no fixed wait). RuntimeError
+    when a node exits, TimeoutError (with the nodes' log tails) at ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        exited = [m.peer.node_id for m in cluster.members if not m.running]
+        if exited:
+            raise RuntimeError(f"node(s) {', '.join(exited)} exited during start-up")
+        views = [cluster.status(i, timeout=0.5) for i in range(cluster.nodes)]
+        leaders = [i for i, v in enumerate(views) if v is not None and v.role == cpb.LEADER and v.serving]
+        if len(leaders) == 1:
+            lead = views[leaders[0]]
+            name = cluster.members[leaders[0]].peer.node_id
+            if all(v is not None and v.leader_id == name and v.term == lead.term for v in views):
+                return leaders[0]
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"no leader followed by every node within {timeout:.1f}s\n{cluster.tail_logs()}")
+        time.sleep(0.01)
+
+
 def _advertised_host(host: str) -> str:
     """The host name to give clients for a bind host."""
     if host in WILDCARDS:
@@ -200,10 +222,7 @@ class LighthouseServer:
         started = time.monotonic()
         try:
             cluster.start()
-            self._leader = cluster.wait_for_agreed_leader(timeout=start_timeout)
-            exited = [m.peer.node_id for m in cluster.members if not m.running]
-            if exited:
-                raise RuntimeError(f"node(s) {', '.join(exited)} exited while the others elected a leader")
+            self._leader = _wait_ready(cluster, start_timeout)
         except (TimeoutError, RuntimeError) as e:
             logs = cluster.tail_logs(20)
             self._finalizer()
