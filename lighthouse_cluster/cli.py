@@ -345,13 +345,12 @@ def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data
     """
     import threading
 
-    from rich.console import Console
-
     from .local_cluster import LocalCluster, can_bind, free_ports
+    from .output import console as output_console
     from .supervise import Guardian, NodeSupervisor
     from .up_core import describe_exit, plan_addresses
 
-    console = Console(stderr=False)
+    console = output_console(raise_broken_pipe=True)  # a closed stdout stops up through its own cleanup
     if nodes % 2 == 0:
         _exit_config_error(ConfigError(f"--nodes {nodes}: use an odd number so a majority survives a split"))
     if demo and (tls or mtls):

@@ -31,11 +31,20 @@ class Cell:
 CellLike = Union[str, int, Cell]
 
 
-def console() -> Any:
-    """The console the commands print to (stdout; plain text when it is not a terminal)."""
+def console(raise_broken_pipe: bool = False) -> Any:
+    """The console the commands print to (stdout; plain text when it is not a terminal). rich
+    ends the process (SystemExit) when stdout is a closed pipe; with ``raise_broken_pipe`` the
+    write raises ``BrokenPipeError`` instead, for a caller that must clean up (``up``)."""
     from rich.console import Console
 
-    return Console(highlight=False)
+    if not raise_broken_pipe:
+        return Console(highlight=False)
+
+    class PipeAwareConsole(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError("stdout closed")
+
+    return PipeAwareConsole(highlight=False)
 
 
 def key_of(column: str) -> str:

@@ -274,7 +274,7 @@ def test_the_printed_leader_is_the_one_every_node_follows_after_a_startup_deposi
         text = out.read_text()
         assert mark.exists(), "the first leader was not deposed: the test proves nothing"
         assert "warning" not in text, text
-        labelled = re.findall(r"^\S*\s*(n\d) \(leader\)", text, re.M)
+        labelled = re.findall(r"^node: id=(n\d) role=leader ", text, re.M)
         assert len(labelled) == 1, text
         term = int(re.search(r"^leader: (n\d) \(term (\d+)\)", text, re.M).group(2))
         views = [query_status(f"127.0.0.1:{base + i}", 2.0) for i in range(3)]
