@@ -108,7 +108,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 def pytest_report_collectionfinish(config: pytest.Config, start_path: Any, items: list[pytest.Item]) -> str:
     patched = ", ".join(sorted(set(_STATS["patched"]))) or "none (no collected module has a LighthouseServer)"
-    return f"lighthouse-cluster LighthouseServer swapped into: {patched}"
+    return f"lighthouse: lighthouse-cluster LighthouseServer ({_STATS['nodes']} nodes) swapped into: {patched}"
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -129,7 +129,9 @@ def test_torchft_suite(line: str, suite: str, tmp_path: Path) -> None:
     plugin = next((ln for ln in run.output.splitlines() if ln.startswith("lighthouse-cluster: ")), "")
     print(f"\n{version} {suite} against lighthouse-cluster: {run.summary()} "
           f"(torchft's lighthouse: {want_passed} passed, {want_skipped} skipped); {plugin}")
-    assert "lighthouse: lighthouse-cluster" in run.output, "the plugin's header is missing:\n" + run.output[-3000:]
+    swapped = next((ln for ln in run.output.splitlines() if "lighthouse-cluster LighthouseServer" in ln
+                    and "swapped into:" in ln), "")
+    assert f"torchft.{suite}" in swapped, "the plugin did not swap LighthouseServer in:\n" + run.output[-3000:]
     assert not run.failed, f"{version} {suite}: {len(run.failed)} failed\n{run.diagnostics()}"
     assert (len(run.passed), len(run.skipped)) == (want_passed, want_skipped), (
         f"{version} {suite}: {len(run.passed)} passed, {len(run.skipped)} skipped; against torchft's own "

@@ -11,7 +11,8 @@ API (tests/test_torchft_suites.py and tests/test_torchft_hosts_ha.py import it):
 * ``LINES`` -- the line names, for ``pytest.mark.parametrize``.
 * ``python_for(line)`` -- the path of an interpreter for that line; creates the nightly venv once
   (a file lock makes concurrent pytest processes wait for one creation; a marker file records a
-  finished one, so an interrupted creation starts over). Raises :class:`VenvError` with the tail
+  finished one, so an interrupted creation starts over, and a change to pyproject.toml's
+  dependencies or these extras updates the venv). Raises :class:`VenvError` with the tail
   of pip's output when the environment cannot be made: CI must fail, never skip silently.
 * ``torchft_version(python)`` -- the torchft distribution and version that interpreter imports,
   e.g. ``"torchft 0.2.0"`` or ``"torchft-nightly 2026.10.26"``.
@@ -21,12 +22,14 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 LINES = ("0.2.0", "nightly")
@@ -34,8 +37,7 @@ LINES = ("0.2.0", "nightly")
 ROOT = Path(__file__).resolve().parent.parent
 VENVS = ROOT / ".venvs"
 NIGHTLY_VENV = VENVS / "torchft-nightly"
-# Bump when the nightly venv's contents change (the pin, the extras): older venvs are rebuilt.
-NIGHTLY_SPEC = "torchft-nightly==2026.10.26; extras test,interop-nightly,torchft-tests; v1"
+EXTRAS = "test,interop-nightly,torchft-tests"
 MARKER = ".lighthouse-cluster-ready"
 
 PIP_TIMEOUT_S = 1200.0  # a cold install downloads ~50 MB of wheels and copies torch (~1 GB)
@@ -71,27 +73,43 @@ def _venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
+def _spec() -> str:
+    """What the venv was made from: the extras and this repo's dependency lists. A venv made from
+    another spec is brought up to date (pip install again), so a new pin or test dependency in
+    pyproject.toml reaches it."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = {"dependencies": project.get("dependencies", []),
+              "extras": {k: v for k, v in project.get("optional-dependencies", {}).items()
+                         if k in EXTRAS.split(",")}}
+    digest = hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:16]
+    return f"extras {EXTRAS}; pyproject {digest}"
+
+
 def _ready(venv: Path) -> bool:
     marker = venv / MARKER
-    return _venv_python(venv).exists() and marker.exists() and marker.read_text() == NIGHTLY_SPEC
+    return _venv_python(venv).exists() and marker.exists() and marker.read_text() == _spec()
 
 
 def _create_nightly(venv: Path) -> None:
     started = time.monotonic()
-    if venv.exists():
-        _log(f"removing the incomplete or outdated {venv}")
-        shutil.rmtree(venv)
-    _log(f"creating the torchft-nightly virtual environment in {venv} (once; a few minutes)")
-    _run([sys.executable, "-m", "venv", str(venv)], "python -m venv", 300)
     py = str(_venv_python(venv))
+    (venv / MARKER).unlink(missing_ok=True)
+    if _venv_python(venv).exists() and _usable(py):
+        _log(f"updating the torchft-nightly virtual environment in {venv} (pyproject.toml changed)")
+    else:
+        if venv.exists():
+            _log(f"removing the broken {venv}")
+            shutil.rmtree(venv)
+        _log(f"creating the torchft-nightly virtual environment in {venv} (once; about a minute)")
+        _run([sys.executable, "-m", "venv", str(venv)], "python -m venv", 300)
     # torch is pinned (a CPU build); an unpinned torch would pull a multi-GB CUDA build.
     _run([py, "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off",
-          "torch==2.13.0", "-e", ".[test,interop-nightly,torchft-tests]"],
-         "pip install torch==2.13.0 -e '.[test,interop-nightly,torchft-tests]'", PIP_TIMEOUT_S)
+          "torch==2.13.0", "-e", f".[{EXTRAS}]"], f"pip install torch==2.13.0 -e '.[{EXTRAS}]'", PIP_TIMEOUT_S)
+    torchft_version.cache_clear()
     version = torchft_version(py)
     if not version.startswith("torchft-nightly "):
         raise VenvError(f"{venv} imports {version}, not torchft-nightly")
-    (venv / MARKER).write_text(NIGHTLY_SPEC)
+    (venv / MARKER).write_text(_spec())
     _log(f"{venv} ready ({version}) in {time.monotonic() - started:.0f}s")
 
 
@@ -114,6 +132,13 @@ def python_for(line: str) -> str:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
     return str(_venv_python(venv))
+
+
+def _usable(python: str) -> bool:
+    try:
+        return subprocess.run([python, "-c", "import pip"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def _lock_nonblocking(lock: object) -> bool:
