@@ -8,9 +8,11 @@ the cluster serves: one leader, followed by every node, that answers quorum call
 is an ``http://host:port`` URL torchft's Rust client accepts; ``shutdown()`` stops every node.
 
 No node outlives its owner: ``shutdown()`` kills them, so does garbage collection of the object
-and interpreter exit (``weakref.finalize``), and a small reaper process (one per server, in a
-session of its own) kills them when the owning process dies without running either (SIGKILL,
-``os._exit``): it holds the read end of a pipe whose only write end is in the owner.
+and interpreter exit (``weakref.finalize``), and a guardian process (``supervise.Guardian``, one
+per server, in a session of its own) kills them and removes the data directory when the owning
+process dies without running either (SIGKILL, ``os._exit``): it holds the read end of a pipe
+whose only write end is in the owner. (No parent-death signal: the kernel ties it to the thread
+that started a node, and torchft's tests may create a server on any thread.)
 
 ``bind`` is ``HOST:PORT`` as torchft's: port 0 picks free ports; ``[::]`` or ``0.0.0.0`` serves
 the client ports on every interface (Raft stays on loopback) and ``address()`` then names this
@@ -23,18 +25,15 @@ from __future__ import annotations
 
 import shutil
 import socket
-import subprocess
-import sys
 import tempfile
-import threading
 import time
 import weakref
 from pathlib import Path
-from typing import IO
 
 from .config import ConfigError, parse_host_port
 from .local_cluster import LocalCluster, free_ports, port_is_free
 from .proto import lighthouse_cluster_pb2 as cpb
+from .supervise import Guardian
 
 # The defaults of torchft's Python LighthouseServer (its pyo3 constructor): join_timeout_ms is 100
 # there, not the torchft_lighthouse command line's 60000 (torchft's own tests rely on it: e.g.
@@ -47,94 +46,37 @@ DEFAULT_HEARTBEAT_TIMEOUT_MS = 5_000
 START_TIMEOUT_S = 60.0
 WILDCARDS = ("[::]", "::", "0.0.0.0")
 
-# The reaper: reads "+PGID" / "-PGID" / "dir PATH" lines from its stdin; at EOF (the owner shut
-# down or died) it SIGKILLs every process group still listed and removes the directory.
-_REAPER = r"""
-import os, shutil, signal, sys
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-groups, root = set(), None
-for line in sys.stdin:
-    line = line.rstrip("\n")
-    if line.startswith("+"):
-        groups.add(int(line[1:]))
-    elif line.startswith("-"):
-        groups.discard(int(line[1:]))
-    elif line.startswith("dir "):
-        root = line[4:]
-for g in groups:
-    try:
-        os.killpg(g, signal.SIGKILL)
-    except OSError:
-        pass
-if root:
-    shutil.rmtree(root, ignore_errors=True)
-"""
+class _GuardedCluster(LocalCluster):
+    """A LocalCluster whose node process groups the guardian knows about."""
 
-
-class _Reaper:
-    """The reaper process and the write end of its pipe (see the module docstring)."""
-
-    def __init__(self, root: Path) -> None:
-        self._lock = threading.Lock()
-        self.process = subprocess.Popen([sys.executable, "-S", "-I", "-c", _REAPER], stdin=subprocess.PIPE,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        start_new_session=True, close_fds=True, text=True)
-        self._pipe: IO[str] | None = self.process.stdin
-        self.send(f"dir {root}")
-
-    def send(self, line: str) -> None:
-        with self._lock:
-            if self._pipe is not None:
-                self._pipe.write(line + "\n")
-                self._pipe.flush()
-
-    def close(self, timeout: float = 10.0) -> None:
-        """Close the pipe (the reaper kills what is still listed, removes the dir) and reap it."""
-        with self._lock:
-            pipe, self._pipe = self._pipe, None
-        if pipe is not None:
-            try:
-                pipe.close()
-            except OSError:
-                pass
-        try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=timeout)
-
-
-class _ReapedCluster(LocalCluster):
-    """A LocalCluster whose node process groups the reaper knows about."""
-
-    reaper: _Reaper | None = None
+    guardian: Guardian | None = None
 
     def start_node(self, i: int) -> None:
         super().start_node(i)
         proc = self.members[i].process
-        if self.reaper is not None and proc is not None:
-            self.reaper.send(f"+{proc.pid}")  # each node leads its own session: pgid == pid
+        if self.guardian is not None and proc is not None:
+            self.guardian.watch(proc.pid)  # each node leads its own session: pgid == pid
 
     def kill(self, i: int) -> None:
         proc = self.members[i].process
         super().kill(i)
-        if self.reaper is not None and proc is not None:
-            self.reaper.send(f"-{proc.pid}")
+        if self.guardian is not None and proc is not None:
+            self.guardian.forget(proc.pid)
 
     def stop(self, i: int, timeout: float = 10.0) -> int | None:
         proc = self.members[i].process
         code = super().stop(i, timeout)
-        if self.reaper is not None and proc is not None:
-            self.reaper.send(f"-{proc.pid}")
+        if self.guardian is not None and proc is not None:
+            self.guardian.forget(proc.pid)
         return code
 
 
-def _cleanup(cluster: _ReapedCluster, reaper: _Reaper, root: Path) -> None:
-    """Kill every node, reap them, then let the reaper go and remove the data directory."""
+def _cleanup(cluster: _GuardedCluster, guardian: Guardian, root: Path) -> None:
+    """Kill every node, reap them, then let the guardian go and remove the data directory."""
     try:
         cluster.stop_all()
     finally:
-        reaper.close()
+        guardian.close()
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -207,18 +149,18 @@ class LighthouseServer:
             raft = free_ports(nodes, node_host)
         self._explicit_port = port != 0
         root = Path(tempfile.mkdtemp(prefix="lighthouse-server-"))
-        reaper = _Reaper(root)
-        cluster = _ReapedCluster(
+        guardian = Guardian(remove=root)
+        cluster = _GuardedCluster(
             root=root, nodes=nodes, host=node_host, client_ports=client, raft_ports=raft,
             min_replicas=min_replicas,
             join_timeout_ms=DEFAULT_JOIN_TIMEOUT_MS if join_timeout_ms is None else join_timeout_ms,
             quorum_tick_ms=DEFAULT_QUORUM_TICK_MS if quorum_tick_ms is None else quorum_tick_ms,
             heartbeat_timeout_ms=DEFAULT_HEARTBEAT_TIMEOUT_MS if heartbeat_timeout_ms is None else heartbeat_timeout_ms,
             client_bind_host=host if wildcard and host else None)
-        cluster.reaper = reaper
+        cluster.guardian = guardian
         self.cluster = cluster
         self.root = root
-        self._finalizer = weakref.finalize(self, _cleanup, cluster, reaper, root)
+        self._finalizer = weakref.finalize(self, _cleanup, cluster, guardian, root)
         started = time.monotonic()
         try:
             cluster.start()

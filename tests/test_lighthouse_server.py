@@ -5,7 +5,7 @@
   ``address()``, with torchft's defaults, and ``shutdown()`` leaves no process and no directory;
 * an explicit port is served by node n1; a busy one is a clear error, before any process starts;
 * no node outlives its owner: not when the owner forgets ``shutdown()`` and exits, and not when
-  the owner is SIGKILLed (the reaper);
+  the owner is SIGKILLed (the guardian process);
 * ``up --bind 127.0.0.1:0`` picks free ports, prints them, and serves on them.
 """
 
@@ -60,8 +60,8 @@ def test_torchft_client_gets_a_quorum_and_shutdown_leaves_nothing() -> None:
     server = LighthouseServer(bind="[::]:0", min_replicas=2)
     try:
         pids = _node_pids(server)
-        reaper = server.cluster.reaper.process.pid
-        assert len(pids) == 3 and all(_alive(p) for p in pids) and _alive(reaper)
+        guardian = server.cluster.guardian.process.pid
+        assert len(pids) == 3 and all(_alive(p) for p in pids) and _alive(guardian)
         address = server.address()
         assert address.startswith("http://") and int(address.rsplit(":", 1)[1]) > 0
         print(f"\nLighthouseServer('[::]:0') served at {address} after {server.start_seconds:.2f}s")
@@ -105,7 +105,7 @@ def test_torchft_client_gets_a_quorum_and_shutdown_leaves_nothing() -> None:
         server.shutdown()
     assert not server.alive
     assert not any(_alive(p) for p in pids), "a node process outlived shutdown()"
-    assert not _alive(reaper), "the reaper outlived shutdown()"
+    assert not _alive(guardian), "the guardian outlived shutdown()"
     assert not root.exists(), "the data directory outlived shutdown()"
     server.shutdown()  # idempotent
 
@@ -150,7 +150,7 @@ import json, os, signal, sys
 from lighthouse_cluster import LighthouseServer
 server = LighthouseServer("127.0.0.1:0", min_replicas=1)
 print(json.dumps({"nodes": [m.process.pid for m in server.cluster.members],
-                  "reaper": server.cluster.reaper.process.pid, "root": str(server.root)}), flush=True)
+                  "guardian": server.cluster.guardian.process.pid, "root": str(server.root)}), flush=True)
 how = sys.argv[1]
 if how == "sigkill":
     os.kill(os.getpid(), signal.SIGKILL)
@@ -168,8 +168,8 @@ def test_nodes_never_outlive_their_owner(how: str) -> None:
     assert res.returncode == expected, res.stderr[-3000:]
     info = json.loads(res.stdout.strip().splitlines()[-1])
     try:
-        _wait(lambda: not any(_alive(p) for p in info["nodes"] + [info["reaper"]]), 15,
-              f"the nodes and the reaper to be gone after the owner's {how}")
+        _wait(lambda: not any(_alive(p) for p in info["nodes"] + [info["guardian"]]), 15,
+              f"the nodes and the guardian to be gone after the owner's {how}")
         _wait(lambda: not Path(info["root"]).exists(), 5, "the data directory to be removed")
     finally:
         for pid in info["nodes"]:
