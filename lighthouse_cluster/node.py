@@ -455,7 +455,7 @@ class LighthouseNode:
         what ``route_quorum`` does for a call carrying ``FORWARDED_HEADER`` (``timeout`` is that
         call's deadline), failures raised as the ``grpc.aio.AioRpcError`` it would have ended with."""
         try:
-            member = validate_requester(pb.LighthouseQuorumRequest.FromString(raw), self.config.max_member_bytes)
+            member = validate_requester(pb.LighthouseQuorumRequest.FromString(raw), self.config.max_member_bytes, raw)
         except DecodeError as e:
             raise forward_error(grpc.StatusCode.INVALID_ARGUMENT, f"malformed LighthouseQuorumRequest: {e}") from None
         except InvalidRequest as e:

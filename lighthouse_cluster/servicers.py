@@ -19,7 +19,7 @@ from .proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from .proto import torchft_pb2 as pb
 from .quorum import Member
 from .routing import FORWARDED_HEADER
-from .torchft_wire import member_from_proto
+from .torchft_wire import member_from_proto, requester_bytes
 
 if TYPE_CHECKING:
     from .node import LighthouseNode
@@ -33,8 +33,10 @@ class InvalidRequest(ValueError):
     """A request the lighthouse cannot act on; becomes INVALID_ARGUMENT."""
 
 
-def validate_requester(request: pb.LighthouseQuorumRequest, max_member_bytes: int) -> Member:
-    """The requester as a ``Member`` (carrying every field it sent), or ``InvalidRequest``."""
+def validate_requester(request: pb.LighthouseQuorumRequest, max_member_bytes: int,
+                       raw_request: bytes | None = None) -> Member:
+    """The requester as a ``Member`` carrying every field it sent (verbatim when ``raw_request``,
+    the request's bytes, is given), or ``InvalidRequest``."""
     if not request.HasField("requester"):
         raise InvalidRequest("missing requester")
     r = request.requester
@@ -46,13 +48,14 @@ def validate_requester(request: pb.LighthouseQuorumRequest, max_member_bytes: in
         raise InvalidRequest(f"requester.commit_failures must be >= 0, got {r.commit_failures}")
     if r.world_size >= 2**63:
         raise InvalidRequest(f"requester.world_size {r.world_size} is out of range (negative when signed)")
-    size = r.ByteSize()  # every field, known to this version or not: all of it is replicated
+    raw = requester_bytes(raw_request) if raw_request is not None else None
+    size = len(raw) if raw is not None else r.ByteSize()  # every field, known or not: all of it is replicated
     if size > max_member_bytes:
         raise InvalidRequest(f"requester is {size} bytes serialized ({len(r.data.encode())} of them data); "
                              f"the limit on a member is {max_member_bytes}")
     if len(r.replica_id) > 1024:
         raise InvalidRequest("requester.replica_id is longer than 1024 characters")
-    return member_from_proto(r)
+    return member_from_proto(r, raw)
 
 
 def _forwarded_by(context: grpc.aio.ServicerContext) -> str | None:
@@ -77,7 +80,7 @@ class LighthouseServiceAdapter:
     async def quorum(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
             request = pb.LighthouseQuorumRequest.FromString(raw)
-            member = validate_requester(request, self.node.config.max_member_bytes)
+            member = validate_requester(request, self.node.config.max_member_bytes, raw)
         except DecodeError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed LighthouseQuorumRequest: {e}")
         except InvalidRequest as e:

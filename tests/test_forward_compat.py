@@ -27,9 +27,9 @@ GROUPS = ("a", "b")
 
 
 def sent_members(step: int, tag: bytes) -> dict[str, bytes]:
-    """Each group's member as a newer torchft would send it: nightly's reconfigure_handle plus an
+    """Each group's member as a newer torchft would send it: nightly's reconfigure_handles plus an
     unknown field 15 with bytes that are not valid UTF-8."""
-    return {g: member_bytes(g, step=step, reconfigure_handle=json.dumps({"pg": g}),
+    return {g: member_bytes(g, step=step, reconfigure_handles=[json.dumps({"pg": g, "rank": r}) for r in (0, 1)],
                             extra=unknown_field(15, b"\xfe" + tag + g.encode())) for g in GROUPS}
 
 
@@ -103,6 +103,10 @@ def test_unknown_member_field_survives_forwarding_failover_replay_and_restore(ma
     second = sent_members(step=2, tag=b"two")
     for seen in round_through(cluster.client_addresses[other], second):
         assert seen == second, cluster.tail_logs()
+    # A round on the leader lease reaches the log at most once a second: ask again until it has.
+    wait_for(cluster, "the new leader to hold round 2's members",
+             lambda: all(seen == second for seen in round_through(cluster.client_addresses[other], second))
+             and stored(cluster, new_leader) == second, 15.0)
     for i in survivors:
         wait_for(cluster, f"node {i} to hold round 2's members", lambda: stored(cluster, i) == second, 10.0)
 
@@ -148,8 +152,10 @@ def test_rolling_upgrade_from_schema_2_keeps_whole_members_once_every_node_reads
         if k == 1:  # one old node left: it could not read a whole member, so none is written
             mid = {"a": member_bytes("a", step=2, extra=unknown_field(15, b"mid"))}
             assert call_raw(cluster.client_addresses[leader], mid["a"]) == mid, cluster.tail_logs()
+            # A round on the leader lease reaches the log at most once a second: ask again until it has.
             wait_for(cluster, "the leader to hold round 2's known fields",
-                     lambda: stored(cluster, leader) == {"a": member_bytes("a", step=2)}, 10.0)
+                     lambda: call_raw(cluster.client_addresses[leader], mid["a"]) == mid
+                     and stored(cluster, leader) == {"a": member_bytes("a", step=2)}, 15.0)
             assert 2 in enabled_schemas(cluster)
             table = cli("status", env=env(cluster))
             assert table.returncode == 0 and "replicated schema 2 enabled, 3 once the leader sees every node" \
@@ -160,5 +166,7 @@ def test_rolling_upgrade_from_schema_2_keeps_whole_members_once_every_node_reads
     assert "rolling upgrade" not in cli("status", env=env(cluster)).stdout
     new = {"a": member_bytes("a", step=3, extra=unknown_field(15, b"new"))}
     assert call_raw(cluster.client_addresses[leader], new["a"]) == new, cluster.tail_logs()
+    wait_for(cluster, "the leader to hold the whole member",
+             lambda: call_raw(cluster.client_addresses[leader], new["a"]) == new and stored(cluster, leader) == new, 15.0)
     for i in range(3):
         wait_for(cluster, f"node {i} to hold the whole member", lambda: stored(cluster, i) == new, 10.0)

@@ -34,6 +34,12 @@ def member_bytes(rid: str, *, step: int = 3, extra: bytes = b"", **fields: objec
     return known.SerializeToString() + extra
 
 
+def request_bytes(raw_member: bytes) -> bytes:
+    """A LighthouseQuorumRequest's bytes, written by hand: field 1 holds ``raw_member`` verbatim."""
+    assert len(raw_member) < 128
+    return bytes([0x0A, len(raw_member)]) + raw_member
+
+
 def request_of(raw_member: bytes) -> pb.LighthouseQuorumRequest:
     request = pb.LighthouseQuorumRequest()
     request.requester.MergeFromString(raw_member)
@@ -49,17 +55,17 @@ def participants_bytes(response: bytes) -> dict[str, bytes]:
 def test_unknown_and_new_fields_come_back_unchanged_in_every_participant() -> None:
     sent = {
         "a": member_bytes("a", extra=unknown_field(15, b"\x00\xffopaque")),
-        "b": member_bytes("b", reconfigure_handle='{"store": "b:7"}', extra=unknown_field(14, b"x")),
+        "b": member_bytes("b", reconfigure_handles=['{"rank": 0}', '{"rank": 1}'], extra=unknown_field(14, b"x")),
         "c": member_bytes("c"),
     }
-    members = [validate_requester(request_of(raw), LIMIT) for raw in sent.values()]
+    members = [validate_requester(request_of(raw), LIMIT, request_bytes(raw)) for raw in sent.values()]
     assert all(m.raw == sent[m.replica_id] for m in members)
     quorum = issue_quorum(None, members, created_ms=1_700_000_000_123)
     assert participants_bytes(quorum_response(quorum)) == sent
     # The quorum algorithm still reads the known fields.
     assert [(m.replica_id, m.step, m.world_size) for m in quorum.participants] == [("a", 3, 2), ("b", 3, 2),
                                                                                   ("c", 3, 2)]
-    assert quorum_to_proto(quorum).participants[1].reconfigure_handle == '{"store": "b:7"}'
+    assert list(quorum_to_proto(quorum).participants[1].reconfigure_handles) == ['{"rank": 0}', '{"rank": 1}']
 
 
 def test_a_member_built_by_hand_is_encoded_from_its_fields() -> None:
@@ -88,7 +94,7 @@ def commit_of(raw_members: list[bytes], quorum_id: int = 1, term: int = 1) -> Co
 
 
 def test_schema_3_log_and_snapshot_keep_whole_members() -> None:
-    raws = [member_bytes("a", extra=unknown_field(15, b"v3")), member_bytes("b", reconfigure_handle="h")]
+    raws = [member_bytes("a", extra=unknown_field(15, b"v3")), member_bytes("b", reconfigure_handles=["h0", "h1"])]
     payload = codec.encode_command(commit_of(raws), version=3)
     wire = msgpack.unpackb(payload)
     assert [p["pb"] for p in wire["q"]["p"]] == raws  # the requester's bytes, not re-derived fields
@@ -135,3 +141,19 @@ def test_a_corrupt_whole_member_is_a_schema_error_not_a_crash() -> None:
                              "q": {"id": 1, "c": 0, "p": [{"r": "a", "pb": b"\xff\xff\xff"}]}})
     with pytest.raises(SchemaError, match="not a serialized QuorumMember"):
         codec.decode_command(payload)
+
+
+def test_members_come_back_verbatim_even_where_this_schema_would_read_them_otherwise() -> None:
+    """A newer torchft may repeat a field this version declares singular (as torchft-nightly's
+    reconfigure handles: one per rank, field 9): parsing keeps only the last value, so the cluster
+    passes the requester's bytes through instead of re-serializing them."""
+    raw = member_bytes("a") + bytes([0x3A, 2]) + b"d2"  # field 7 (data, singular here) a second time
+    assert pb.QuorumMember.FromString(raw).SerializeToString() != raw  # what a re-serialization loses
+    member = validate_requester(request_of(raw), LIMIT, request_bytes(raw))
+    assert member.raw == raw and member.data == "d2"
+    response = quorum_response(issue_quorum(None, [member], 5))
+    assert bytes([0x12, len(raw)]) + raw in response  # participant (field 2) = the bytes as sent
+    # The request's bytes with field 1 twice (protobuf merges them): the parsed member, re-serialized.
+    twice = request_bytes(member_bytes("a", step=1)) + request_bytes(member_bytes("a", step=2))
+    merged = validate_requester(pb.LighthouseQuorumRequest.FromString(twice), LIMIT, twice)
+    assert merged.step == 2 and merged.raw == pb.LighthouseQuorumRequest.FromString(twice).requester.SerializeToString()
