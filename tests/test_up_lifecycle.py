@@ -21,7 +21,6 @@ import ipaddress
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ from typing import Iterator
 
 import pytest
 
-from lighthouse_cluster.local_cluster import free_ports
+from lighthouse_cluster.local_cluster import can_bind, free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.status_client import query_status
 
@@ -72,17 +71,6 @@ def _node_pid(path: Path, node_id: str) -> int | None:
         if "serve" in argv and argv[argv.index("--node-id") + 1] == node_id:
             return pid
     return None
-
-
-def can_bind(host: str, port: int) -> bool:
-    """Is ``host:port`` free (nothing listening on it, nor on the wildcard)?"""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def _free_base(span: int = 202) -> int:
