@@ -19,12 +19,12 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from admin_support import wait_for
 from lighthouse_cluster import LighthouseServer
 from lighthouse_cluster.local_cluster import free_ports
 from lighthouse_cluster.status_client import query_status
@@ -42,13 +42,7 @@ def _alive(pid: int) -> bool:
 
 
 def _wait(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return wait_for(None, what, cond, timeout)  # admin_support's bounded poll
 
 
 def _node_pids(server: LighthouseServer) -> list[int]:

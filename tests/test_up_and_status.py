@@ -8,11 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from admin_support import wait_for
 from lighthouse_cluster.local_cluster import free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.status_client import query_status
@@ -36,13 +36,7 @@ def _pids_of_serve(data_dir: Path) -> list[int]:
 
 
 def _wait(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return wait_for(None, what, cond, timeout)  # admin_support's bounded poll
 
 
 def _status(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

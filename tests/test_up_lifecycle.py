@@ -30,6 +30,7 @@ from typing import Iterator
 
 import pytest
 
+from admin_support import wait_for
 from lighthouse_cluster.local_cluster import can_bind, free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.status_client import query_status
@@ -41,13 +42,7 @@ BANNER_END = "Ctrl-C stops every node."
 
 
 def _wait(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    return wait_for(None, what, cond, timeout)  # admin_support's bounded poll
 
 
 def _processes_under(path: Path) -> dict[int, list[str]]:
