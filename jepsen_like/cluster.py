@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from lighthouse_cluster.local_cluster import LocalCluster
+from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 
 from . import network
@@ -36,7 +36,7 @@ class ClusterSettings:
     heartbeat_timeout_ms: int = 500
     quorum_tick_ms: int = 50
     election_timeout_ms: int | None = None
-    # None: the node default (lighthouse_cluster.lease), except with the clock nemesis, which
+    # None: the node default (lighthouse_cluster.core.lease), except with the clock nemesis, which
     # runs nodes' clocks at 0.25x-4x, beyond the lease's assumption (rates within 2x of each
     # other): there the lease is off (0) unless set explicitly.
     quorum_lease_ms: int | None = None

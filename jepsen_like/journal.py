@@ -27,9 +27,9 @@ from typing import Any
 
 from pysyncobj import pickle as pso_pickle
 
-from lighthouse_cluster import codec
-from lighthouse_cluster.codec import CommitQuorum, TermStart
-from lighthouse_cluster.state_machine import HISTORY_LENGTH, CommitResult, QuorumStateMachine
+from lighthouse_cluster.core import codec
+from lighthouse_cluster.core.codec import CommitQuorum, TermStart
+from lighthouse_cluster.core.state_machine import HISTORY_LENGTH, CommitResult, QuorumStateMachine
 
 _NAME_SIZE, _VERSION_SIZE = 24, 8
 _LAST_RECORD_OFFSET_OFFSET = _NAME_SIZE + _VERSION_SIZE + 4

@@ -11,7 +11,7 @@ __all__ = ["LighthouseServer", "__version__"]
 
 def __getattr__(name: str):  # PEP 562: importing the package stays light (no gRPC, no processes)
     if name == "LighthouseServer":
-        from .lighthouse_server import LighthouseServer
+        from lighthouse_cluster.local.lighthouse_server import LighthouseServer
 
         return LighthouseServer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """``python -m lighthouse_cluster`` is the ``lighthouse-cluster`` command."""
 
-from .cli import main
+from lighthouse_cluster.cli.commands import main
 
 if __name__ == "__main__":
     main()

@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from lighthouse_cluster.local_cluster import LocalCluster
+from lighthouse_cluster.local.cluster import LocalCluster
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from admin_support import cli, quorum_call, wait_for
-from lighthouse_cluster.local_cluster import LocalCluster
+from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 
 pytestmark = pytest.mark.integration

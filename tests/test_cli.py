@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from lighthouse_cluster.cli import main
-from lighthouse_cluster.config import ConfigError, build_node_config, parse_peer, split_endpoints
-from lighthouse_cluster.local_cluster import free_ports
+from lighthouse_cluster.cli.commands import main
+from lighthouse_cluster.server.config import ConfigError, build_node_config, parse_peer, split_endpoints
+from lighthouse_cluster.local.cluster import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ["n1=127.0.0.1:7001,127.0.0.1:8001", "n2=127.0.0.1:7002,127.0.0.1:8002", "n3=127.0.0.1:7003,127.0.0.1:8003"]
@@ -161,7 +161,7 @@ def test_admin_commands_need_endpoints_and_a_token() -> None:
 def test_admin_token_check_is_exact() -> None:
     import grpc
 
-    from lighthouse_cluster.admin import check_token
+    from lighthouse_cluster.server.admin import check_token
 
     assert check_token([("authorization", "Bearer tok")], "tok") is None
     assert check_token([("authorization", "bearer tok ")], "tok") is None
@@ -181,8 +181,8 @@ def test_event_loop_choice_is_validated() -> None:
 
 
 def test_event_loop_runner_runs_a_coroutine_on_the_chosen_loop() -> None:
-    from lighthouse_cluster.event_loop import run as run_loop
-    from lighthouse_cluster.event_loop import running_loop_name
+    from lighthouse_cluster.server.event_loop import run as run_loop
+    from lighthouse_cluster.server.event_loop import running_loop_name
 
     async def name() -> str:
         return running_loop_name()

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from admin_support import cli
-from lighthouse_cluster.cli import main
-from lighthouse_cluster.local_cluster import LocalCluster, free_ports
-from lighthouse_cluster.status_client import explain_rpc_error
+from lighthouse_cluster.cli.commands import main
+from lighthouse_cluster.local.cluster import LocalCluster, free_ports
+from lighthouse_cluster.client.admin_client import explain_rpc_error
 
 BAD_VALUES = [
     ("up", "--min_replicas", "0"),

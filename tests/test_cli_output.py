@@ -18,8 +18,8 @@ import pytest
 from rich.console import Console
 
 from admin_support import cli
-from lighthouse_cluster.local_cluster import LocalCluster
-from lighthouse_cluster.output import Cell, plain_line, print_record, print_table
+from lighthouse_cluster.local.cluster import LocalCluster
+from lighthouse_cluster.cli.output import Cell, plain_line, print_record, print_table
 
 ROOT = Path(__file__).resolve().parent.parent
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

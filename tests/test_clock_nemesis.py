@@ -25,8 +25,8 @@ import pytest
 
 import test_partition as partition_test  # Traffic, journal replay, wait_until
 from jepsen_like import clock
-from lighthouse_cluster.local_cluster import LocalCluster
-from lighthouse_cluster.replica_sim import SimulatedReplicaGroup
+from lighthouse_cluster.local.cluster import LocalCluster
+from lighthouse_cluster.local.simulated_group import SimulatedReplicaGroup
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -15,12 +15,12 @@ from typing import Callable
 import grpc
 import pytest
 
-from lighthouse_cluster.local_cluster import LocalCluster, free_ports
+from lighthouse_cluster.local.cluster import LocalCluster, free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
-from lighthouse_cluster.replica_sim import RoundResult, SimulatedReplicaGroup
+from lighthouse_cluster.local.simulated_group import RoundResult, SimulatedReplicaGroup
 
 pytestmark = pytest.mark.integration
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from lighthouse_cluster.codec import Command, CommitQuorum, TermStart
-from lighthouse_cluster.coordinator import NotLeader, QuorumCoordinator
+from lighthouse_cluster.core.codec import Command, CommitQuorum, TermStart
+from lighthouse_cluster.server.coordinator import NotLeader, QuorumCoordinator
 from lighthouse_cluster.proto import torchft_pb2 as pb
-from lighthouse_cluster.quorum import Member, Quorum, QuorumOptions
-from lighthouse_cluster.replication import CommitError
-from lighthouse_cluster.state_machine import QuorumStateMachine
+from lighthouse_cluster.core.quorum import Member, Quorum, QuorumOptions
+from lighthouse_cluster.raft.replication import CommitError
+from lighthouse_cluster.core.state_machine import QuorumStateMachine
 
 
 class Clock:
@@ -268,7 +268,7 @@ def test_forwarded_calls_travel_batched_and_keep_their_semantics() -> None:
     without the stream service gets plain forwarded calls."""
     import grpc
 
-    from lighthouse_cluster.routing import (FORWARDED_HEADER, PeerChannels, QuorumForwarder,
+    from lighthouse_cluster.server.routing import (FORWARDED_HEADER, PeerChannels, QuorumForwarder,
                                             QuorumForwardingService, forward_error)
 
     def raw(rid: str) -> bytes:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from lighthouse_cluster.local_cluster import LocalCluster, free_ports
+from lighthouse_cluster.local.cluster import LocalCluster, free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 
 pytestmark = pytest.mark.integration
@@ -50,7 +50,7 @@ def replica_main(replica_id: str, endpoint: str, fallbacks: str, step_time_s: fl
     import grpc
 
     from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
-    from lighthouse_cluster.replica_sim import RoundResult, SimulatedReplicaGroup
+    from lighthouse_cluster.local.simulated_group import RoundResult, SimulatedReplicaGroup
 
     class Manager(pb_grpc.ManagerServiceServicer):
         async def Kill(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC method name

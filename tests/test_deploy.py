@@ -43,11 +43,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from lighthouse_cluster import cli
-from lighthouse_cluster.config import NodeConfig
-from lighthouse_cluster.local_cluster import free_ports
+from lighthouse_cluster.cli import commands as cli
+from lighthouse_cluster.server.config import NodeConfig
+from lighthouse_cluster.local.cluster import free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
-from lighthouse_cluster.status_client import query_status
+from lighthouse_cluster.client.admin_client import query_status
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -78,7 +78,7 @@ def run_serve(args: list[str], env: dict[str, str] | None = None) -> tuple[int, 
 
     clean = {k: None for k in os.environ if k.startswith(cli.ENV) or k == "TORCHFT_LIGHTHOUSE"}
     with mock.patch.object(cli, "_serve", fake_serve), \
-            mock.patch("lighthouse_cluster.logs.configure_logging", lambda *a, **k: None):
+            mock.patch("lighthouse_cluster.server.logs.configure_logging", lambda *a, **k: None):
         res = CliRunner().invoke(cli.main, args, env={**clean, **(env or {})}, catch_exceptions=False)
     return res.exit_code, res.output, captured[0] if captured else None
 
@@ -465,7 +465,7 @@ def test_docker_build_context_holds_the_package_and_nothing_secret(tmp_path: Pat
     names = zipfile.ZipFile(wheel).namelist()
     assert "lighthouse_cluster/proto/lighthouse_cluster_pb2.py" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "lighthouse-cluster = lighthouse_cluster.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "lighthouse-cluster = lighthouse_cluster.cli.commands:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
 _INTERP = re.compile(r"\$(?:(?P<escaped>\$)|\{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<default>[^}]*))?\}"
@@ -1016,7 +1016,7 @@ def test_systemd_exec_start_lines_run_a_cluster(tmp_path: Path) -> None:
             assert status == 200 and f'lighthouse_cluster_role{{node="{node}",role=' in body, body[:500]
 
         # It serves torchft quorums (min_replicas from the env file).
-        from lighthouse_cluster.replica_sim import SimulatedReplicaGroup
+        from lighthouse_cluster.local.simulated_group import SimulatedReplicaGroup
 
         async def one_round() -> int:
             group = SimulatedReplicaGroup("replica_0", clients[0], quorum_timeout_s=10)

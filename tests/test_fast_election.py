@@ -13,7 +13,7 @@ from pysyncobj.monotonic import monotonic as raft_monotonic
 from pysyncobj.syncobj import _RAFT_STATE
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
-from lighthouse_cluster.replication import FastElectionSyncObj
+from lighthouse_cluster.raft.replication import FastElectionSyncObj
 
 
 class Counter(SyncObjConsumer):

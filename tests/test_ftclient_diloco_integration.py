@@ -37,7 +37,7 @@ import pytest
 
 pytest.importorskip("torch", reason="torch is not installed")
 
-from lighthouse_cluster.local_cluster import LocalCluster  # noqa: E402
+from lighthouse_cluster.local.cluster import LocalCluster  # noqa: E402
 from trainer_process import ROOT, TrainerProcess  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]

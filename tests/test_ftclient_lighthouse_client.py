@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ftclient.lighthouse_client import LighthouseClient, Probe, Target, choose_target, parse_endpoints
-from lighthouse_cluster.local_cluster import LocalCluster, free_ports
+from lighthouse_cluster.local.cluster import LocalCluster, free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import torchft_pb2 as pb
 

@@ -33,7 +33,7 @@ from ftclient import Manager, ManagerClient, ManagerServer
 from ftclient.lighthouse_client import LighthouseClient
 from ftclient.manager_server import LocalManagerClient
 from ftclient.quorum_results import QuorumResult
-from lighthouse_cluster.local_cluster import LocalCluster, free_ports
+from lighthouse_cluster.local.cluster import LocalCluster, free_ports
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
 

@@ -50,7 +50,7 @@ import pytest
 pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[examples]'")
 pytest.importorskip("sklearn", reason="scikit-learn is not installed: pip install -e '.[examples]'")
 
-from lighthouse_cluster.local_cluster import LocalCluster, free_ports  # noqa: E402
+from lighthouse_cluster.local.cluster import LocalCluster, free_ports  # noqa: E402
 from trainer_process import ROOT, TrainerProcess  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]

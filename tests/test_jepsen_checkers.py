@@ -259,13 +259,13 @@ def _journal_bytes(entries: list[tuple[int, int, bytes]]) -> bytes:
 def _command(cmd: Any) -> bytes:
     from pysyncobj import pickle as pso_pickle
 
-    from lighthouse_cluster import codec
+    from lighthouse_cluster.core import codec
     return bytes([0]) + pso_pickle.dumps((0, (codec.encode_command(cmd),), {}))
 
 
 def test_journal_parse_and_replay() -> None:
-    from lighthouse_cluster.codec import CommitQuorum, TermStart
-    from lighthouse_cluster.quorum import Member, Quorum
+    from lighthouse_cluster.core.codec import CommitQuorum, TermStart
+    from lighthouse_cluster.core.quorum import Member, Quorum
 
     q1 = Quorum(1, (Member("a"), Member("b")), 0)
     q2 = Quorum(2, (Member("a"),), 0)
@@ -319,9 +319,9 @@ def test_timeline_is_self_contained() -> None:
 
 
 def test_journal_gap_left_by_compaction_is_bridged_by_a_snapshot() -> None:
-    from lighthouse_cluster.codec import CommitQuorum, TermStart, decode_command
-    from lighthouse_cluster.quorum import Member, Quorum
-    from lighthouse_cluster.state_machine import QuorumStateMachine
+    from lighthouse_cluster.core.codec import CommitQuorum, TermStart, decode_command
+    from lighthouse_cluster.core.quorum import Member, Quorum
+    from lighthouse_cluster.core.state_machine import QuorumStateMachine
     from pysyncobj import pickle as pso_pickle
 
     cmds = [TermStart(1, "n1", 0)] + [CommitQuorum(i, Quorum(i + 1, (Member("a"),), 0), 1, "n1") for i in range(6)]
@@ -379,9 +379,9 @@ def test_known_bug_mechanism_tolerates_only_offences_its_signature_matches(monke
 
 
 def test_snapshot_bridge_marks_quorums_older_than_its_history_as_unverifiable() -> None:
-    from lighthouse_cluster.codec import CommitQuorum, TermStart, decode_command
-    from lighthouse_cluster.quorum import Member, Quorum
-    from lighthouse_cluster.state_machine import HISTORY_LENGTH, QuorumStateMachine
+    from lighthouse_cluster.core.codec import CommitQuorum, TermStart, decode_command
+    from lighthouse_cluster.core.quorum import Member, Quorum
+    from lighthouse_cluster.core.state_machine import HISTORY_LENGTH, QuorumStateMachine
     from pysyncobj import pickle as pso_pickle
 
     n = HISTORY_LENGTH + 40            # more commits in the gap than the snapshot's history keeps

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from lighthouse_cluster.codec import CommitQuorum, ConfirmLeadership, TermStart, decode_command, encode_command
-from lighthouse_cluster.coordinator import QuorumCoordinator
-from lighthouse_cluster.lease import LeaseSettings, QuorumLease
-from lighthouse_cluster.quorum import Member, QuorumOptions
-from lighthouse_cluster.replication import CommitError
-from lighthouse_cluster.state_machine import QuorumStateMachine
+from lighthouse_cluster.core.codec import CommitQuorum, ConfirmLeadership, TermStart, decode_command, encode_command
+from lighthouse_cluster.server.coordinator import QuorumCoordinator
+from lighthouse_cluster.core.lease import LeaseSettings, QuorumLease
+from lighthouse_cluster.core.quorum import Member, QuorumOptions
+from lighthouse_cluster.raft.replication import CommitError
+from lighthouse_cluster.core.state_machine import QuorumStateMachine
 
 # -- the rules ------------------------------------------------------------------------------------
 

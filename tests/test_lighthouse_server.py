@@ -26,8 +26,8 @@ import pytest
 
 from admin_support import wait_for
 from lighthouse_cluster import LighthouseServer
-from lighthouse_cluster.local_cluster import free_ports
-from lighthouse_cluster.status_client import query_status
+from lighthouse_cluster.local.cluster import free_ports
+from lighthouse_cluster.client.admin_client import query_status
 
 pytestmark = pytest.mark.integration
 

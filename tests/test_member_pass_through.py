@@ -10,13 +10,13 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from lighthouse_cluster import codec
-from lighthouse_cluster.codec import CommitQuorum, EnableSchema, SchemaError, TermStart
+from lighthouse_cluster.core import codec
+from lighthouse_cluster.core.codec import CommitQuorum, EnableSchema, SchemaError, TermStart
 from lighthouse_cluster.proto import torchft_pb2 as pb
-from lighthouse_cluster.quorum import Member, Quorum, issue_quorum
-from lighthouse_cluster.servicers import InvalidRequest, validate_requester
-from lighthouse_cluster.state_machine import QuorumStateMachine
-from lighthouse_cluster.torchft_wire import member_from_bytes, member_to_proto, quorum_response, quorum_to_proto
+from lighthouse_cluster.core.quorum import Member, Quorum, issue_quorum
+from lighthouse_cluster.server.grpc_services import InvalidRequest, validate_requester
+from lighthouse_cluster.core.state_machine import QuorumStateMachine
+from lighthouse_cluster.core.torchft_wire import member_from_bytes, member_to_proto, quorum_response, quorum_to_proto
 
 LIMIT = 64 * 1024
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import click
 import pytest
 
-from lighthouse_cluster.cli import main as cli_main
-from lighthouse_cluster.local_cluster import port_is_free
+from lighthouse_cluster.cli.commands import main as cli_main
+from lighthouse_cluster.local.cluster import port_is_free
 
 README = Path(__file__).resolve().parents[1] / "deploy" / "README.md"
 WALKTHROUGH_HEADING = "## Start here"

@@ -22,12 +22,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from lighthouse_cluster.config import ConfigError, build_node_config
-from lighthouse_cluster.local_cluster import LocalCluster, free_ports
+from lighthouse_cluster.server.config import ConfigError, build_node_config
+from lighthouse_cluster.local.cluster import LocalCluster, free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
-from lighthouse_cluster.replica_sim import SimulatedReplicaGroup
+from lighthouse_cluster.local.simulated_group import SimulatedReplicaGroup
 
 pytestmark = pytest.mark.integration
 

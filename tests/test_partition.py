@@ -30,12 +30,12 @@ from pysyncobj import pickle as pso_pickle
 from pysyncobj.journal import FileJournal
 
 from jepsen_like import netns
-from lighthouse_cluster import codec
-from lighthouse_cluster.codec import CommitQuorum
-from lighthouse_cluster.local_cluster import LocalCluster
+from lighthouse_cluster.core import codec
+from lighthouse_cluster.core.codec import CommitQuorum
+from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
-from lighthouse_cluster.replica_sim import RoundResult, SimulatedReplicaGroup
-from lighthouse_cluster.state_machine import CommitResult, QuorumStateMachine
+from lighthouse_cluster.local.simulated_group import RoundResult, SimulatedReplicaGroup
+from lighthouse_cluster.core.state_machine import CommitResult, QuorumStateMachine
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

@@ -17,7 +17,7 @@ from collections import Counter
 
 import grpc
 
-from lighthouse_cluster.node import SERVER_OPTIONS
+from lighthouse_cluster.server.node import SERVER_OPTIONS
 
 CALLS = 2500  # between gRPC's default soft (1000) and hard (3000) limits: ~20 % are cancelled
 

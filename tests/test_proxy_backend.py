@@ -27,9 +27,9 @@ import pytest
 
 import test_partition as partition_test  # the netns partition test's scenario and checks
 from jepsen_like.proxy import ProxyError, ProxyNetwork
-from lighthouse_cluster.local_cluster import LocalCluster
+from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
-from lighthouse_cluster.replica_sim import SimulatedReplicaGroup
+from lighthouse_cluster.local.simulated_group import SimulatedReplicaGroup
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -1,4 +1,4 @@
-"""Tests for lighthouse_cluster.quorum: torchft's lighthouse quorum algorithm.
+"""Tests for lighthouse_cluster.core.quorum: torchft's lighthouse quorum algorithm.
 
 The first part re-states the scenarios of torchft's own lighthouse tests
 (``src/lighthouse.rs`` ``mod tests`` and ``torchft/lighthouse_test.py``) against the pure
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lighthouse_cluster.quorum import (
+from lighthouse_cluster.core.quorum import (
     Member,
     Participant,
     Quorum,

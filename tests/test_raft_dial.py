@@ -19,11 +19,12 @@ from click.testing import CliRunner
 from pysyncobj.node import TCPNode
 
 from jepsen_like.proxy import ProxyNetwork
-from lighthouse_cluster import cli, replication
-from lighthouse_cluster.config import ConfigError, build_node_config
-from lighthouse_cluster.local_cluster import free_ports
-from lighthouse_cluster.replication import DialNode, RaftNode, RaftSettings, ReplicatedState
-from lighthouse_cluster.state_machine import QuorumStateMachine
+from lighthouse_cluster.cli import commands as cli
+from lighthouse_cluster.raft import replication
+from lighthouse_cluster.server.config import ConfigError, build_node_config
+from lighthouse_cluster.local.cluster import free_ports
+from lighthouse_cluster.raft.replication import DialNode, RaftNode, RaftSettings, ReplicatedState
+from lighthouse_cluster.core.state_machine import QuorumStateMachine
 
 PEERS = ["n1=127.0.0.1:7001,127.0.0.1:8001", "n2=127.0.0.1:7002,127.0.0.1:8002", "n3=127.0.0.1:7003,127.0.0.1:8003"]
 
@@ -75,7 +76,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
         seen.append(cfg)
 
     monkeypatch.setattr(cli, "_serve", fake_serve)
-    monkeypatch.setattr("lighthouse_cluster.logs.configure_logging", lambda *a, **k: None)
+    monkeypatch.setattr("lighthouse_cluster.server.logs.configure_logging", lambda *a, **k: None)
     return seen
 
 

@@ -38,7 +38,7 @@ import grpc
 import pytest
 
 from jepsen_like import netns
-from lighthouse_cluster.local_cluster import LocalCluster
+from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc

@@ -18,11 +18,11 @@ import pytest
 
 from admin_support import cli, quorum_call, wait_for
 from ftclient.lighthouse_client import LighthouseClient
-from lighthouse_cluster.admin import BAD_TOKEN_MESSAGE, NO_TOKEN_MESSAGE
-from lighthouse_cluster.local_cluster import LocalCluster
+from lighthouse_cluster.server.admin import BAD_TOKEN_MESSAGE, NO_TOKEN_MESSAGE
+from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
-from lighthouse_cluster.status_client import query_status
+from lighthouse_cluster.client.admin_client import query_status
 from lighthouse_cluster.tls import ClientTLS, PKIFiles, channel, generate_pki
 
 pytestmark = pytest.mark.integration

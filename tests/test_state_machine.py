@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lighthouse_cluster import codec
-from lighthouse_cluster.codec import CommitQuorum, EnableSchema, SchemaError, TermStart, UnknownCommand
-from lighthouse_cluster.quorum import Member, Quorum
-from lighthouse_cluster.state_machine import CommitResult, QuorumStateMachine, TermStartResult
+from lighthouse_cluster.core import codec
+from lighthouse_cluster.core.codec import CommitQuorum, EnableSchema, SchemaError, TermStart, UnknownCommand
+from lighthouse_cluster.core.quorum import Member, Quorum
+from lighthouse_cluster.core.state_machine import CommitResult, QuorumStateMachine, TermStartResult
 
 
 def q(qid: int, *ids: str, step: int = 0) -> Quorum:
@@ -263,8 +263,8 @@ def test_fencing_is_deterministic_and_snapshots_keep_it(ops: list[tuple[str, int
 
 
 def _coordinator(machine: QuorumStateMachine, node_id: str = "n1"):
-    from lighthouse_cluster.coordinator import QuorumCoordinator
-    from lighthouse_cluster.quorum import QuorumOptions
+    from lighthouse_cluster.server.coordinator import QuorumCoordinator
+    from lighthouse_cluster.core.quorum import QuorumOptions
 
     async def submit(command: codec.Command):  # what Raft does once the entry is committed
         await asyncio.sleep(0)
@@ -275,7 +275,7 @@ def _coordinator(machine: QuorumStateMachine, node_id: str = "n1"):
 
 
 def test_a_leader_whose_term_start_is_refused_never_serves() -> None:
-    from lighthouse_cluster.coordinator import NotLeader
+    from lighthouse_cluster.server.coordinator import NotLeader
 
     async def main() -> None:
         machine = QuorumStateMachine()
@@ -302,7 +302,7 @@ def test_a_leader_whose_term_start_was_already_committed_serves_on_its_retry() -
 
 
 def test_a_fenced_commit_makes_the_leader_step_down_and_fail_the_round() -> None:
-    from lighthouse_cluster.coordinator import NotLeader
+    from lighthouse_cluster.server.coordinator import NotLeader
 
     async def main() -> None:
         machine = QuorumStateMachine()

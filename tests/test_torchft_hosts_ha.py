@@ -43,7 +43,7 @@ import pytest
 pytest.importorskip("torch", reason="torch is not installed: the torchft training tests need it")
 pytest.importorskip("torchft", reason="torchft is not installed: the torchft training tests need it")
 
-from lighthouse_cluster.local_cluster import LocalCluster, free_ports, port_is_free  # noqa: E402
+from lighthouse_cluster.local.cluster import LocalCluster, free_ports, port_is_free  # noqa: E402
 from test_torchft_training import (  # noqa: E402
     GO_FILE,
     GROUPS,

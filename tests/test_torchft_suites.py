@@ -3,7 +3,7 @@ torchft lines (``tests/torchft_lines.py``: torchft 0.2.0 here, torchft-nightly i
 
 * ``test_torchft_suite``: torchft's ``lighthouse_test``, ``manager_integ_test`` and
   ``local_sgd_integ_test`` (shipped inside both wheels) run in a subprocess with
-  ``-p lighthouse_cluster.torchft_plugin``, so every ``LighthouseServer`` they create is a real
+  ``-p lighthouse_cluster.local.torchft_plugin``, so every ``LighthouseServer`` they create is a real
   local 3-node cluster. No test may fail, and as many must pass (and skip) as against torchft's
   own lighthouse (``BASELINE``).
 * ``test_dropin_tests_on_nightly``: ``test_torchft_client.py``, ``test_side_by_side.py`` and
@@ -129,7 +129,7 @@ def _run_pytest(python: str, args: list[str], cwd: Path, junit: Path, timeout: f
 def test_torchft_suite(line: str, suite: str, tmp_path: Path) -> None:
     python = python_for(line)
     version = torchft_version(python)
-    run = _run_pytest(python, ["-p", "lighthouse_cluster.torchft_plugin", "--pyargs", f"torchft.{suite}",
+    run = _run_pytest(python, ["-p", "lighthouse_cluster.local.torchft_plugin", "--pyargs", f"torchft.{suite}",
                                "--reruns", "1", "-q"], tmp_path, tmp_path / "junit.xml", SUITE_TIMEOUT_S)
     want_passed, want_skipped = BASELINE[(line, suite)]
     plugin = next((ln for ln in run.output.splitlines() if ln.startswith("lighthouse-cluster: ")), "")

@@ -59,7 +59,7 @@ import pytest
 pytest.importorskip("torch", reason="torch is not installed: the torchft training tests need it")
 pytest.importorskip("torchft", reason="torchft is not installed: the torchft training tests need it")
 
-from lighthouse_cluster.local_cluster import LocalCluster  # noqa: E402
+from lighthouse_cluster.local.cluster import LocalCluster  # noqa: E402
 from trainer_process import TrainerProcess  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

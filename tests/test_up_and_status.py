@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from admin_support import wait_for
-from lighthouse_cluster.local_cluster import free_ports
+from lighthouse_cluster.local.cluster import free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
-from lighthouse_cluster.status_client import query_status
+from lighthouse_cluster.client.admin_client import query_status
 
 pytestmark = pytest.mark.integration
 
@@ -115,7 +115,7 @@ def test_up_prints_endpoints_and_status_sees_the_cluster(up_cluster) -> None:
 def test_status_shows_quorum_and_heartbeats(up_cluster) -> None:
     import asyncio
 
-    from lighthouse_cluster.replica_sim import SimulatedReplicaGroup
+    from lighthouse_cluster.local.simulated_group import SimulatedReplicaGroup
 
     proc, ports, out, data = up_cluster
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from lighthouse_cluster.config import ConfigError
-from lighthouse_cluster.demo import kill_line
+from lighthouse_cluster.server.config import ConfigError
+from lighthouse_cluster.local.demo import kill_line
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
-from lighthouse_cluster.up_core import (RestartBackoff, Stable, agreed_leader, describe_exit,
+from lighthouse_cluster.local.up_plan import (RestartBackoff, Stable, agreed_leader, describe_exit,
                                         parse_host_or_host_port, plan_addresses)
 
 

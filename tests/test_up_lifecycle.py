@@ -31,9 +31,9 @@ from typing import Iterator
 import pytest
 
 from admin_support import wait_for
-from lighthouse_cluster.local_cluster import can_bind, free_ports
+from lighthouse_cluster.local.cluster import can_bind, free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
-from lighthouse_cluster.status_client import query_status
+from lighthouse_cluster.client.admin_client import query_status
 
 pytestmark = pytest.mark.integration
 
@@ -223,7 +223,7 @@ def test_no_restart_leaves_a_killed_node_dead(tmp_path: Path) -> None:
 DEPOSE_SITECUSTOMIZE = '''
 import os, sys
 if "serve" in sys.argv and os.environ.get("LHC_TEST_DEPOSE_MARK"):
-    from lighthouse_cluster import node as _node
+    from lighthouse_cluster.server import node as _node
     from lighthouse_cluster.proto import lighthouse_cluster_pb2 as _cpb
 
     _mark = os.environ["LHC_TEST_DEPOSE_MARK"]

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator
 import grpc
 from torchft._torchft import LighthouseClient, LighthouseServer
 
-from lighthouse_cluster.local_cluster import LocalCluster
+from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
 

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..local_cluster import LocalCluster
+from lighthouse_cluster.local.cluster import LocalCluster
 from .loadgen import LoadGenerator, LoadSpec, first_answers_after, validator_quorum_ids
 from .rounds import HEARTBEAT_TIMEOUT_MS, JOIN_TIMEOUT_MS, QUORUM_TICK_MS, workers_for
 from .procs import RustLighthouse

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from ..local_cluster import LocalCluster
+from lighthouse_cluster.local.cluster import LocalCluster
 from .procs import CpuMeter, RustLighthouse, rss_bytes
 
 SETTLE_S = 1.0

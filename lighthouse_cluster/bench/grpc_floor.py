@@ -17,14 +17,14 @@ import argparse
 import asyncio
 from typing import Any
 
-from ..event_loop import DEFAULT_LOOP, LOOPS, run
-from ..node import SERVER_OPTIONS
+from lighthouse_cluster.server.event_loop import DEFAULT_LOOP, LOOPS, run
+from lighthouse_cluster.server.node import SERVER_OPTIONS
 
 
 async def serve(bind: str, min_replicas: int) -> None:
     import grpc
 
-    from ..proto import torchft_pb2 as pb
+    from lighthouse_cluster.proto import torchft_pb2 as pb
 
     empty = pb.LighthouseHeartbeatResponse().SerializeToString()
     waiting: dict[str, tuple[Any, asyncio.Future[bytes]]] = {}

@@ -7,7 +7,7 @@ and one ``Quorum`` call after another (the next one as soon as the previous answ
 Every group has its own gRPC channel and TCP connection (``grpc.use_local_subchannel_pool``), as
 separate trainer processes would.
 
-This is a leaner twin of ``lighthouse_cluster.replica_sim.SimulatedReplicaGroup`` (same traffic,
+This is a leaner twin of ``lighthouse_cluster.local.simulated_group.SimulatedReplicaGroup`` (same traffic,
 same semantics), built so that the generator is not the bottleneck: requests are serialized once
 per step with raw-bytes stubs and responses are not parsed, except by one "validating" group per
 worker, which checks that every quorum has all N groups and includes itself. With
@@ -97,7 +97,7 @@ async def _worker(spec: LoadSpec, gids: list[int], ready: Any, go: Any, stop: An
                   last_ok: Any, last_created: Any) -> dict:
     import grpc
 
-    from ..proto import torchft_pb2 as pb
+    from lighthouse_cluster.proto import torchft_pb2 as pb
 
     loop = asyncio.get_running_loop()
     channels: dict[int, Any] = {}

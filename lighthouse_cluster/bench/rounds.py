@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..local_cluster import LocalCluster
+from lighthouse_cluster.local.cluster import LocalCluster
 from .loadgen import LoadGenerator, LoadSpec, analyze_rounds
 from .procs import CpuMeter, GrpcFloor, RustLighthouse, load_snapshot, rss_bytes
 

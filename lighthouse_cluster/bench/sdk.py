@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..local_cluster import LocalCluster
+from lighthouse_cluster.local.cluster import LocalCluster
 from .procs import RustLighthouse, kill_process
 
 WORKER_TIMEOUT_S = 180.0

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .config import PeerSpec
-from .proto import lighthouse_cluster_pb2 as cpb
-from .status_client import query_status
-from .tls import ClientTLS, PKIFiles
+from lighthouse_cluster.client.admin_client import query_status
+from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+from lighthouse_cluster.server.config import PeerSpec
+from lighthouse_cluster.tls import ClientTLS, PKIFiles
 
 SECRET_ENV = "LIGHTHOUSE_CLUSTER_SECRET"
 PARENT_PID_ENV = "LIGHTHOUSE_CLUSTER_PARENT_PID"  # see supervise.die_with_parent_from_env
@@ -409,7 +409,7 @@ class LocalCluster:
         election followed by another one is waited out, not reported. ``on_poll`` runs between
         polls (e.g. a supervisor restarting nodes); ``should_stop()`` true raises InterruptedError.
         TimeoutError with the nodes' last log lines when no leader is agreed on in time."""
-        from .up_core import Stable, agreed_leader
+        from lighthouse_cluster.local.up_plan import Stable, agreed_leader
 
         deadline = time.monotonic() + timeout
         stable = Stable(stable_for)

@@ -16,7 +16,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
-from .config import ConfigError, parse_host_port
+from lighthouse_cluster.server.config import ConfigError, parse_host_port
 
 WILDCARD_HOSTS = ("[::]", "::", "0.0.0.0")
 # Where a node bound on a wildcard (or on "localhost") is reached from this host.
@@ -156,7 +156,7 @@ def agreed_leader(views: Sequence[Any]) -> tuple[str, int] | None:
     if not leader_id:
         return None
     own = [v for v in views if v.node.id == leader_id]
-    from .proto import lighthouse_cluster_pb2 as cpb
+    from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 
     if len(own) != 1 or own[0].role != cpb.LEADER or not own[0].serving:
         return None

@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from .node import LighthouseNode
+    from lighthouse_cluster.server.node import LighthouseNode
 
 PREFIX = "lighthouse_cluster_"
 ROLES = ("follower", "candidate", "leader")

@@ -32,8 +32,8 @@ from typing import Awaitable, Callable
 
 import grpc
 
-from .proto import lighthouse_cluster_pb2 as cpb
-from .tls import ClientTLS, aio_channel
+from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+from lighthouse_cluster.tls import ClientTLS, aio_channel
 
 log = logging.getLogger(__name__)
 

@@ -22,24 +22,35 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from . import __version__
-from .codec import Command, EnableSchema
-from .config import NodeConfig, PeerSpec
-from .metrics import NodeMetrics
-from .coordinator import NotLeader, QuorumCoordinator
-from .event_loop import running_loop_name
-from .lease import LeaseSettings
-from .proto import lighthouse_cluster_pb2 as cpb
-from .proto import lighthouse_cluster_pb2_grpc as cpb_grpc
-from .proto import torchft_pb2 as pb
-from .quorum import Member
-from .replication import RaftNode, ReplicatedState, Role
-from .routing import HeartbeatBatcher, PeerChannels, QuorumForwarder, QuorumForwardingService, forward_error
-from .servicers import (AdminServiceAdapter, ClusterServiceAdapter, InvalidRequest, LighthouseServiceAdapter,
-                        validate_requester)
-from .state_machine import QuorumStateMachine
-from .thread_hop import loop_future
-from .torchft_wire import member_to_proto, quorum_to_proto
+from lighthouse_cluster import __version__
+from lighthouse_cluster.core.codec import Command, EnableSchema
+from lighthouse_cluster.core.lease import LeaseSettings
+from lighthouse_cluster.core.quorum import Member
+from lighthouse_cluster.core.state_machine import QuorumStateMachine
+from lighthouse_cluster.core.torchft_wire import member_to_proto, quorum_to_proto
+from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
+from lighthouse_cluster.proto import torchft_pb2 as pb
+from lighthouse_cluster.raft.replication import RaftNode, ReplicatedState, Role
+from lighthouse_cluster.server.config import NodeConfig, PeerSpec
+from lighthouse_cluster.server.coordinator import NotLeader, QuorumCoordinator
+from lighthouse_cluster.server.event_loop import running_loop_name
+from lighthouse_cluster.server.grpc_services import (
+    AdminServiceAdapter,
+    ClusterServiceAdapter,
+    InvalidRequest,
+    LighthouseServiceAdapter,
+    validate_requester,
+)
+from lighthouse_cluster.server.loop_bridge import loop_future
+from lighthouse_cluster.server.metrics import NodeMetrics
+from lighthouse_cluster.server.routing import (
+    HeartbeatBatcher,
+    PeerChannels,
+    QuorumForwarder,
+    QuorumForwardingService,
+    forward_error,
+)
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +140,7 @@ class LighthouseNode:
             self.server)
         await self._update_health()
         if cfg.http_bind:
-            from .http_endpoints import HttpEndpoints
+            from lighthouse_cluster.server.http_endpoints import HttpEndpoints
 
             self.http = HttpEndpoints(self, cfg.http_bind, cfg.admin_token)
             await self.http.start()

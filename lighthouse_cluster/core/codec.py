@@ -33,8 +33,8 @@ from typing import Any, Union
 
 import msgpack
 
-from .quorum import Member, Quorum
-from .torchft_wire import DecodeError, member_from_bytes
+from lighthouse_cluster.core.quorum import Member, Quorum
+from lighthouse_cluster.core.torchft_wire import DecodeError, member_from_bytes
 
 SCHEMA_VERSION = 3
 MIN_READABLE_VERSION = 1

@@ -22,12 +22,12 @@ from typing import Any
 
 import click
 
-from . import __version__
-from .codec import SCHEMA_VERSION
-from .config import MAX_LEASE_MS, ConfigError, build_node_config, split_endpoints
-from .event_loop import DEFAULT_LOOP, LOOPS
-from .event_loop import run as run_event_loop
-from .lease import DEFAULT_LEASE_MS
+from lighthouse_cluster import __version__
+from lighthouse_cluster.core.codec import SCHEMA_VERSION
+from lighthouse_cluster.core.lease import DEFAULT_LEASE_MS
+from lighthouse_cluster.server.config import MAX_LEASE_MS, ConfigError, build_node_config, split_endpoints
+from lighthouse_cluster.server.event_loop import DEFAULT_LOOP, LOOPS
+from lighthouse_cluster.server.event_loop import run as run_event_loop
 
 ENV = "LIGHTHOUSE_CLUSTER_"
 # gRPC core logs a failed TLS handshake at INFO on stderr; the commands say what failed in one line.
@@ -177,8 +177,8 @@ def serve(node_id: str, peers: tuple[str, ...], client_bind: str | None, raft_bi
           quorum_tick_ms: int, heartbeat_timeout_ms: int, election_timeout_ms: int | None, quorum_lease_ms: int,
           event_loop: str, log_level: str, log_format: str, schema_version: int) -> None:
     """Run one lighthouse node in the foreground (SIGTERM hands leadership over, then exits)."""
-    from .logs import configure_logging
-    from .supervise import die_with_parent_from_env
+    from lighthouse_cluster.local.supervise import die_with_parent_from_env
+    from lighthouse_cluster.server.logs import configure_logging
 
     die_with_parent_from_env()  # a node of `up`: dies with it (no-op unless `up` asked for it)
 
@@ -210,7 +210,7 @@ def serve(node_id: str, peers: tuple[str, ...], client_bind: str | None, raft_bi
 
 
 async def _serve(config: Any) -> None:
-    from .node import LighthouseNode
+    from lighthouse_cluster.server.node import LighthouseNode
 
     node = LighthouseNode(config)
     await node.start()
@@ -345,10 +345,10 @@ def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data
     """
     import threading
 
-    from .local_cluster import LocalCluster, can_bind, free_ports
-    from .output import console as output_console
-    from .supervise import Guardian, NodeSupervisor
-    from .up_core import describe_exit, plan_addresses
+    from lighthouse_cluster.cli.output import console as output_console
+    from lighthouse_cluster.local.cluster import LocalCluster, can_bind, free_ports
+    from lighthouse_cluster.local.supervise import Guardian, NodeSupervisor
+    from lighthouse_cluster.local.up_plan import describe_exit, plan_addresses
 
     console = output_console(raise_broken_pipe=True)  # a closed stdout stops up through its own cleanup
     if nodes % 2 == 0:
@@ -372,7 +372,7 @@ def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data
     reach = plan.client.reach_host
     pki = None
     if tls or mtls:
-        from .tls import generate_pki
+        from lighthouse_cluster.tls import generate_pki
 
         pki = generate_pki(root / "tls", hosts=sorted({reach.strip("[]"), "127.0.0.1", "localhost", "::1"}))
     cluster = LocalCluster(root=root, nodes=nodes, host=reach, client_ports=list(plan.client.ports),
@@ -414,7 +414,7 @@ def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data
                      f"http ports {','.join(map(str, plan.http.ports))}")
         _print_endpoints(out, cluster, plan, leader, term, root, temporary, logs)
         if demo:
-            from .demo import run_demo
+            from lighthouse_cluster.local.demo import run_demo
 
             def demo_main() -> None:
                 try:
@@ -452,7 +452,7 @@ def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data
 
 def _print_endpoints(out: _UpOutput, cluster: Any, plan: Any, leader: int, term: int, root: Path, temporary: bool,
                      logs: Path) -> None:
-    from .output import print_table
+    from lighthouse_cluster.cli.output import print_table
 
     rows = []
     for i, m in enumerate(cluster.members):
@@ -521,7 +521,7 @@ def admin_token_option(f: Any) -> Any:
 
 def _client_settings(endpoints: str | None, tls_ca: str | None, tls_client_cert: str | None,
                      tls_client_key: str | None) -> tuple[list[str], Any]:
-    from .tls import TLSConfigError, client_tls_for
+    from lighthouse_cluster.tls import TLSConfigError, client_tls_for
 
     if not endpoints:
         _exit_config_error(ConfigError("no endpoints: pass --endpoints URL[,URL...], or set LIGHTHOUSE_CLUSTER_ENDPOINTS "
@@ -536,7 +536,7 @@ def _client_settings(endpoints: str | None, tls_ca: str | None, tls_client_cert:
 
 def _admin_client(endpoints: str | None, tls_ca: str | None, tls_client_cert: str | None,
                   tls_client_key: str | None, timeout: float, admin_token: str | None = None) -> Any:
-    from .status_client import AdminClient
+    from lighthouse_cluster.client.admin_client import AdminClient
 
     addresses, tls = _client_settings(endpoints, tls_ca, tls_client_cert, tls_client_key)
     return AdminClient(addresses, tls=tls, token=admin_token, timeout=timeout)
@@ -544,7 +544,7 @@ def _admin_client(endpoints: str | None, tls_ca: str | None, tls_client_cert: st
 
 def _admin_call(fn: Any) -> Any:
     """Run ``fn()``; an AdminCallError becomes one line on stderr and exit status 1."""
-    from .status_client import AdminCallError
+    from lighthouse_cluster.client.admin_client import AdminCallError
 
     try:
         return fn()
@@ -566,7 +566,7 @@ def _need_token(admin_token: str | None) -> None:
 def status(endpoints: str | None, tls_ca: str | None, tls_client_cert: str | None, tls_client_key: str | None,
            output: str, timeout: float) -> None:
     """Show nodes, leader, current quorum and heartbeats; exit 1 when no leader is known."""
-    from .cluster_view import build_view, collect, render, to_json
+    from lighthouse_cluster.client.cluster_view import build_view, collect, render, to_json
 
     addresses, tls = _client_settings(endpoints, tls_ca, tls_client_cert, tls_client_key)
     reasons: dict[str, str] = {}
@@ -581,7 +581,7 @@ def status(endpoints: str | None, tls_ca: str | None, tls_client_cert: str | Non
     if output == "json":
         click.echo(json.dumps(to_json(view), indent=2))
     else:
-        from .output import console
+        from lighthouse_cluster.cli.output import console
 
         render(view, console())
     if view.leader is None:
@@ -599,7 +599,7 @@ def status(endpoints: str | None, tls_ca: str | None, tls_client_cert: str | Non
 def health(endpoints: str | None, tls_ca: str | None, tls_client_cert: str | None, tls_client_key: str | None,
            output: str, timeout: float, max_lag: int) -> None:
     """Per-node liveness, readiness, leader and lag; exit 0 only when the whole cluster is healthy."""
-    from .cluster_view import build_health, collect, health_to_json, render_health
+    from lighthouse_cluster.client.cluster_view import build_health, collect, health_to_json, render_health
 
     addresses, tls = _client_settings(endpoints, tls_ca, tls_client_cert, tls_client_key)
     reasons: dict[str, str] = {}
@@ -611,7 +611,7 @@ def health(endpoints: str | None, tls_ca: str | None, tls_client_cert: str | Non
     if output == "json":
         click.echo(json.dumps(health_to_json(h), indent=2))
     else:
-        from .output import console
+        from lighthouse_cluster.cli.output import console
 
         render_health(h, console())
     if not h.healthy:
@@ -630,7 +630,7 @@ def _print_members(r: Any, output: str, title: str = "members") -> None:
     if output == "json":
         click.echo(json.dumps(data, indent=2))
         return
-    from .output import Cell, print_table
+    from lighthouse_cluster.cli.output import Cell, print_table
 
     print_table(f"{title} (table version {r.version}{', from --peer' if not r.version else ''})",
                 ("id", "raft address", "client address", "role", "connected"),
@@ -649,12 +649,12 @@ def members() -> None:
 def members_list(endpoints: str | None, tls_ca: str | None, tls_client_cert: str | None,
                  tls_client_key: str | None, output: str, timeout: float) -> None:
     """The members as the leader sees them (any node answers when no leader is known)."""
-    from .proto import lighthouse_cluster_pb2 as cpb
+    from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 
     client = _admin_client(endpoints, tls_ca, tls_client_cert, tls_client_key, timeout)
 
     def ask() -> Any:
-        from .status_client import AdminCallError
+        from lighthouse_cluster.client.admin_client import AdminCallError
 
         try:
             return client.call("ListMembers", cpb.MembersRequest(), at=client.leader()[0])
@@ -674,8 +674,8 @@ def members_add(node_id: str, raft_addr: str, client_addr: str, endpoints: str |
                 tls_client_cert: str | None, tls_client_key: str | None, output: str, timeout: float,
                 admin_token: str | None) -> None:
     """Add NODE_ID (already started with `serve --join`) at RAFT_ADDR / CLIENT_ADDR."""
-    from .config import check_node_id, normalize_address
-    from .proto import lighthouse_cluster_pb2 as cpb
+    from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+    from lighthouse_cluster.server.config import check_node_id, normalize_address
 
     try:
         check_node_id(node_id)
@@ -697,7 +697,7 @@ def members_add(node_id: str, raft_addr: str, client_addr: str, endpoints: str |
 def members_remove(node_id: str, endpoints: str | None, tls_ca: str | None, tls_client_cert: str | None,
                    tls_client_key: str | None, output: str, timeout: float, admin_token: str | None) -> None:
     """Remove NODE_ID from the cluster (then stop its process)."""
-    from .proto import lighthouse_cluster_pb2 as cpb
+    from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 
     _need_token(admin_token)
     client = _admin_client(endpoints, tls_ca, tls_client_cert, tls_client_key, timeout, admin_token)
@@ -715,7 +715,7 @@ def members_remove(node_id: str, endpoints: str | None, tls_ca: str | None, tls_
 def transfer_leader(to: str | None, endpoints: str | None, tls_ca: str | None, tls_client_cert: str | None,
                     tls_client_key: str | None, output: str, timeout: float, admin_token: str | None) -> None:
     """Hand leadership over to another node (e.g. before maintenance on the leader's host)."""
-    from .proto import lighthouse_cluster_pb2 as cpb
+    from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 
     _need_token(admin_token)
     client = _admin_client(endpoints, tls_ca, tls_client_cert, tls_client_key, timeout, admin_token)
@@ -728,7 +728,7 @@ def transfer_leader(to: str | None, endpoints: str | None, tls_ca: str | None, t
     if output == "json":
         click.echo(json.dumps(data, indent=2))
     else:
-        from .output import Cell, print_table
+        from lighthouse_cluster.cli.output import Cell, print_table
 
         print_table("leadership transferred", ("previous leader", "leader", "term"),
                     [(r.previous_leader_id, Cell(r.leader_id, "bold green"), str(r.term))])
@@ -751,7 +751,7 @@ def _snapshot_table(title: str, rows: dict[str, Any], output: str) -> None:
     if output == "json":
         click.echo(json.dumps(rows, indent=2))
         return
-    from .output import print_record
+    from lighthouse_cluster.cli.output import print_record
 
     print_record(title, {k: str(v) for k, v in rows.items()})
 
@@ -765,7 +765,7 @@ def snapshot_save(file: Path, endpoints: str | None, tls_ca: str | None, tls_cli
     """Write a consistent snapshot of the replicated state, taken on the leader, to FILE."""
     import base64
 
-    from .proto import lighthouse_cluster_pb2 as cpb
+    from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 
     _need_token(admin_token)
     client = _admin_client(endpoints, tls_ca, tls_client_cert, tls_client_key, timeout, admin_token)
@@ -796,7 +796,7 @@ def snapshot_restore(file: Path, endpoints: str | None, tls_ca: str | None, tls_
     import base64
     import binascii
 
-    from .proto import lighthouse_cluster_pb2 as cpb
+    from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 
     try:
         data = json.loads(file.read_text())
@@ -815,7 +815,7 @@ def snapshot_restore(file: Path, endpoints: str | None, tls_ca: str | None, tls_
 
 
 def _add_bench() -> None:
-    from .bench.cli import bench
+    from lighthouse_cluster.bench.cli import bench
 
     main.add_command(bench)
 

@@ -2,7 +2,7 @@
 
 ``torchft._torchft.LighthouseServer(bind, min_replicas, ...)`` runs torchft's lighthouse on a
 thread of the calling process. :class:`LighthouseServer` takes the same arguments with the same
-defaults, starts the nodes of a :class:`~lighthouse_cluster.local_cluster.LocalCluster` as
+defaults, starts the nodes of a :class:`~lighthouse_cluster.local.cluster.LocalCluster` as
 separate processes on loopback (a temporary data directory, removed on shutdown) and returns once
 the cluster serves: one leader, followed by every node, that answers quorum calls. ``address()``
 is an ``http://host:port`` URL torchft's Rust client accepts; ``shutdown()`` stops every node.
@@ -30,10 +30,10 @@ import time
 import weakref
 from pathlib import Path
 
-from .config import ConfigError, parse_host_port
-from .local_cluster import LocalCluster, free_ports, port_is_free
-from .proto import lighthouse_cluster_pb2 as cpb
-from .supervise import Guardian
+from lighthouse_cluster.local.cluster import LocalCluster, free_ports, port_is_free
+from lighthouse_cluster.local.supervise import Guardian
+from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+from lighthouse_cluster.server.config import ConfigError, parse_host_port
 
 # The defaults of torchft's Python LighthouseServer (its pyo3 constructor): join_timeout_ms is 100
 # there, not the torchft_lighthouse command line's 60000 (torchft's own tests rely on it: e.g.

@@ -45,9 +45,16 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from . import codec
-from .codec import CommitQuorum, ConfirmLeadership, EnableSchema, SetMembers, TermStart, UnknownCommand
-from .quorum import Quorum
+from lighthouse_cluster.core import codec
+from lighthouse_cluster.core.codec import (
+    CommitQuorum,
+    ConfirmLeadership,
+    EnableSchema,
+    SetMembers,
+    TermStart,
+    UnknownCommand,
+)
+from lighthouse_cluster.core.quorum import Quorum
 
 HISTORY_LENGTH = 256
 

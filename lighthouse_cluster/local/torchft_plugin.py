@@ -1,6 +1,6 @@
 """pytest plugin: run torchft's own test suites against lighthouse-cluster.
 
-    python -m pytest -p lighthouse_cluster.torchft_plugin --pyargs torchft.lighthouse_test
+    python -m pytest -p lighthouse_cluster.local.torchft_plugin --pyargs torchft.lighthouse_test
 
 torchft's test modules (``lighthouse_test``, ``manager_integ_test``, ``local_sgd_integ_test``, ...)
 create a lighthouse per test with ``LighthouseServer(bind="[::]:0", min_replicas=...)``, imported
@@ -24,14 +24,14 @@ from typing import Any
 
 import pytest
 
-from . import __version__
+from lighthouse_cluster import __version__
 
 _STATS: dict[str, Any] = {"started": [], "patched": [], "servers": weakref.WeakSet(), "leaked": 0,
                           "nodes": 3}
 
 
 def _server_class() -> type:
-    from .lighthouse_server import LighthouseServer
+    from lighthouse_cluster.local.lighthouse_server import LighthouseServer
 
     class PluginLighthouseServer(LighthouseServer):
         """lighthouse_cluster.LighthouseServer, counted by the torchft plugin."""

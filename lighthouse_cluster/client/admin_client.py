@@ -8,9 +8,9 @@ from typing import Any, Callable, Sequence
 
 import grpc
 
-from .proto import lighthouse_cluster_pb2 as cpb
-from .proto import lighthouse_cluster_pb2_grpc as cpb_grpc
-from .tls import ClientTLS, channel
+from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
+from lighthouse_cluster.tls import ClientTLS, channel
 
 
 def query_status(address: str, timeout: float = 1.0, tls: ClientTLS | None = None) -> cpb.NodeStatus | None:

@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .status_client import probe_status
-from .proto import lighthouse_cluster_pb2 as cpb
-from .tls import ClientTLS
+from lighthouse_cluster.client.admin_client import probe_status
+from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+from lighthouse_cluster.tls import ClientTLS
 
 _ROLE_NAMES = {cpb.FOLLOWER: "follower", cpb.CANDIDATE: "candidate", cpb.LEADER: "leader", cpb.ROLE_UNKNOWN: "unknown"}
 
@@ -160,7 +160,7 @@ def upgrade_note(view: ClusterView) -> str:
 
 def render(view: ClusterView, console: Any) -> None:
     """Print the view: tables on a terminal, plain lines elsewhere (``output.print_table``)."""
-    from .output import Cell, print_table
+    from lighthouse_cluster.cli.output import Cell, print_table
 
     print_table("nodes", ("id", "client address", "role", "term", "commit index", "reachable"), [
         (r.id, r.address, Cell(r.role, "bold green" if r.role == "leader" else ""),
@@ -274,7 +274,7 @@ def health_to_json(h: Health) -> dict[str, Any]:
 
 
 def render_health(h: Health, console: Any) -> None:
-    from .output import Cell, print_table
+    from lighthouse_cluster.cli.output import Cell, print_table
 
     print_table("health", ("id", "client address", "live", "ready", "role", "term", "leader", "commit index", "lag"), [
         (r.id, r.address, Cell("yes") if r.live else Cell("no", "red"), Cell("yes") if r.ready else Cell("no", "red"),

@@ -37,8 +37,8 @@ from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import _RAFT_STATE
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
-from . import codec
-from .state_machine import QuorumStateMachine
+from lighthouse_cluster.core import codec
+from lighthouse_cluster.core.state_machine import QuorumStateMachine
 
 log = logging.getLogger(__name__)
 

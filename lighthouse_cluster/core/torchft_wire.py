@@ -15,8 +15,8 @@ from __future__ import annotations
 from google.protobuf.message import DecodeError
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from .proto import torchft_pb2 as pb
-from .quorum import Member, Quorum
+from lighthouse_cluster.core.quorum import Member, Quorum
+from lighthouse_cluster.proto import torchft_pb2 as pb
 
 __all__ = ["DecodeError", "member_from_bytes", "member_from_proto", "member_to_proto", "quorum_bytes",
            "quorum_response", "quorum_to_proto", "requester_bytes"]

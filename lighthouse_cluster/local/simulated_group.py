@@ -15,8 +15,8 @@ from typing import Callable
 
 import grpc
 
-from .proto import torchft_pb2 as pb
-from .proto import torchft_pb2_grpc as pb_grpc
+from lighthouse_cluster.proto import torchft_pb2 as pb
+from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,16 +26,16 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import grpc
 
-from . import codec
-from .codec import CommitQuorum, EnableSchema, SetMembers
-from .config import PeerSpec
-from .proto import lighthouse_cluster_pb2 as cpb
-from .replication import CommitError
-from .thread_hop import loop_future
-from .state_machine import CommitResult, QuorumStateMachine
+from lighthouse_cluster.core import codec
+from lighthouse_cluster.core.codec import CommitQuorum, EnableSchema, SetMembers
+from lighthouse_cluster.core.state_machine import CommitResult, QuorumStateMachine
+from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+from lighthouse_cluster.raft.replication import CommitError
+from lighthouse_cluster.server.config import PeerSpec
+from lighthouse_cluster.server.loop_bridge import loop_future
 
 if TYPE_CHECKING:
-    from .node import LighthouseNode
+    from lighthouse_cluster.server.node import LighthouseNode
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class NodeAdmin:
             term=raft.term if raft else 0, version=node.machine.members_version, connected=connected)
 
     async def add_member(self, info: cpb.NodeInfo) -> cpb.MembersResponse:
-        from .config import ConfigError, check_node_id, normalize_address
+        from lighthouse_cluster.server.config import ConfigError, check_node_id, normalize_address
 
         try:
             check_node_id(info.id)

@@ -15,7 +15,7 @@ Three layers, so that whatever ends ``up`` its nodes go with it:
    it was told about, waits for them to go, and removes the temporary data directory.
 
 :class:`NodeSupervisor` starts the nodes (telling the guardian), notices when one exits and
-restarts it after a :class:`~lighthouse_cluster.up_core.RestartBackoff` delay, reporting both.
+restarts it after a :class:`~lighthouse_cluster.local.up_plan.RestartBackoff` delay, reporting both.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Callable
 
-from .local_cluster import PARENT_PID_ENV, LocalCluster
-from .up_core import RestartBackoff, describe_exit
+from lighthouse_cluster.local.cluster import PARENT_PID_ENV, LocalCluster
+from lighthouse_cluster.local.up_plan import RestartBackoff, describe_exit
+
 _PR_SET_PDEATHSIG = 1
 
 

@@ -10,12 +10,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .codec import MEMBERS_SCHEMA_VERSION as MIN_WRITABLE_VERSION
-from .codec import SCHEMA_VERSION
-from .lease import DEFAULT_LEASE_MS
-from .quorum import QuorumOptions
-from .replication import RaftSettings
-from .tls import ClientTLS, ServerTLS, TLSConfigError
+from lighthouse_cluster.core.codec import MEMBERS_SCHEMA_VERSION as MIN_WRITABLE_VERSION
+from lighthouse_cluster.core.codec import SCHEMA_VERSION
+from lighthouse_cluster.core.lease import DEFAULT_LEASE_MS
+from lighthouse_cluster.core.quorum import QuorumOptions
+from lighthouse_cluster.raft.replication import RaftSettings
+from lighthouse_cluster.tls import ClientTLS, ServerTLS, TLSConfigError
 
 DEFAULT_CLIENT_PORT = 29510
 # A longer lease only lengthens failovers (a new leader waits it out).

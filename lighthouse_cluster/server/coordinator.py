@@ -30,12 +30,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from .codec import CommitQuorum, ConfirmLeadership, TermStart
-from .lease import LeaseSettings, QuorumLease
-from .quorum import Member, Participant, Quorum, QuorumOptions, compute_quorum, issue_quorum
-from .replication import CommitError
-from .state_machine import CommitResult, QuorumStateMachine, TermStartResult
-from .torchft_wire import quorum_response
+from lighthouse_cluster.core.codec import CommitQuorum, ConfirmLeadership, TermStart
+from lighthouse_cluster.core.lease import LeaseSettings, QuorumLease
+from lighthouse_cluster.core.quorum import Member, Participant, Quorum, QuorumOptions, compute_quorum, issue_quorum
+from lighthouse_cluster.core.state_machine import CommitResult, QuorumStateMachine, TermStartResult
+from lighthouse_cluster.core.torchft_wire import quorum_response
+from lighthouse_cluster.raft.replication import CommitError
 
 log = logging.getLogger(__name__)
 

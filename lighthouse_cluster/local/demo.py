@@ -15,8 +15,8 @@ import signal
 import time
 from typing import Any, Callable
 
-from .local_cluster import LocalCluster
-from .replica_sim import RoundResult, SimulatedReplicaGroup
+from lighthouse_cluster.local.cluster import LocalCluster
+from lighthouse_cluster.local.simulated_group import RoundResult, SimulatedReplicaGroup
 
 
 def kill_line(name: str, new_leader: str | None, leader_after_s: float | None, recovered_after_s: float | None,

@@ -24,14 +24,14 @@ from urllib.parse import unquote, urlsplit
 import grpc
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from .cluster_view import build_view, to_json
-from .config import parse_host_port
-from .proto import torchft_pb2 as pb
-from .proto import torchft_pb2_grpc as pb_grpc
-from .status_client import query_status
+from lighthouse_cluster.client.admin_client import query_status
+from lighthouse_cluster.client.cluster_view import build_view, to_json
+from lighthouse_cluster.proto import torchft_pb2 as pb
+from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
+from lighthouse_cluster.server.config import parse_host_port
 
 if TYPE_CHECKING:
-    from .node import LighthouseNode
+    from lighthouse_cluster.server.node import LighthouseNode
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ class HttpEndpoints:
         return Response.text(200 if ready else 503, reason)
 
     async def dashboard(self) -> Response:
-        html = resources.files("lighthouse_cluster").joinpath("dashboard.html").read_bytes()
+        html = resources.files("lighthouse_cluster.server").joinpath("dashboard.html").read_bytes()
         return Response(200, html, "text/html; charset=utf-8")
 
     async def status_json(self) -> Response:

@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING
 import grpc
 from google.protobuf.message import DecodeError
 
-from .proto import lighthouse_cluster_pb2 as cpb
-from .proto import lighthouse_cluster_pb2_grpc as cpb_grpc
-from .proto import torchft_pb2 as pb
-from .quorum import Member
-from .routing import FORWARDED_HEADER
-from .torchft_wire import member_from_proto, requester_bytes
+from lighthouse_cluster.core.quorum import Member
+from lighthouse_cluster.core.torchft_wire import member_from_proto, requester_bytes
+from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
+from lighthouse_cluster.proto import torchft_pb2 as pb
+from lighthouse_cluster.server.routing import FORWARDED_HEADER
 
 if TYPE_CHECKING:
-    from .node import LighthouseNode
+    from lighthouse_cluster.server.node import LighthouseNode
 
 log = logging.getLogger(__name__)
 
@@ -121,13 +121,13 @@ class AdminServiceAdapter(cpb_grpc.LighthouseAdminServicer):
     """lighthouse_cluster.LighthouseAdmin: the token check, then ``admin.NodeAdmin``."""
 
     def __init__(self, node: "LighthouseNode") -> None:
-        from .admin import NodeAdmin
+        from lighthouse_cluster.server.admin import NodeAdmin
 
         self.node = node
         self.admin = NodeAdmin(node)
 
     async def _authorized(self, context: grpc.aio.ServicerContext, what: str) -> None:
-        from .admin import check_token
+        from lighthouse_cluster.server.admin import check_token
 
         error = check_token(context.invocation_metadata(), self.node.config.admin_token)
         if error is not None:
@@ -135,7 +135,7 @@ class AdminServiceAdapter(cpb_grpc.LighthouseAdminServicer):
             await context.abort(error.code, error.message)
 
     async def _run(self, context: grpc.aio.ServicerContext, what: str, call):  # type: ignore[no-untyped-def]
-        from .admin import AdminError
+        from lighthouse_cluster.server.admin import AdminError
 
         await self._authorized(context, what)
         try:

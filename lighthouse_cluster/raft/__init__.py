@@ -1,0 +1,1 @@
+"""Raft replication through pysyncobj: the only package that imports pysyncobj."""
