@@ -566,7 +566,8 @@ def _need_token(admin_token: str | None) -> None:
 def status(endpoints: str | None, tls_ca: str | None, tls_client_cert: str | None, tls_client_key: str | None,
            output: str, timeout: float) -> None:
     """Show nodes, leader, current quorum and heartbeats; exit 1 when no leader is known."""
-    from lighthouse_cluster.client.cluster_view import build_view, collect, render, to_json
+    from lighthouse_cluster.cli.status_tables import render
+    from lighthouse_cluster.client.cluster_view import build_view, collect, to_json
 
     addresses, tls = _client_settings(endpoints, tls_ca, tls_client_cert, tls_client_key)
     reasons: dict[str, str] = {}
@@ -599,7 +600,8 @@ def status(endpoints: str | None, tls_ca: str | None, tls_client_cert: str | Non
 def health(endpoints: str | None, tls_ca: str | None, tls_client_cert: str | None, tls_client_key: str | None,
            output: str, timeout: float, max_lag: int) -> None:
     """Per-node liveness, readiness, leader and lag; exit 0 only when the whole cluster is healthy."""
-    from lighthouse_cluster.client.cluster_view import build_health, collect, health_to_json, render_health
+    from lighthouse_cluster.cli.status_tables import render_health
+    from lighthouse_cluster.client.cluster_view import build_health, collect, health_to_json
 
     addresses, tls = _client_settings(endpoints, tls_ca, tls_client_cert, tls_client_key)
     reasons: dict[str, str] = {}
