@@ -26,8 +26,6 @@ that was passed in (reduced in place), as in torch.
 from __future__ import annotations
 
 import atexit
-import heapq
-import itertools
 import logging
 import os
 import queue
@@ -40,6 +38,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import AllreduceOptions, BroadcastOptions, ReduceOp
 from torch.futures import Future
+
+from ._timeouts import WATCHDOG
 
 logger: logging.Logger = logging.getLogger(__name__)
 
@@ -150,54 +150,6 @@ def _wait_future(fut: Future[Any], timeout: timedelta | None) -> None:
         raise TimeoutError(f"work not completed within wait(timeout={timeout.total_seconds():g}s)")
 
 
-class _Watchdog:
-    """One daemon thread that runs callbacks at deadlines (cheaper than a Timer thread per
-    operation). Entries are cancelled by flag and dropped when they come due."""
-
-    def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._heap: list[tuple[float, int, list[Any]]] = []
-        self._seq = itertools.count()
-        self._pid: int | None = None
-
-    def schedule(self, delay_s: float, fn: Callable[[], None]) -> list[Any]:
-        entry: list[Any] = [fn]  # entry[0] = None once cancelled
-        with self._cv:
-            if self._pid != os.getpid():  # first use, or first use after a fork
-                self._pid = os.getpid()
-                threading.Thread(target=self._run, name="ftclient-pg-watchdog", daemon=True).start()
-            item = (time.monotonic() + delay_s, next(self._seq), entry)
-            heapq.heappush(self._heap, item)
-            if self._heap[0] is item:  # a later deadline than the one waited for needs no wake-up
-                self._cv.notify()
-        return entry
-
-    @staticmethod
-    def cancel(entry: list[Any]) -> None:
-        entry[0] = None
-
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                while not self._heap:
-                    self._cv.wait()
-                deadline, _, entry = self._heap[0]
-                now = time.monotonic()
-                if deadline > now:
-                    self._cv.wait(deadline - now)
-                    continue
-                heapq.heappop(self._heap)
-            fn = entry[0]
-            if fn is not None:
-                try:
-                    fn()
-                except Exception:  # never let one callback kill the watchdog
-                    logger.exception("process group watchdog callback failed")
-
-
-_WATCHDOG = _Watchdog()
-
-
 class _DeadlineWork(dist._Work):
     """Wraps a Gloo work: its future completes with the Gloo result, or fails with the Gloo
     error, or fails with TimeoutError when the deadline passes first. Errors are reported to
@@ -228,7 +180,7 @@ class _DeadlineWork(dist._Work):
                 )
             )
 
-        self._timer = _WATCHDOG.schedule(timeout_s, on_timeout)
+        self._timer = WATCHDOG.schedule(timeout_s, on_timeout)
 
         def inner_done(f: Future[Any]) -> None:
             try:
@@ -256,7 +208,7 @@ class _DeadlineWork(dist._Work):
             if self._done:
                 return
             self._done = True
-        _Watchdog.cancel(self._timer)
+        self._timer.cancel()
         if error is not None:
             self._on_error(error)
             self._fut.set_exception(error)
