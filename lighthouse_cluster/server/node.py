@@ -10,9 +10,7 @@ is re-sent to the new leader until the caller's deadline.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 import signal
 import time
 from typing import Any
@@ -43,6 +41,7 @@ from lighthouse_cluster.server.grpc_services import (
     validate_requester,
 )
 from lighthouse_cluster.server.loop_bridge import loop_future
+from lighthouse_cluster.server.member_table import load_members, save_members
 from lighthouse_cluster.server.metrics import NodeMetrics
 from lighthouse_cluster.server.routing import (
     HeartbeatBatcher,
@@ -580,41 +579,3 @@ class LighthouseNode:
                 st.pending.append(cpb.PendingRequester(member=member_to_proto(m), waiting_ms=waiting))
         return st
 
-
-# -- the persisted member table ------------------------------------------------------------------
-
-MEMBERS_FILE = "members.json"
-
-
-def load_members(config: NodeConfig) -> tuple[PeerSpec, ...] | None:
-    """The member table this node last saw committed (in its data directory), if it has one
-    that still names this node; a restart then needs no updated --peer list."""
-    if config.data_dir is None:
-        return None
-    path = config.data_dir / MEMBERS_FILE
-    try:
-        data = json.loads(path.read_text())
-        members = tuple(PeerSpec(*m) for m in data["members"])
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        log.warning("ignoring %s (%s); using the --peer list", path, e)
-        return None
-    if config.node_id not in {m.node_id for m in members}:
-        log.warning("%s does not name this node (it was removed); using the --peer list", path)
-        return None
-    log.info("members from %s (version %s): %s", path, data.get("version"), ", ".join(str(m) for m in members))
-    return members
-
-
-def save_members(config: NodeConfig, version: int, members: tuple[PeerSpec, ...]) -> None:
-    if config.data_dir is None:
-        return
-    path = config.data_dir / MEMBERS_FILE
-    tmp = path.with_suffix(".tmp")
-    try:
-        tmp.write_text(json.dumps({"version": version, "members": [
-            [m.node_id, m.raft_address, m.client_address] for m in members]}, indent=1))
-        os.replace(tmp, path)
-    except OSError as e:
-        log.warning("cannot save the member table to %s: %s", path, e)
