@@ -16,8 +16,11 @@ It owns the manager-side rules, and nothing else (no I/O, no clock, no logging):
 * ``commit_failures`` is the maximum any participant reported; ``replica_ids`` the sorted ids
   (the field the torchft 0.2.0 wheel added).
 
-Participants may be any objects with the attributes of ``torchft.QuorumMember`` (the generated
-protobuf message works, as do this module's :class:`Member` values).
+The quorum may be the lighthouse's answer as received (the generated protobuf ``Quorum``, whose
+participants are ``QuorumMember`` messages) or this module's :class:`QuorumView` of
+:class:`PeerInfo` values: any objects with those attributes. These two dataclasses are the
+trainer's view of an issued quorum; the lighthouse's own records
+(``lighthouse_cluster.core.quorum.Member``, ``Quorum``, ``Participant``) are different types.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["Member", "Quorum", "QuorumResult", "ReplicaNotInQuorum", "compute_quorum_results"]
+__all__ = ["PeerInfo", "QuorumResult", "QuorumView", "ReplicaNotInQuorum", "compute_quorum_results"]
 
 
-class MemberLike(Protocol):
+class PeerInfoLike(Protocol):
+    """A quorum participant: ``torchft.QuorumMember``, its protobuf message, :class:`PeerInfo`."""
+
     replica_id: str
     address: str
     store_address: str
@@ -37,16 +42,20 @@ class MemberLike(Protocol):
     commit_failures: int
 
 
-class QuorumLike(Protocol):
+class QuorumViewLike(Protocol):
+    """A quorum as the trainer received it: the protobuf ``Quorum``, :class:`QuorumView`."""
+
     quorum_id: int
 
     @property
-    def participants(self) -> Sequence[MemberLike]: ...
+    def participants(self) -> Sequence[PeerInfoLike]: ...
 
 
 @dataclass(frozen=True)
-class Member:
-    """A quorum participant (the fields of ``torchft.QuorumMember`` that matter here)."""
+class PeerInfo:
+    """What the trainer learns about one replica group of a quorum it received, itself included
+    (the fields of ``torchft.QuorumMember``; ``world_size`` is the group's number of ranks, at
+    least 1)."""
 
     replica_id: str
     address: str = ""
@@ -59,11 +68,12 @@ class Member:
 
 
 @dataclass(frozen=True)
-class Quorum:
-    """A lighthouse quorum: its id and its participants (in any order)."""
+class QuorumView:
+    """A quorum as the trainer received it from the lighthouse: its id and its participants (in
+    any order)."""
 
     quorum_id: int
-    participants: tuple[Member, ...]
+    participants: tuple[PeerInfo, ...]
 
 
 @dataclass(frozen=True)
@@ -94,7 +104,7 @@ class ReplicaNotInQuorum(LookupError):
     """The replica group asking is not a participant of the quorum it was handed."""
 
 
-def compute_quorum_results(replica_id: str, group_rank: int, quorum: QuorumLike,
+def compute_quorum_results(replica_id: str, group_rank: int, quorum: QuorumViewLike,
                            init_sync: bool = True) -> QuorumResult:
     """``replica_id``'s group rank ``group_rank`` view of ``quorum``; see the module docstring."""
     if group_rank < 0:

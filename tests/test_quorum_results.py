@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftclient.quorum_results import Member, Quorum, ReplicaNotInQuorum, compute_quorum_results
+from ftclient.quorum_results import PeerInfo, QuorumView, ReplicaNotInQuorum, compute_quorum_results
 
 
-def quorum(*members: str, quorum_id: int = 1) -> Quorum:
+def quorum(*members: str, quorum_id: int = 1) -> QuorumView:
     """``quorum("replica_0@0", "replica_1@3/2")``: address ``addr_<n>``, store ``store_addr_<n>``
     where ``<n>`` is the id's suffix after the last underscore."""
     out = []
@@ -23,9 +23,9 @@ def quorum(*members: str, quorum_id: int = 1) -> Quorum:
         rid, _, rest = spec.partition("@")
         step, _, cf = rest.partition("/")
         n = rid.rsplit("_", 1)[-1]
-        out.append(Member(replica_id=rid, address=f"addr_{n}", store_address=f"store_addr_{n}", step=int(step),
-                          commit_failures=int(cf or 0)))
-    return Quorum(quorum_id=quorum_id, participants=tuple(out))
+        out.append(PeerInfo(replica_id=rid, address=f"addr_{n}", store_address=f"store_addr_{n}",
+                            step=int(step), commit_failures=int(cf or 0)))
+    return QuorumView(quorum_id=quorum_id, participants=tuple(out))
 
 
 FIRST_STEP = quorum("replica_0@0", "replica_1@0")
@@ -33,7 +33,7 @@ RECOVERY = quorum("replica_0@0", "replica_1@1", "replica_2@0", "replica_3@1", "r
 BEHIND_ONE = quorum("replica_0@1", "replica_1@0")
 
 # (case, quorum, replica_id, group_rank, init_sync, expected fields)
-CASES: list[tuple[str, Quorum, str, int, bool, dict[str, Any]]] = [
+CASES: list[tuple[str, QuorumView, str, int, bool, dict[str, Any]]] = [
     # torchft test_get_quorum: one replica group, commit_failures passed through.
     ("single replica group", quorum("rep_id@123/3"), "rep_id", 0, True,
      dict(quorum_id=1, recover_src_manager_address="", store_address="store_addr_id", max_step=123,
@@ -91,7 +91,7 @@ CASES: list[tuple[str, Quorum, str, int, bool, dict[str, Any]]] = [
 
 
 @pytest.mark.parametrize("case,q,replica_id,group_rank,init_sync,expected", CASES, ids=[c[0] for c in CASES])
-def test_torchft_cases(case: str, q: Quorum, replica_id: str, group_rank: int, init_sync: bool,
+def test_torchft_cases(case: str, q: QuorumView, replica_id: str, group_rank: int, init_sync: bool,
                        expected: dict[str, Any]) -> None:
     result = compute_quorum_results(replica_id, group_rank, q, init_sync)
     got = {field: getattr(result, field) for field in expected}
@@ -102,7 +102,7 @@ def test_absent_replica_is_not_found() -> None:
     with pytest.raises(ReplicaNotInQuorum, match="replica_9 not participating"):
         compute_quorum_results("replica_9", 0, FIRST_STEP)
     with pytest.raises(ReplicaNotInQuorum):
-        compute_quorum_results("replica_0", 0, Quorum(quorum_id=1, participants=()))
+        compute_quorum_results("replica_0", 0, QuorumView(quorum_id=1, participants=()))
 
 
 def test_accepts_protobuf_quorums() -> None:
@@ -124,18 +124,18 @@ def test_negative_group_rank_is_rejected() -> None:
 # -- properties --------------------------------------------------------------------------------
 
 @st.composite
-def quorums(draw: st.DrawFn) -> tuple[Quorum, int, bool]:
+def quorums(draw: st.DrawFn) -> tuple[QuorumView, int, bool]:
     ids = draw(st.lists(st.text("abcdefgh", min_size=1, max_size=3), min_size=1, max_size=8, unique=True))
-    members = tuple(Member(replica_id=rid, address=f"addr-{rid}", store_address=f"store-{rid}",
-                           step=draw(st.integers(0, 3)), commit_failures=draw(st.integers(0, 3)))
+    members = tuple(PeerInfo(replica_id=rid, address=f"addr-{rid}", store_address=f"store-{rid}",
+                             step=draw(st.integers(0, 3)), commit_failures=draw(st.integers(0, 3)))
                     for rid in ids)
-    q = Quorum(quorum_id=draw(st.integers(0, 100)), participants=members)
+    q = QuorumView(quorum_id=draw(st.integers(0, 100)), participants=members)
     return q, draw(st.integers(0, 9)), draw(st.booleans())
 
 
 @settings(max_examples=300, deadline=None)
 @given(quorums())
-def test_properties(case: tuple[Quorum, int, bool]) -> None:
+def test_properties(case: tuple[QuorumView, int, bool]) -> None:
     q, group_rank, init_sync = case
     by_id = {m.replica_id: m for m in q.participants}
     ids = sorted(by_id)
