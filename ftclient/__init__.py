@@ -14,6 +14,7 @@ from .checkpointing import CheckpointTransport, HTTPTransport
 from .data import DistributedSampler
 from .ddp import DistributedDataParallel
 from .lighthouse_client import LighthouseClient, LighthouseError, parse_endpoints
+from .local_sgd import DiLoCo, LocalSGD
 from .manager import ExceptionWithTraceback, Manager, WorldSizeMode
 from .manager_server import ManagerClient, ManagerServer
 from .optim import Optimizer, OptimizerWrapper
@@ -22,6 +23,7 @@ from .quorum_results import QuorumResult, compute_quorum_results
 
 __all__ = [
     "CheckpointTransport",
+    "DiLoCo",
     "DistributedDataParallel",
     "DistributedSampler",
     "ErrorSwallowingProcessGroupWrapper",
@@ -29,6 +31,7 @@ __all__ = [
     "HTTPTransport",
     "LighthouseClient",
     "LighthouseError",
+    "LocalSGD",
     "ManagedProcessGroup",
     "Manager",
     "ManagerClient",
@@ -42,10 +45,3 @@ __all__ = [
     "compute_quorum_results",
     "parse_endpoints",
 ]
-
-try:  # written alongside; exported once it lands
-    from .local_sgd import DiLoCo, LocalSGD  # noqa: F401
-
-    __all__ += ["DiLoCo", "LocalSGD"]
-except ImportError:
-    pass

@@ -42,6 +42,7 @@ from torch.distributed import ReduceOp, TCPStore
 
 from . import _env
 from ._timeouts import future_timeout
+from .checkpointing import HTTPTransport
 from .manager_server import LocalManagerClient, ManagerClient, ManagerServer
 from .quorum_results import QuorumResult
 
@@ -108,12 +109,7 @@ class _ReadWriteLock:
             self._cond.notify_all()
 
 
-def _default_checkpoint_transport(timeout: timedelta) -> Any:
-    try:
-        from ftclient.checkpointing import HTTPTransport  # type: ignore[attr-defined]
-    except ImportError as e:
-        raise ImportError("checkpoint_transport=None needs ftclient.checkpointing.HTTPTransport, which could not be "
-                          f"imported ({e}); pass a checkpoint_transport explicitly") from e
+def _default_checkpoint_transport(timeout: timedelta) -> HTTPTransport[Any]:
     return HTTPTransport(timeout=timeout, num_chunks=0)
 
 
@@ -325,9 +321,7 @@ class Manager:
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop the checkpoint transport, the manager server (rank 0) and the quorum thread."""
-        transport = getattr(self, "_checkpoint_transport", None)
-        if transport is not None:
-            transport.shutdown(wait=wait)
+        self._checkpoint_transport.shutdown(wait=wait)
         if self._manager is not None:
             self._manager.shutdown()
         if self._client is not None:
