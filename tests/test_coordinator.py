@@ -268,8 +268,8 @@ def test_forwarded_calls_travel_batched_and_keep_their_semantics() -> None:
     without the stream service gets plain forwarded calls."""
     import grpc
 
-    from lighthouse_cluster.server.routing import (FORWARDED_HEADER, PeerChannels, QuorumForwarder,
-                                            QuorumForwardingService, forward_error)
+    from lighthouse_cluster.server.forwarding import (FORWARDED_HEADER, PeerChannels, QuorumForwarder,
+                                                      QuorumForwardingService, forward_error)
 
     def raw(rid: str) -> bytes:
         return pb.LighthouseQuorumRequest(requester=pb.QuorumMember(replica_id=rid)).SerializeToString()

@@ -1,7 +1,8 @@
 """gRPC adapters: torchft.LighthouseService and lighthouse_cluster.LighthouseCluster.
 
-Thin by design: parse and validate the request, ask the node to route it, map outcomes to gRPC
-status codes. Quorum responses travel as pre-serialized bytes (encoded once per round by the
+Thin by design: parse and validate the request, hand it to the router (``routing.Router``) or the
+node, map outcomes to gRPC status codes. Each adapter depends on a small ``Protocol`` of what it
+calls, never on the node class. Quorum responses travel as pre-serialized bytes (encoded once per round by the
 coordinator, relayed unparsed by followers), so the Quorum handler is registered with an
 identity response serializer.
 """
@@ -9,7 +10,7 @@ identity response serializer.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -19,7 +20,7 @@ from lighthouse_cluster.core.torchft_wire import member_from_proto, requester_by
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.proto import torchft_pb2 as pb
-from lighthouse_cluster.server.routing import FORWARDED_HEADER
+from lighthouse_cluster.server.forwarding import FORWARDED_HEADER
 
 if TYPE_CHECKING:
     from lighthouse_cluster.server.node import LighthouseNode
@@ -65,11 +66,21 @@ def _forwarded_by(context: grpc.aio.ServicerContext) -> str | None:
     return None
 
 
+class QuorumRouting(Protocol):
+    """Where torchft's calls go (``routing.Router``)."""
+
+    async def route_quorum(self, member: Member, raw: bytes, time_remaining: float | None,
+                           forwarded_by: str | None, context: grpc.aio.ServicerContext) -> bytes: ...
+
+    def route_heartbeat(self, replica_id: str) -> None: ...
+
+
 class LighthouseServiceAdapter:
     """torchft.LighthouseService over raw bytes."""
 
-    def __init__(self, node: "LighthouseNode") -> None:
-        self.node = node
+    def __init__(self, router: QuorumRouting, max_member_bytes: int) -> None:
+        self.router = router
+        self.max_member_bytes = max_member_bytes
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler("torchft.LighthouseService", {
@@ -80,12 +91,12 @@ class LighthouseServiceAdapter:
     async def quorum(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
             request = pb.LighthouseQuorumRequest.FromString(raw)
-            member = validate_requester(request, self.node.config.max_member_bytes, raw)
+            member = validate_requester(request, self.max_member_bytes, raw)
         except DecodeError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed LighthouseQuorumRequest: {e}")
         except InvalidRequest as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        return await self.node.route_quorum(member, raw, context.time_remaining(), _forwarded_by(context), context)
+        return await self.router.route_quorum(member, raw, context.time_remaining(), _forwarded_by(context), context)
 
     async def heartbeat(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
@@ -94,15 +105,31 @@ class LighthouseServiceAdapter:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed LighthouseHeartbeatRequest: {e}")
         if not request.replica_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "replica_id is empty")
-        self.node.route_heartbeat(request.replica_id)
+        self.router.route_heartbeat(request.replica_id)
         return _EMPTY_HEARTBEAT_RESPONSE
+
+
+class NodeStatusSource(Protocol):
+    """What ``LighthouseCluster``'s Status and Leader answer with (``LighthouseNode``)."""
+
+    def status(self) -> cpb.NodeStatus: ...
+
+    def leader_info(self) -> cpb.LeaderResponse: ...
+
+
+class HeartbeatBatchSink(Protocol):
+    """Takes the heartbeat batches followers forward (``routing.Router``)."""
+
+    def accept_heartbeat_batch(self, replica_ids: Iterable[str]) -> bool: ...
 
 
 class ClusterServiceAdapter(cpb_grpc.LighthouseClusterServicer):
     """lighthouse_cluster.LighthouseCluster: status, leader discovery, heartbeat batches."""
 
-    def __init__(self, node: "LighthouseNode") -> None:
+    def __init__(self, node: NodeStatusSource, heartbeats: HeartbeatBatchSink, node_id: str) -> None:
         self.node = node
+        self.heartbeats = heartbeats
+        self.node_id = node_id
 
     async def Status(self, request: cpb.StatusRequest, context: grpc.aio.ServicerContext) -> cpb.NodeStatus:
         return self.node.status()
@@ -112,8 +139,8 @@ class ClusterServiceAdapter(cpb_grpc.LighthouseClusterServicer):
 
     async def ForwardHeartbeats(self, request: cpb.HeartbeatBatch,
                                 context: grpc.aio.ServicerContext) -> cpb.HeartbeatBatchResponse:
-        if not self.node.accept_heartbeat_batch(request.replica_ids):
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"node {self.node.config.node_id} is not the leader")
+        if not self.heartbeats.accept_heartbeat_batch(request.replica_ids):
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"node {self.node_id} is not the leader")
         return cpb.HeartbeatBatchResponse()
 
 

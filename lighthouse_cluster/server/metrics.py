@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from lighthouse_cluster.server.node import LighthouseNode
+    from lighthouse_cluster.server.routing import Router
 
 PREFIX = "lighthouse_cluster_"
 ROLES = ("follower", "candidate", "leader")
@@ -27,8 +28,9 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 class NodeCollector(Collector):
     """Reads the node's state at scrape time."""
 
-    def __init__(self, node: "LighthouseNode") -> None:
+    def __init__(self, node: "LighthouseNode", routing: "Router") -> None:
         self.node = node
+        self.routing = routing
 
     def collect(self) -> Iterator[Any]:
         node = self.node
@@ -62,11 +64,11 @@ class NodeCollector(Collector):
         yield gauge("heartbeating_replicas", "Replicas with a heartbeat on record (leader only; 0 elsewhere)", beating)
         fwd = CounterMetricFamily(PREFIX + "forwarded_quorum_calls", "Quorum calls forwarded to the leader",
                                   labels=["node"])
-        fwd.add_metric([node_id], node.forwarded_quorum_calls)
+        fwd.add_metric([node_id], self.routing.forwarded_quorum_calls)
         yield fwd
         rer = CounterMetricFamily(PREFIX + "rerouted_quorum_calls",
                                   "Quorum call attempts re-routed after a leader change or failure", labels=["node"])
-        rer.add_metric([node_id], node.rerouted_quorum_calls)
+        rer.add_metric([node_id], self.routing.rerouted_quorum_calls)
         yield rer
         rounds = CounterMetricFamily(
             PREFIX + "quorum_rounds", "Quorum rounds issued, by path: 'commit' (a Raft commit per round) "
@@ -79,9 +81,9 @@ class NodeCollector(Collector):
 class NodeMetrics:
     """The node's registry and the histograms it observes into."""
 
-    def __init__(self, node: "LighthouseNode") -> None:
+    def __init__(self, node: "LighthouseNode", routing: "Router") -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(NodeCollector(node))
+        self.registry.register(NodeCollector(node, routing))
         self.quorum_commit_seconds = Histogram(
             PREFIX + "quorum_commit_seconds", "Raft commit latency of issued quorum rounds",
             registry=self.registry, buckets=LATENCY_BUCKETS)

@@ -2,9 +2,10 @@
 
 ``LighthouseNode`` owns the event loop side of a node. It watches Raft (pysyncobj's callbacks
 plus a short poll for leader changes that involve no local state change), starts and stops the
-coordinator as leadership comes and goes, and routes every call: the leader answers from its
-coordinator, a follower forwards to the leader, and a call whose leader changed while it waited
-is re-sent to the new leader until the caller's deadline.
+coordinator as leadership comes and goes and tells the router (``routing.Router``, where every
+call goes) when leadership may have changed, adopts the replicated member table (persisted by
+``member_table``), enables newer state schemas once every node reads them, and answers for the
+node as a whole: readiness, the leader, Status.
 """
 
 from __future__ import annotations
@@ -16,14 +17,12 @@ import time
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from lighthouse_cluster import __version__
 from lighthouse_cluster.core.codec import Command, EnableSchema
 from lighthouse_cluster.core.lease import LeaseSettings
-from lighthouse_cluster.core.quorum import Member
 from lighthouse_cluster.core.state_machine import QuorumStateMachine
 from lighthouse_cluster.core.torchft_wire import member_to_proto, quorum_to_proto
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
@@ -31,25 +30,18 @@ from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.raft.replication import RaftNode, ReplicatedState, Role
 from lighthouse_cluster.server.config import NodeConfig, PeerSpec
-from lighthouse_cluster.server.coordinator import NotLeader, QuorumCoordinator
+from lighthouse_cluster.server.coordinator import QuorumCoordinator
 from lighthouse_cluster.server.event_loop import running_loop_name
 from lighthouse_cluster.server.grpc_services import (
     AdminServiceAdapter,
     ClusterServiceAdapter,
-    InvalidRequest,
     LighthouseServiceAdapter,
-    validate_requester,
 )
 from lighthouse_cluster.server.loop_bridge import loop_future
 from lighthouse_cluster.server.member_table import load_members, save_members
+from lighthouse_cluster.server.forwarding import PeerChannels
 from lighthouse_cluster.server.metrics import NodeMetrics
-from lighthouse_cluster.server.routing import (
-    HeartbeatBatcher,
-    PeerChannels,
-    QuorumForwarder,
-    QuorumForwardingService,
-    forward_error,
-)
+from lighthouse_cluster.server.routing import Router
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +49,6 @@ WATCH_PERIOD_S = 0.02
 # How often a leader whose cluster runs an older schema than this version writes asks the other
 # nodes which version they read (see _upgrade_schema).
 SCHEMA_CHECK_PERIOD_S = 2.0
-# While no leader is known, a waiting call re-checks at least this often.
-REROUTE_POLL_S = 0.05
-# A Quorum call is answered this long before the caller's deadline (see route_quorum).
-DEADLINE_MARGIN_S = 0.02
-TIMEOUT_MESSAGE = "Timeout expired"
 
 _ROLE_PB = {Role.FOLLOWER: cpb.FOLLOWER, Role.CANDIDATE: cpb.CANDIDATE, Role.LEADER: cpb.LEADER}
 
@@ -99,18 +86,13 @@ class LighthouseNode:
         # the last table this node persisted (MEMBERS_FILE), else the --peer list.
         self._members: tuple[PeerSpec, ...] = load_members(config) or config.peers
         self._members_version = self.machine.members_version
-        self.forwarder = QuorumForwarder(self.channels, config.node_id)
-        self.forwarding = QuorumForwardingService(self.answer_forwarded)  # the leader side of forwarder
-        self.heartbeats = HeartbeatBatcher(self.channels, config.node_id, self._remote_leader_address)
+        self.router = Router(self, self.channels, config.node_id, config.max_member_bytes)
         self.bound_port: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._changed = asyncio.Event()
         self._seen: tuple[Role, int, str | None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
-        self.forwarded_quorum_calls = 0
-        self.rerouted_quorum_calls = 0
-        self.metrics = NodeMetrics(self)
+        self.metrics = NodeMetrics(self, self.router)
         self.health = health.aio.HealthServicer()
         self._health_serving: bool | None = None
         self.http = None  # http_endpoints.HttpEndpoints when --http-bind is set
@@ -126,8 +108,10 @@ class LighthouseNode:
                                              on_issue=self.metrics.on_issue,
                                              lease=LeaseSettings(lease_ms=cfg.quorum_lease_ms))
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
-        self.server.add_generic_rpc_handlers((LighthouseServiceAdapter(self).handler(), self.forwarding.handler()))
-        cpb_grpc.add_LighthouseClusterServicer_to_server(ClusterServiceAdapter(self), self.server)
+        self.server.add_generic_rpc_handlers((LighthouseServiceAdapter(self.router, cfg.max_member_bytes).handler(),
+                                              self.router.forwarding.handler()))
+        cpb_grpc.add_LighthouseClusterServicer_to_server(ClusterServiceAdapter(self, self.router, cfg.node_id),
+                                                         self.server)
         cpb_grpc.add_LighthouseAdminServicer_to_server(AdminServiceAdapter(self), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -163,7 +147,7 @@ class LighthouseNode:
             dial=cfg.raft_dial_by_address,
             hold_elections_until_leader=cfg.join,
         )
-        self.heartbeats.start()
+        self.router.start()
         self._watch_task = asyncio.get_running_loop().create_task(self._watch())
         if self.http is not None:
             log.info("node %s serving /metrics, /livez, /readyz and the dashboard on http://%s", cfg.node_id,
@@ -188,8 +172,7 @@ class LighthouseNode:
             self._schema_task.cancel()
         if self.coordinator is not None:
             self.coordinator.stop_leading()
-        await self.heartbeats.stop()
-        self.forwarder.close()
+        await self.router.stop()
         self._health_serving = False
         await self.health.enter_graceful_shutdown()
         if self.http is not None:
@@ -349,18 +332,11 @@ class LighthouseNode:
         if old is None or old[2] != leader or old[0] != role:
             peer = self.member_by_raft_address(leader)
             log.info("raft: %s in term %d, leader %s", role.value, term, peer.node_id if peer else "unknown")
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-    async def _wait_for_change(self, timeout: float) -> None:
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
+        self.router.leadership_changed()
 
     # -- leader lookup ---------------------------------------------------------------------------
 
-    def leader_peer(self):
+    def leader_peer(self) -> PeerSpec | None:
         """The leader as far as this node knows; None when unknown or when this follower has no
         connection to it (pysyncobj keeps naming a lost leader until an election starts, and an
         isolated node never starts one)."""
@@ -375,128 +351,6 @@ class LighthouseNode:
         if address != self.config.self_peer.raft_address and not raft.is_connected(address):
             return None
         return self.member_by_raft_address(address)
-
-    def _remote_leader_address(self) -> str | None:
-        peer = self.leader_peer()
-        if peer is None or peer.node_id == self.config.node_id:
-            return None
-        return peer.client_address
-
-    # -- routing ---------------------------------------------------------------------------------
-
-    async def route_quorum(self, member: Member, raw: bytes, time_remaining: float | None,
-                           forwarded_by: str | None, context: grpc.aio.ServicerContext) -> bytes:
-        """Answer a Quorum call from the leader's coordinator, wherever it is, until the deadline."""
-        loop = asyncio.get_running_loop()
-        deadline = None if time_remaining is None else loop.time() + time_remaining
-
-        def remaining() -> float | None:
-            """Seconds until this node gives up, a margin before the caller's deadline."""
-            return None if deadline is None else deadline - loop.time() - DEADLINE_MARGIN_S
-
-        attempt = 0
-        while True:
-            left = remaining()
-            if left is not None and left <= 0:
-                # torchft's lighthouse never ends a waiting call; its client's own timer does, with
-                # exactly this status. Answering it just before the deadline keeps trainers'
-                # error handling (and torchft's tests) seeing the same thing from us.
-                await context.abort(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE)
-            if attempt:
-                self.rerouted_quorum_calls += 1
-            attempt += 1
-            coord = self.coordinator
-            if self.raft is not None and self.raft.is_leader and coord is not None and coord.term is not None:
-                try:
-                    return await coord.quorum(member, left, forget_if_cancelled=forwarded_by is not None)
-                except NotLeader:
-                    continue
-                except asyncio.TimeoutError:
-                    continue  # the deadline check above aborts
-            if forwarded_by is not None:
-                # Never forward twice: the origin re-routes once it knows the new leader.
-                await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                    f"node {self.config.node_id} is not the leader (forwarded by {forwarded_by})")
-            leader = self._remote_leader_address()
-            if leader is not None:
-                try:
-                    self.forwarded_quorum_calls += 1
-                    response = await self._forward_while_leader(
-                        leader, raw, None if left is None else left + DEADLINE_MARGIN_S)
-                    if response is not None:
-                        return response
-                    continue  # the leader moved while the call waited: re-send to the new one
-                except grpc.aio.AioRpcError as e:
-                    code = e.code()
-                    if code == grpc.StatusCode.INVALID_ARGUMENT:
-                        await context.abort(code, e.details() or "invalid argument")
-                    if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED) and \
-                            e.details() in (TIMEOUT_MESSAGE, "Deadline Exceeded"):
-                        # The leader gave up on our behalf: the caller's deadline is (almost) here.
-                        await context.abort(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE)
-                    (log.info if attempt == 1 else log.debug)(
-                        "quorum call for %s via leader %s failed (%s); re-routing", member.replica_id, leader,
-                        code.name)
-                    if self._remote_leader_address() != leader:
-                        continue
-            left = remaining()
-            await self._wait_for_change(REROUTE_POLL_S if left is None else max(0.0, min(REROUTE_POLL_S, left)))
-
-    async def _forward_while_leader(self, leader: str, raw: bytes, timeout: float | None) -> bytes | None:
-        """Forward to ``leader``; give up (None) as soon as Raft names another leader, since a
-        deposed leader can commit nothing and would only fail the call after stepping down."""
-        forward = asyncio.ensure_future(self.forwarder.forward(leader, raw, timeout))
-        changed: asyncio.Future[Any] | None = None
-        try:
-            while True:
-                changed = asyncio.ensure_future(self._changed.wait())
-                done, _ = await asyncio.wait({forward, changed}, return_when=asyncio.FIRST_COMPLETED)
-                if forward in done:
-                    return forward.result()
-                if self._remote_leader_address() != leader:
-                    return None
-        finally:
-            for fut in (forward, changed):
-                if fut is not None and not fut.done():
-                    fut.cancel()
-
-    async def answer_forwarded(self, raw: bytes, timeout: float | None) -> bytes:
-        """The leader's side of a call forwarded on a batched stream (``routing.QuorumForwarder``):
-        what ``route_quorum`` does for a call carrying ``FORWARDED_HEADER`` (``timeout`` is that
-        call's deadline), failures raised as the ``grpc.aio.AioRpcError`` it would have ended with."""
-        try:
-            member = validate_requester(pb.LighthouseQuorumRequest.FromString(raw), self.config.max_member_bytes, raw)
-        except DecodeError as e:
-            raise forward_error(grpc.StatusCode.INVALID_ARGUMENT, f"malformed LighthouseQuorumRequest: {e}") from None
-        except InvalidRequest as e:
-            raise forward_error(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        left = None if timeout is None else timeout - DEADLINE_MARGIN_S
-        coord = self.coordinator
-        if self.raft is not None and self.raft.is_leader and coord is not None and coord.term is not None:
-            if left is not None and left <= 0:
-                raise forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE)
-            try:
-                return await coord.quorum(member, left, forget_if_cancelled=True)
-            except asyncio.TimeoutError:
-                raise forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE) from None
-            except NotLeader:
-                pass
-        raise forward_error(grpc.StatusCode.UNAVAILABLE, f"node {self.config.node_id} is not the leader (forwarded)")
-
-    def route_heartbeat(self, replica_id: str) -> None:
-        coord = self.coordinator
-        if self.raft is not None and self.raft.is_leader and coord is not None and coord.term is not None:
-            coord.heartbeat(replica_id)
-        else:
-            self.heartbeats.add(replica_id)
-
-    def accept_heartbeat_batch(self, replica_ids: Any) -> bool:
-        coord = self.coordinator
-        if coord is None or coord.term is None:
-            return False
-        for rid in replica_ids:
-            coord.heartbeat(rid)
-        return True
 
     # -- introspection ------------------------------------------------------------------------------
 

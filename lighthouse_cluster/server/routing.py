@@ -1,418 +1,241 @@
-"""Routing calls to the leader: channels to peers, Quorum forwarding and heartbeat batching.
+"""Where each call goes: every routing decision of a node, in ``Router``.
 
-A follower does not answer Quorum itself: it forwards the caller's bytes to the node it believes
-leads and relays the leader's bytes back unparsed. Forwarded calls are never forwarded twice; a
-node that receives a forwarded call but no longer leads answers UNAVAILABLE and the origin
-re-routes.
+The leader answers a Quorum call from its coordinator. A follower does not answer Quorum itself:
+it forwards the caller's bytes to the node it believes leads and relays the leader's bytes back
+unparsed. A forwarded call is never forwarded twice: a node that receives one but no longer leads
+answers UNAVAILABLE, and the origin re-routes. A call whose leader changed while it waited is
+re-sent to the new leader until the caller's deadline; just before that deadline
+(``DEADLINE_MARGIN_S``) it ends as torchft's own client timer would end it (``TIMEOUT_MESSAGE``).
 
-Forwarding is batched (benchmarks F2): each follower keeps one
-``LighthouseQuorumForwarding/ForwardQuorums`` stream to the leader. The Quorum calls that reach
-the follower in the same event-loop turn travel in one message; the leader registers each with
-its coordinator exactly as a direct call (same deadline, same "withdraw if cancelled unanswered"
-rule) and sends each issued round's response once, with the keys of every forwarded call it
-answers; the follower fans it out. A caller that goes away is withdrawn with a message on the
-same stream. So the leader handles a handful of stream messages per follower and round instead
-of one gRPC call per replica group. A leader without the stream service (an older node) gets
-plain forwarded calls carrying ``FORWARDED_HEADER``.
+Heartbeats go to the coordinator on the leader and to the leader in batches from a follower; the
+leader accepts followers' batches while it has a coordinator with a term.
 
-Heartbeats are fire-and-forget in torchft (every 100 ms, no deadline): a follower acknowledges
-them at once and forwards the ids it saw in one batch per ``HEARTBEAT_FLUSH_S`` to the leader.
-The first heartbeat of a replica the follower has not forwarded recently goes out at once: a
-replica that just started must count as healthy at the leader as early as it would with a
-single lighthouse, or a round already in progress could leave it out.
+The router reads who leads from the node (``Leadership``; ``LighthouseNode`` satisfies it) and is
+told by the node when that may have changed (``leadership_changed``); it never touches Raft. How
+calls travel (channels, the forwarding stream, heartbeat batches) is ``forwarding.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import time
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
-from lighthouse_cluster.tls import ClientTLS, aio_channel
+from lighthouse_cluster.core.quorum import Member
+from lighthouse_cluster.proto import torchft_pb2 as pb
+from lighthouse_cluster.server.coordinator import NotLeader, QuorumCoordinator
+from lighthouse_cluster.server.forwarding import (
+    HeartbeatBatcher,
+    PeerChannels,
+    QuorumForwarder,
+    QuorumForwardingService,
+    forward_error,
+)
+from lighthouse_cluster.server.grpc_services import InvalidRequest, validate_requester
+
+if TYPE_CHECKING:
+    from lighthouse_cluster.server.config import PeerSpec
 
 log = logging.getLogger(__name__)
 
-FORWARDED_HEADER = "x-lighthouse-cluster-forwarded-by"
-QUORUM_METHOD = "/torchft.LighthouseService/Quorum"
-FORWARD_HEARTBEATS_METHOD = "/lighthouse_cluster.LighthouseCluster/ForwardHeartbeats"
-FORWARD_QUORUMS_SERVICE = "lighthouse_cluster.LighthouseQuorumForwarding"
-FORWARD_QUORUMS_METHOD = f"/{FORWARD_QUORUMS_SERVICE}/ForwardQuorums"
-# A forwarded call the leader has not answered this long after the caller's deadline fails here
-# (a hung leader): as a plain forwarded call's own deadline would have.
-FORWARD_SLACK_S = 0.5
-# Forwarded calls go to the leader at most this often per stream (the rest wait for the next
-# message); the first after a quiet spell goes at once.
-FORWARD_BATCH_WINDOW_S = 0.002
-HEARTBEAT_FLUSH_S = 0.05
-HEARTBEAT_BATCH_TIMEOUT_S = 1.0
-# A replica not forwarded for this long is treated as new: its next heartbeat is sent at once.
-NEW_REPLICA_AFTER_S = 1.0
-
-# Channel options shared by every node-to-node channel: fail fast on a dead peer.
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 64 * 1024 * 1024),
-    ("grpc.initial_reconnect_backoff_ms", 50),
-    ("grpc.min_reconnect_backoff_ms", 50),
-    ("grpc.max_reconnect_backoff_ms", 500),
-    ("grpc.keepalive_time_ms", 10_000),
-]
+# While no leader is known, a waiting call re-checks at least this often.
+REROUTE_POLL_S = 0.05
+# A Quorum call is answered this long before the caller's deadline (see Router.route_quorum).
+DEADLINE_MARGIN_S = 0.02
+TIMEOUT_MESSAGE = "Timeout expired"
 
 
-def _identity(x: bytes) -> bytes:
-    return x
+class RaftLeadership(Protocol):
+    """The Raft node's view of leadership that routing reads (``raft.replication.RaftNode``)."""
+
+    @property
+    def is_leader(self) -> bool: ...
 
 
-class PeerChannels:
-    """One long-lived grpc.aio channel per peer client address."""
+class Leadership(Protocol):
+    """What the router reads from its node: Raft's leadership, the coordinator, the leader."""
 
-    def __init__(self, tls: ClientTLS | None = None) -> None:
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        self._tls = tls  # None: plaintext; else how to dial peers' TLS client ports
+    @property
+    def raft(self) -> RaftLeadership | None: ...
 
-    def get(self, address: str) -> grpc.aio.Channel:
-        ch = self._channels.get(address)
-        if ch is None:
-            ch = aio_channel(address, self._tls, CHANNEL_OPTIONS)
-            self._channels[address] = ch
-        return ch
+    @property
+    def coordinator(self) -> QuorumCoordinator | None: ...
 
-    async def close(self) -> None:
-        for ch in self._channels.values():
-            await ch.close(grace=None)
-        self._channels.clear()
+    def leader_peer(self) -> PeerSpec | None:
+        """The leader as far as the node knows; None when unknown or not connected."""
 
 
-def forward_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    """The error a forwarded call fails with: what a plain forwarded gRPC call would raise."""
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+class Router:
+    """Routes Quorum calls and heartbeats to the leader's coordinator (see the module docstring).
 
+    Owns the mechanisms it drives: ``forwarder`` (follower side of forwarding), ``forwarding``
+    (the leader side, a gRPC service the node registers) and ``heartbeats`` (the follower's
+    batcher); ``start()`` and ``await stop()`` with the node."""
 
-_CODE_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
-
-
-class QuorumForwarder:
-    """Follower side: forwards raw ``LighthouseQuorumRequest``s to the leader and returns its raw
-    responses, over one batched stream per leader (see the module docstring)."""
-
-    def __init__(self, channels: PeerChannels, node_id: str) -> None:
-        self._channels = channels
+    def __init__(self, node: Leadership, channels: PeerChannels, node_id: str, max_member_bytes: int) -> None:
+        self._node = node
         self._node_id = node_id
-        self._metadata = ((FORWARDED_HEADER, node_id),)
-        self._streams: dict[str, _ForwardStream] = {}
-        self._unary_only: set[str] = set()  # leaders without the stream service
-        self.streams_opened = 0
-
-    async def forward(self, leader_address: str, request: bytes, timeout: float | None) -> bytes:
-        """The leader's response to ``request``; raises ``grpc.aio.AioRpcError`` as a forwarded
-        gRPC call with deadline ``timeout`` would. Cancelling it withdraws the request."""
-        if leader_address in self._unary_only:
-            return await self._forward_unary(leader_address, request, timeout)
-        stream = self._streams.get(leader_address)
-        if stream is None or stream.closed:
-            stream = _ForwardStream(self, leader_address)
-            self._streams[leader_address] = stream
-            self.streams_opened += 1
-        try:
-            return await stream.request(request, timeout)
-        except grpc.aio.AioRpcError as e:
-            if e.code() != grpc.StatusCode.UNIMPLEMENTED or e.details() == _UNIMPLEMENTED_FORWARDED:
-                raise
-            log.info("leader %s has no batched forwarding; forwarding calls one by one", leader_address)
-            self._unary_only.add(leader_address)
-            return await self._forward_unary(leader_address, request, timeout)
-
-    async def _forward_unary(self, leader_address: str, request: bytes, timeout: float | None) -> bytes:
-        call = self._channels.get(leader_address).unary_unary(
-            QUORUM_METHOD, request_serializer=_identity, response_deserializer=_identity)
-        return await call(request, timeout=timeout, metadata=self._metadata, wait_for_ready=False)
-
-    def close(self) -> None:
-        for stream in list(self._streams.values()):
-            stream.close("forwarder closed")
-        self._streams.clear()
-
-
-_UNIMPLEMENTED_FORWARDED = "forwarded request unimplemented"  # an UNIMPLEMENTED from the leader's answer
-
-
-class _ForwardStream:
-    """One ``ForwardQuorums`` stream from this follower to one leader."""
-
-    def __init__(self, owner: QuorumForwarder, leader: str) -> None:
-        self._owner = owner
-        self._leader = leader
-        self._loop = asyncio.get_running_loop()
-        self._keys = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[bytes]] = {}
-        self._adds: list[cpb.ForwardedQuorum] = []
-        self._withdraws: list[int] = []
-        self._flush_scheduled = False
-        self._last_flush = 0.0
-        self._outbox: asyncio.Queue[cpb.QuorumForwardUp | None] = asyncio.Queue()
-        self.closed = False
-        call = owner._channels.get(leader).stream_stream(
-            FORWARD_QUORUMS_METHOD, request_serializer=cpb.QuorumForwardUp.SerializeToString,
-            response_deserializer=cpb.QuorumForwardDown.FromString)
-        self._call = call(self._requests(), metadata=owner._metadata, wait_for_ready=False)
-        self._reader = self._loop.create_task(self._read())
-
-    async def _requests(self):  # type: ignore[no-untyped-def]
-        while True:
-            msg = await self._outbox.get()
-            if msg is None:
-                return
-            yield msg
-
-    async def request(self, raw: bytes, timeout: float | None) -> bytes:
-        key = next(self._keys)
-        fut: asyncio.Future[bytes] = self._loop.create_future()
-        self._pending[key] = fut
-        add = cpb.ForwardedQuorum(key=key, request=raw)
-        if timeout is not None:
-            add.has_deadline = True
-            add.timeout_ms = max(0, int(timeout * 1000))
-        self._adds.append(add)
-        self._schedule_flush()
-        try:
-            if timeout is None:
-                return await asyncio.shield(fut)
-            return await asyncio.wait_for(asyncio.shield(fut), timeout + FORWARD_SLACK_S)
-        except asyncio.TimeoutError:
-            # Still registered at the leader, as a timed-out call is (torchft keeps it for the round).
-            self._pending.pop(key, None)
-            raise forward_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
-        except asyncio.CancelledError:
-            if self._pending.pop(key, None) is not None and not self.closed:
-                self._withdraws.append(key)
-                self._schedule_flush()
-            raise
-
-    def _schedule_flush(self) -> None:
-        if self._flush_scheduled or self.closed:
-            return
-        self._flush_scheduled = True
-        # Nagle-like: a call after a quiet spell goes out at once; the calls of a round, which
-        # arrive over a few ms, share the messages sent at most every FORWARD_BATCH_WINDOW_S.
-        wait = self._last_flush + FORWARD_BATCH_WINDOW_S - self._loop.time()
-        if wait <= 0:
-            self._loop.call_soon(self._flush)
-        else:
-            self._loop.call_later(wait, self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        self._last_flush = self._loop.time()
-        if self.closed or not (self._adds or self._withdraws):
-            return
-        msg = cpb.QuorumForwardUp(from_node=self._owner._node_id, add=self._adds, withdraw=self._withdraws)
-        self._adds, self._withdraws = [], []
-        self._outbox.put_nowait(msg)
-
-    async def _read(self) -> None:
-        error: grpc.aio.AioRpcError
-        try:
-            async for down in self._call:
-                if down.keys:
-                    response = down.response
-                    for key in down.keys:
-                        fut = self._pending.pop(key, None)
-                        if fut is not None and not fut.done():
-                            fut.set_result(response)
-                for err in down.errors:
-                    fut = self._pending.pop(err.key, None)
-                    if fut is not None and not fut.done():
-                        code = _CODE_BY_VALUE.get(err.code, grpc.StatusCode.UNKNOWN)
-                        details = err.details
-                        if code == grpc.StatusCode.UNIMPLEMENTED:
-                            details = details or _UNIMPLEMENTED_FORWARDED
-                        fut.set_exception(forward_error(code, details))
-            error = forward_error(grpc.StatusCode.UNAVAILABLE, f"forwarding stream to {self._leader} ended")
-        except grpc.aio.AioRpcError as e:
-            error = e
-        except asyncio.CancelledError:
-            error = forward_error(grpc.StatusCode.UNAVAILABLE, f"forwarding stream to {self._leader} closed")
-        self._fail_all(error)
-
-    def _fail_all(self, error: grpc.aio.AioRpcError) -> None:
-        self.closed = True
-        pending, self._pending = self._pending, {}
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(error)
-        self._outbox.put_nowait(None)
-
-    def close(self, why: str) -> None:
-        if self.closed:
-            return
-        self._call.cancel()
-        self._reader.cancel()
-        self._fail_all(forward_error(grpc.StatusCode.UNAVAILABLE, why))
-
-
-class QuorumForwardingService:
-    """Leader side of ``ForwardQuorums``: each forwarded call is answered by ``answer(raw,
-    timeout)`` (the node's leader path: registers with the coordinator, ``forget_if_cancelled``)
-    in its own task; answers of one round go out in one message; a withdrawn key, or the stream
-    ending, cancels the task (which withdraws the registration, as a cancelled forwarded call does).
-    ``answer`` raises ``grpc.aio.AioRpcError`` (see :func:`forward_error`) for a failed call."""
-
-    def __init__(self, answer: Callable[[bytes, float | None], Awaitable[bytes]]) -> None:
-        self._answer = answer
-        self.streams = 0
-        self.forwarded_calls = 0
-        self.messages_in = 0
-        self.messages_out = 0
-
-    def handler(self) -> grpc.GenericRpcHandler:
-        return grpc.method_handlers_generic_handler(FORWARD_QUORUMS_SERVICE, {
-            "ForwardQuorums": grpc.stream_stream_rpc_method_handler(
-                self.forward_quorums, request_deserializer=cpb.QuorumForwardUp.FromString,
-                response_serializer=cpb.QuorumForwardDown.SerializeToString),
-        })
-
-    async def forward_quorums(self, requests, context: grpc.aio.ServicerContext) -> None:  # type: ignore[no-untyped-def]
-        loop = asyncio.get_running_loop()
-        tasks: dict[int, asyncio.Task[bytes]] = {}
-        answered: dict[bytes, list[int]] = {}
-        errors: list[cpb.ForwardedQuorumError] = []
-        outbox: asyncio.Queue[cpb.QuorumForwardDown] = asyncio.Queue()
-        flush_scheduled = False
-        self.streams += 1
-
-        def flush() -> None:
-            nonlocal flush_scheduled, answered, errors
-            flush_scheduled = False
-            for response, keys in answered.items():
-                outbox.put_nowait(cpb.QuorumForwardDown(response=response, keys=keys))
-            if errors:
-                outbox.put_nowait(cpb.QuorumForwardDown(errors=errors))
-            answered, errors = {}, []
-
-        def done(key: int, task: asyncio.Task[bytes]) -> None:
-            nonlocal flush_scheduled
-            if tasks.pop(key, None) is None or task.cancelled():
-                return  # withdrawn
-            e = task.exception()
-            if e is None:
-                # Every requester of a round gets the same bytes object: one message per round.
-                answered.setdefault(task.result(), []).append(key)
-            elif isinstance(e, grpc.aio.AioRpcError):
-                errors.append(cpb.ForwardedQuorumError(key=key, code=e.code().value[0], details=e.details() or ""))
-            else:
-                errors.append(cpb.ForwardedQuorumError(key=key, code=grpc.StatusCode.INTERNAL.value[0],
-                                                       details=f"{type(e).__name__}: {e}"))
-            if not flush_scheduled:
-                flush_scheduled = True
-                loop.call_soon(flush)
-
-        async def read() -> None:
-            async for up in requests:
-                self.messages_in += 1
-                for add in up.add:
-                    self.forwarded_calls += 1
-                    task = loop.create_task(self._answer(add.request, add.timeout_ms / 1000.0 if add.has_deadline
-                                                         else None))
-                    tasks[add.key] = task
-                    task.add_done_callback(lambda t, k=add.key: done(k, t))
-                for key in up.withdraw:
-                    task = tasks.pop(key, None)
-                    if task is not None:
-                        task.cancel()
-
-        reader = loop.create_task(read())
-        try:
-            while True:
-                get = loop.create_task(outbox.get())
-                finished, _ = await asyncio.wait({get, reader}, return_when=asyncio.FIRST_COMPLETED)
-                if get in finished:
-                    self.messages_out += 1
-                    await context.write(get.result())
-                    continue
-                get.cancel()
-                break  # the follower closed its side: nothing more to answer on this stream
-        finally:
-            reader.cancel()
-            for task in list(tasks.values()):
-                task.cancel()
-            tasks.clear()
-
-
-class HeartbeatBatcher:
-    """Collects heartbeat replica ids on a follower and forwards them to the leader in batches."""
-
-    def __init__(self, channels: PeerChannels, node_id: str, leader_address: Callable[[], str | None]) -> None:
-        self._channels = channels
-        self._node_id = node_id
-        self._leader_address = leader_address
-        self._pending: set[str] = set()
-        self._last_sent: dict[str, float] = {}
-        self._urgent = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._in_flight: set[asyncio.Task[None]] = set()
-        self.forwarded = 0
-        self.failed_batches = 0
-
-    def add(self, replica_id: str) -> None:
-        self._pending.add(replica_id)
-        last = self._last_sent.get(replica_id)
-        if last is None or time.monotonic() - last > NEW_REPLICA_AFTER_S:
-            self._urgent.set()
+        self._max_member_bytes = max_member_bytes
+        self._changed = asyncio.Event()
+        self.forwarder = QuorumForwarder(channels, node_id)
+        self.forwarding = QuorumForwardingService(self.answer_forwarded)  # the leader side of forwarder
+        self.heartbeats = HeartbeatBatcher(channels, node_id, self.remote_leader_address)
+        self.forwarded_quorum_calls = 0
+        self.rerouted_quorum_calls = 0
 
     def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
+        self.heartbeats.start()
 
     async def stop(self) -> None:
-        for task in list(self._in_flight):
-            task.cancel()
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await self.heartbeats.stop()
+        self.forwarder.close()
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                await asyncio.wait_for(self._urgent.wait(), HEARTBEAT_FLUSH_S)
-            except asyncio.TimeoutError:
-                pass
-            self._urgent.clear()
-            if not self._pending:
-                continue
-            leader = self._leader_address()
-            if leader is None:
-                await asyncio.sleep(HEARTBEAT_FLUSH_S)
-                continue  # keep them for when a leader is known
-            batch, self._pending = self._pending, set()
-            now = time.monotonic()
-            for rid in batch:
-                self._last_sent[rid] = now
-            if len(self._last_sent) > 4 * len(batch) + 1024:
-                self._last_sent = {r: t for r, t in self._last_sent.items() if now - t <= NEW_REPLICA_AFTER_S}
-            # Each batch is its own task, so a leader that stopped answering never holds up the
-            # batches for the next one.
-            task = asyncio.get_running_loop().create_task(self._send(leader, batch))
-            self._in_flight.add(task)
-            task.add_done_callback(self._in_flight.discard)
+    # -- leadership ------------------------------------------------------------------------------
 
-    async def _send(self, leader: str, batch: set[str]) -> None:
-        call = self._channels.get(leader).unary_unary(
-            FORWARD_HEARTBEATS_METHOD,
-            request_serializer=cpb.HeartbeatBatch.SerializeToString,
-            response_deserializer=cpb.HeartbeatBatchResponse.FromString)
+    def leadership_changed(self) -> None:
+        """The node saw Raft's role, term or leader change: waiting calls look again."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_for_change(self, timeout: float) -> None:
         try:
-            await call(cpb.HeartbeatBatch(from_node=self._node_id, replica_ids=sorted(batch)),
-                       timeout=HEARTBEAT_BATCH_TIMEOUT_S)
-            self.forwarded += len(batch)
-        except grpc.aio.AioRpcError as e:
-            self.failed_batches += 1
-            log.debug("heartbeat batch to %s failed: %s", leader, e.code())
-            # Not re-queued: a late heartbeat would overstate how recently the replica was alive,
-            # and its next one arrives within 100 ms.
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    def remote_leader_address(self) -> str | None:
+        """The client address to forward to: the leader's, unless unknown or this node leads."""
+        peer = self._node.leader_peer()
+        if peer is None or peer.node_id == self._node_id:
+            return None
+        return peer.client_address
+
+    def _leading_coordinator(self) -> QuorumCoordinator | None:
+        """The coordinator, when this node leads and its coordinator has taken the term."""
+        raft, coord = self._node.raft, self._node.coordinator
+        if raft is not None and raft.is_leader and coord is not None and coord.term is not None:
+            return coord
+        return None
+
+    # -- Quorum ----------------------------------------------------------------------------------
+
+    async def route_quorum(self, member: Member, raw: bytes, time_remaining: float | None,
+                           forwarded_by: str | None, context: grpc.aio.ServicerContext) -> bytes:
+        """Answer a Quorum call from the leader's coordinator, wherever it is, until the deadline."""
+        loop = asyncio.get_running_loop()
+        deadline = None if time_remaining is None else loop.time() + time_remaining
+
+        def remaining() -> float | None:
+            """Seconds until this node gives up, a margin before the caller's deadline."""
+            return None if deadline is None else deadline - loop.time() - DEADLINE_MARGIN_S
+
+        attempt = 0
+        while True:
+            left = remaining()
+            if left is not None and left <= 0:
+                # torchft's lighthouse never ends a waiting call; its client's own timer does, with
+                # exactly this status. Answering it just before the deadline keeps trainers'
+                # error handling (and torchft's tests) seeing the same thing from us.
+                await context.abort(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE)
+            if attempt:
+                self.rerouted_quorum_calls += 1
+            attempt += 1
+            coord = self._leading_coordinator()
+            if coord is not None:
+                try:
+                    return await coord.quorum(member, left, forget_if_cancelled=forwarded_by is not None)
+                except NotLeader:
+                    continue
+                except asyncio.TimeoutError:
+                    continue  # the deadline check above aborts
+            if forwarded_by is not None:
+                # Never forward twice: the origin re-routes once it knows the new leader.
+                await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                    f"node {self._node_id} is not the leader (forwarded by {forwarded_by})")
+            leader = self.remote_leader_address()
+            if leader is not None:
+                try:
+                    self.forwarded_quorum_calls += 1
+                    response = await self._forward_while_leader(
+                        leader, raw, None if left is None else left + DEADLINE_MARGIN_S)
+                    if response is not None:
+                        return response
+                    continue  # the leader moved while the call waited: re-send to the new one
+                except grpc.aio.AioRpcError as e:
+                    code = e.code()
+                    if code == grpc.StatusCode.INVALID_ARGUMENT:
+                        await context.abort(code, e.details() or "invalid argument")
+                    if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED) and \
+                            e.details() in (TIMEOUT_MESSAGE, "Deadline Exceeded"):
+                        # The leader gave up on our behalf: the caller's deadline is (almost) here.
+                        await context.abort(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE)
+                    (log.info if attempt == 1 else log.debug)(
+                        "quorum call for %s via leader %s failed (%s); re-routing", member.replica_id, leader,
+                        code.name)
+                    if self.remote_leader_address() != leader:
+                        continue
+            left = remaining()
+            await self._wait_for_change(REROUTE_POLL_S if left is None else max(0.0, min(REROUTE_POLL_S, left)))
+
+    async def _forward_while_leader(self, leader: str, raw: bytes, timeout: float | None) -> bytes | None:
+        """Forward to ``leader``; give up (None) as soon as Raft names another leader, since a
+        deposed leader can commit nothing and would only fail the call after stepping down."""
+        forward = asyncio.ensure_future(self.forwarder.forward(leader, raw, timeout))
+        changed: asyncio.Future[Any] | None = None
+        try:
+            while True:
+                changed = asyncio.ensure_future(self._changed.wait())
+                done, _ = await asyncio.wait({forward, changed}, return_when=asyncio.FIRST_COMPLETED)
+                if forward in done:
+                    return forward.result()
+                if self.remote_leader_address() != leader:
+                    return None
+        finally:
+            for fut in (forward, changed):
+                if fut is not None and not fut.done():
+                    fut.cancel()
+
+    async def answer_forwarded(self, raw: bytes, timeout: float | None) -> bytes:
+        """The leader's side of a call forwarded on a batched stream (``forwarding.QuorumForwarder``):
+        what ``route_quorum`` does for a call carrying ``FORWARDED_HEADER`` (``timeout`` is that
+        call's deadline), failures raised as the ``grpc.aio.AioRpcError`` it would have ended with."""
+        try:
+            member = validate_requester(pb.LighthouseQuorumRequest.FromString(raw), self._max_member_bytes, raw)
+        except DecodeError as e:
+            raise forward_error(grpc.StatusCode.INVALID_ARGUMENT, f"malformed LighthouseQuorumRequest: {e}") from None
+        except InvalidRequest as e:
+            raise forward_error(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        left = None if timeout is None else timeout - DEADLINE_MARGIN_S
+        coord = self._leading_coordinator()
+        if coord is not None:
+            if left is not None and left <= 0:
+                raise forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE)
+            try:
+                return await coord.quorum(member, left, forget_if_cancelled=True)
+            except asyncio.TimeoutError:
+                raise forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE) from None
+            except NotLeader:
+                pass
+        raise forward_error(grpc.StatusCode.UNAVAILABLE, f"node {self._node_id} is not the leader (forwarded)")
+
+    # -- heartbeats ------------------------------------------------------------------------------
+
+    def route_heartbeat(self, replica_id: str) -> None:
+        coord = self._leading_coordinator()
+        if coord is not None:
+            coord.heartbeat(replica_id)
+        else:
+            self.heartbeats.add(replica_id)
+
+    def accept_heartbeat_batch(self, replica_ids: Iterable[str]) -> bool:
+        """A follower's batch (``ForwardHeartbeats``): recorded, and True, while this node has a
+        coordinator with a term; False otherwise (the follower's batch fails FAILED_PRECONDITION)."""
+        coord = self._node.coordinator
+        if coord is None or coord.term is None:
+            return False
+        for rid in replica_ids:
+            coord.heartbeat(rid)
+        return True
