@@ -1,6 +1,6 @@
-"""`lighthouse-cluster bench`: the --quick smoke run (integration) and the pure pieces (unit).
+"""The benchmarks (`python -m benchmarks`): the --quick smoke run (integration) and the pure pieces (unit).
 
-The smoke test runs the real thing (`python -m lighthouse_cluster.bench run --quick`): it starts
+The smoke test runs the real thing (`python -m benchmarks run --quick`): it starts
 torchft_lighthouse, 3-node clusters, trainers and transfer processes, and must finish well within
 its timeout. It checks that the results JSON has every section with sane numbers, and that the
 markdown table and the PNG were written -- not the performance targets, which depend on the
@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from lighthouse_cluster.bench.loadgen import analyze_rounds, first_answers_after
-from lighthouse_cluster.bench.profile import top_functions
-from lighthouse_cluster.bench.report import _plain_png, evaluate_targets, markdown
-from lighthouse_cluster.bench.rounds import summarize
+from benchmarks import skip_reason
+from benchmarks.loadgen import analyze_rounds, first_answers_after
+from benchmarks.profile import top_functions
+from benchmarks.report import _plain_png, evaluate_targets, markdown
+from benchmarks.rounds import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -89,7 +90,7 @@ def _fake_results() -> dict:
                                                "summary": {"trials": 1, "median_s": 2.0, "max_s": 2.0,
                                                            "min_s": 2.0}}]}},
             "sdk": {"summary": {"torchft": {"torchft_ms": 10.0, "ftclient_ms": None, "ratio": None,
-                                            "ftclient_skipped": "ftclient is not importable: ImportError"}},
+                                            "ftclient_skipped": "torch is not installed", "errors": []}},
                     "runs": []},
             "recovery": {"trials": 1, "summary": [{"size_mb": 64, "torchft": {"recv_s": 0.1, "mb_per_s": 640.0},
                                                     "ftclient": {"recv_s": 0.05, "mb_per_s": 1280.0},
@@ -116,7 +117,7 @@ def test_markdown_has_every_section_and_the_skip_reason(tmp_path: Path):
     for heading in ("## Targets", "## Quorum rounds", "## Failover", "## SDK step overhead", "## Live recovery",
                     "## Footprint (idle)"):
         assert heading in text
-    assert "ftclient is not importable" in text
+    assert "skipped: torch is not installed" in text
     assert "![results](bench.png)" in text
     png = tmp_path / "plain.png"
     _plain_png(res, png)
@@ -133,6 +134,109 @@ def test_py_spy_raw_profiles_are_summarized(tmp_path: Path):
     assert ("run (a/b.py:1)", 100.0) in t["total"]
 
 
+# -- unit: a failed measurement is an error, only a missing optional package a skip -------------------
+
+
+def test_only_a_missing_optional_package_is_a_skip_reason():
+    assert skip_reason(ModuleNotFoundError("No module named 'torchft'", name="torchft")).startswith(
+        "torchft is not installed")
+    assert skip_reason(ModuleNotFoundError("No module named 'torch'", name="torch"))
+    # This repository's SDK, a broken install of an optional package, any other failure: errors.
+    assert skip_reason(ModuleNotFoundError("No module named 'ftclient'", name="ftclient")) is None
+    assert skip_reason(ModuleNotFoundError("No module named 'torchft._torchft'", name="torchft._torchft")) is None
+    assert skip_reason(ImportError("cannot import name 'Optimizer' from 'ftclient'", name="ftclient")) is None
+    assert skip_reason(RuntimeError("boom")) is None
+
+
+class _NoLighthouse:
+    """Stands in for torchft_lighthouse in run_sdk: the pairs below are canned."""
+
+    address = "127.0.0.1:1"
+
+    def __init__(self, **_kw: object) -> None:
+        pass
+
+    def start(self) -> float:
+        return 0.0
+
+    def kill(self) -> None:
+        pass
+
+
+def _sdk_with(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ftclient_groups: list[dict]) -> dict:
+    import benchmarks.sdk as sdk
+
+    ok = [{"step_times_s": [0.5] * 5 + [0.010, 0.011, 0.012, 0.013], "final_step": 9} for _ in range(2)]
+
+    def pair(which: str, *_a: object) -> dict:
+        return {"groups": ok if which == "torchft" else ftclient_groups, "log_dir": str(tmp_path)}
+
+    monkeypatch.setattr(sdk, "RustLighthouse", _NoLighthouse)
+    monkeypatch.setattr(sdk, "_run_pair", pair)
+    return sdk.run_sdk(9, 5, ["torchft"], tmp_path, say=lambda _s: None)
+
+
+def test_an_errored_ftclient_run_is_an_error_not_a_skip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    out = _sdk_with(monkeypatch, tmp_path, [
+        {"step_times_s": [0.01] * 9}, {"error": "cannot import ftclient: ImportError: cannot import name 'Manager'"}])
+    ftc = next(r for r in out["runs"] if r["sdk"] == "ftclient")
+    assert "skipped" not in ftc and "cannot import name 'Manager'" in ftc["error"]
+    summary = out["summary"]["torchft"]
+    assert summary["ftclient_ms"] is None and summary["ftclient_skipped"] is None
+    assert len(summary["errors"]) == 1 and len(out["errors"]) == 1
+    assert summary["torchft_ms"] == pytest.approx(11.5)  # statistics.median: the mean of the middle two
+    text = markdown({"sections": {"sdk": out}})
+    assert "error (below)" in text and "Errors (this section failed):" in text and "skipped" not in text
+
+
+def test_a_missing_optional_package_is_a_listed_skip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    out = _sdk_with(monkeypatch, tmp_path, [{"skipped": "torch is not installed"}] * 2)
+    assert out["errors"] == []
+    summary = out["summary"]["torchft"]
+    assert summary["ftclient_skipped"] == "torch is not installed" and summary["errors"] == []
+    assert "skipped: torch is not installed" in markdown({"sections": {"sdk": out}})
+
+
+def test_a_failed_recovery_transfer_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    import benchmarks.recovery as recovery
+
+    def one(impl: str, size_mb: int, *_a: object) -> dict:
+        if impl == "ftclient":
+            return {"error": "recv: tensor 3 differs"}
+        return {"recv_s": 0.1, "mb_per_s": 640.0, "bytes": size_mb * 2**20, "recv_peak_rss_mb": 1.0,
+                "send_peak_rss_mb": 1.0, "send_checkpoint_s": 0.01}
+
+    monkeypatch.setattr(recovery, "_one", one)
+    out = recovery.run_recovery([64], 1, tmp_path, say=lambda _s: None)
+    assert out["errors"] == ["ftclient 64 MB, trial 0: recv: tensor 3 differs"]
+    row = out["summary"][0]
+    assert row["ftclient"] == {"error": "recv: tensor 3 differs"} and row["throughput_ratio"] is None
+    assert "error (below)" in markdown({"sections": {"recovery": out}})
+
+
+@pytest.mark.parametrize("worker", ["sdk_worker", "recovery_worker"])
+def test_workers_skip_only_when_an_optional_package_is_missing(tmp_path: Path, worker: str):
+    """The real worker processes: ftclient that cannot be imported is an error (exit 1); torchft
+    not installed is a skip (exit 3). Both exit before torch is imported."""
+    from import_blocker import blocking_env
+
+    for impl, blocked, code, key in (("ftclient", "ftclient", 1, "error"), ("torchft", "torchft", 3, "skipped")):
+        d = tmp_path / f"{impl}"
+        d.mkdir()
+        if worker == "sdk_worker":
+            args = ["--sdk", impl, "--group", "0", "--out", str(d / "recv.json"), "--ready-file", str(d / "ready"),
+                    "--go-file", str(d / "go")]
+        else:
+            args = ["--impl", impl, "--role", "recv", "--size-mb", "1", "--dir", str(d)]
+        env = blocking_env(d, (blocked,))
+        proc = subprocess.run([sys.executable, "-m", f"benchmarks.{worker}", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == code, (impl, proc.stdout, proc.stderr)
+        result = json.loads((d / "recv.json").read_text())
+        assert list(result) == [key], result
+        assert blocked in result[key]
+
+
 # -- integration: the --quick run ----------------------------------------------------------------------
 
 
@@ -143,7 +247,7 @@ def test_quick_bench_writes_every_section(tmp_path: Path):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "lighthouse_cluster.bench", "run", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "benchmarks", "run", "--quick", "--out", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     results = out / "bench-quick.json"
     failed = ""
@@ -160,6 +264,7 @@ def test_quick_bench_writes_every_section(tmp_path: Path):
     assert set(sections) == {"rounds", "failover", "sdk", "recovery", "footprint"}
     for name, sec in sections.items():
         assert "error" not in sec, f"section {name} failed: {sec.get('error')}\n{sec.get('traceback', '')}"
+        assert not sec.get("errors"), f"section {name} had failed runs: {sec['errors']}"
 
     # 1. rounds: every system completed rounds at every N, with positive latencies and CPU figures
     summary = sections["rounds"]["summary"]
@@ -182,15 +287,21 @@ def test_quick_bench_writes_every_section(tmp_path: Path):
         assert 0 < run["summary"]["median_s"] <= run["summary"]["max_s"] < 20
     assert all(run["quorum_ids_monotonic"] for run in fo["cluster"]["runs"])
 
-    # 3. SDK: torchft measured; ftclient measured or skipped with a reason
+    # 3. SDK: both measured. torchft (hence torch) is importable here, so nothing may be skipped:
+    # ftclient is this repository's, and an ftclient run that failed is an error, above and here.
+    for run in sections["sdk"]["runs"]:
+        assert "skipped" not in run and "error" not in run, run
+        assert run["final_steps"] == [sections["sdk"]["steps"]] * 2, run  # every step committed
     sdk = sections["sdk"]["summary"]["torchft"]
-    assert sdk["torchft_ms"] > 0
-    assert (sdk["ftclient_ms"] or 0) > 0 or sdk["ftclient_skipped"]
+    assert sdk["torchft_ms"] > 0 and sdk["ftclient_ms"] > 0 and sdk["ratio"] > 0, sdk
+    assert sdk["ftclient_skipped"] is None and sdk["errors"] == []
 
-    # 4. recovery: torchft's transport measured; ftclient's measured or skipped with a reason
+    # 4. recovery: both transports measured, every tensor checked (a mismatch is an error)
+    for run in sections["recovery"]["runs"]:
+        assert "skipped" not in run and "error" not in run, run
     for row in sections["recovery"]["summary"]:
-        assert row["torchft"]["recv_s"] > 0 and row["torchft"]["mb_per_s"] > 0
-        assert row["ftclient"].get("recv_s", 0) > 0 or row["ftclient"].get("skipped")
+        for impl in ("torchft", "ftclient"):
+            assert row[impl]["recv_s"] > 0 and row[impl]["mb_per_s"] > 0, row
 
     # 5. footprint: three nodes and torchft_lighthouse, with resident memory
     fp = sections["footprint"]
@@ -201,13 +312,13 @@ def test_quick_bench_writes_every_section(tmp_path: Path):
 
 
 def test_python_grpc_floor_answers_a_full_round_once_every_requester_is_in(tmp_path: Path):
-    """The floor (bench/grpc_floor.py) must really answer rounds, or its figures mean nothing:
+    """The floor (benchmarks/grpc_floor.py) must really answer rounds, or its figures mean nothing:
     it holds Quorum calls until min_replicas are in, then answers them all with one quorum."""
     import concurrent.futures
 
     import grpc
 
-    from lighthouse_cluster.bench.procs import GrpcFloor
+    from benchmarks.procs import GrpcFloor
     from lighthouse_cluster.proto import torchft_pb2 as pb
     from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
 

@@ -7,6 +7,7 @@ a plain bar chart of rounds/s with a minimal PNG writer.
 
 from __future__ import annotations
 
+import statistics
 import struct
 import zlib
 from pathlib import Path
@@ -96,6 +97,8 @@ def markdown(res: dict, png_name: str | None = None) -> str:
             lines += [f"## {name}", "", f"Not measured: {s.get('skipped') or s.get('error')}", ""]
             continue
         lines += render(s)
+        if s.get("errors"):
+            lines += ["Errors (this section failed):", ""] + [f"- {e}" for e in s["errors"]] + [""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -179,7 +182,7 @@ def _md_sdk(s: dict) -> list[str]:
            "| lighthouse | torchft Manager | ftclient Manager | ratio |", "|---|---|---|---|"]
     for lh, r in s.get("summary", {}).items():
         f = _fmt(r.get("ftclient_ms"), 2, " ms") if r.get("ftclient_ms") is not None else \
-            f"skipped: {r.get('ftclient_skipped')}"
+            "error (below)" if r.get("errors") else f"skipped: {r.get('ftclient_skipped')}"
         out.append(f"| {lh} | {_fmt(r.get('torchft_ms'), 2, ' ms')} | {f} | {_fmt(r.get('ratio'), 2, 'x')} |")
     notes = sorted({n for run in s.get("runs", []) for n in run.get("notes", [])})
     out += [""] + [f"Note: {n}." for n in notes] + ([""] if notes else [])
@@ -197,7 +200,7 @@ def _md_recovery(s: dict) -> list[str]:
         def cell(impl: str) -> str:
             r = row.get(impl, {})
             if "recv_s" not in r:
-                return f"skipped: {r.get('skipped')}"
+                return "error (below)" if "error" in r else f"skipped: {r.get('skipped')}"
             return f"{r['recv_s']:.3f} s ({r['mb_per_s']:.0f} MB/s)"
         rss = f"{_fmt(row.get('torchft', {}).get('recv_peak_rss_mb'), 0)} / " \
               f"{_fmt(row.get('ftclient', {}).get('recv_peak_rss_mb'), 0)} MB"
@@ -276,7 +279,7 @@ def plot(res: dict, path: Path) -> str:
     for i, d in enumerate(data):
         if d:
             ax.scatter([i] * len(d), d, alpha=0.6)
-            ax.hlines(sorted(d)[len(d) // 2], i - 0.3, i + 0.3, color="k")
+            ax.hlines(statistics.median(d), i - 0.3, i + 0.3, color="k")
     ax.axhline(0.5, color="tab:red", linestyle=":", label="target median 0.5 s")
     ax.axhline(1.5, color="tab:red", linestyle="--", label="target max 1.5 s")
     ax.set_xticks(range(len(labels)))

@@ -8,7 +8,7 @@ heartbeats, has no quorum rules); the rounds section runs it beside the real sys
 ``pyfloor``) to show how much of the gap to the Rust server is Python gRPC itself on the
 machine at hand, whatever the cluster does on top (benchmarks/README.md, F10).
 
-Run: ``python -m lighthouse_cluster.bench.grpc_floor --bind 127.0.0.1:PORT --min_replicas N``.
+Run: ``python -m benchmarks.grpc_floor --bind 127.0.0.1:PORT --min_replicas N``.
 """
 
 from __future__ import annotations

@@ -4,6 +4,10 @@ For each size and implementation (torchft's ``HTTPTransport`` and ftclient's), a
 receiver process (``recovery_worker``) move the state dict over loopback; the figure is the
 receiver's ``recv_checkpoint`` wall time (and MB/s), median over the trials. Peak resident memory
 of both sides is recorded too (a transport that buffers the whole checkpoint shows up there).
+
+A transfer whose worker reports ``skipped`` (torch or torchft not installed) is listed as skipped;
+any other failure is an error: in the run, in the summary row and in the section's ``errors``,
+which fails the bench.
 """
 
 from __future__ import annotations
@@ -12,12 +16,11 @@ import json
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .procs import kill_process
+from .procs import child_env, kill_process, worker_command
 
 
 def _one(impl: str, size_mb: int, workdir: Path, timeout_s: float) -> dict:
@@ -30,9 +33,10 @@ def _one(impl: str, size_mb: int, workdir: Path, timeout_s: float) -> dict:
             log = open(d / f"{role}.log", "wb")
             try:
                 procs[role] = subprocess.Popen(
-                    [sys.executable, "-m", "lighthouse_cluster.bench.recovery_worker", "--impl", impl, "--role", role,
-                     "--size-mb", str(size_mb), "--dir", str(d), "--timeout", str(timeout_s)],
-                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                    worker_command("recovery_worker", "--impl", impl, "--role", role, "--size-mb", str(size_mb),
+                                   "--dir", str(d), "--timeout", str(timeout_s)),
+                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                    env=child_env())
             finally:
                 log.close()
         deadline = time.monotonic() + timeout_s + 60
@@ -49,12 +53,12 @@ def _one(impl: str, size_mb: int, workdir: Path, timeout_s: float) -> dict:
         else:
             tail = (d / f"{role}.log").read_text(errors="replace").splitlines()[-6:]
             res[role] = {"error": f"{role} wrote no result (exit {procs[role].returncode}): " + " | ".join(tail)}
+    errors = [f"{role}: {res[role]['error']}" for role in ("send", "recv") if res[role].get("error")]
+    if errors:
+        return {"error": "; ".join(errors), "log_dir": str(d)}
     skipped = res["send"].get("skipped") or res["recv"].get("skipped")
     if skipped:
         return {"skipped": skipped}
-    err = res["recv"].get("error") or res["send"].get("error")
-    if err:
-        return {"error": err}
     shutil.rmtree(d, ignore_errors=True)
     return {"recv_s": round(res["recv"]["recv_s"], 4), "mb_per_s": round(res["recv"]["mb_per_s"], 1),
             "bytes": res["recv"]["bytes"], "recv_peak_rss_mb": round(res["recv"]["peak_rss_mb"], 1),
@@ -72,7 +76,7 @@ def run_recovery(sizes_mb: list[int], trials: int, workdir: Path, say: Callable[
                 runs.append(r)
                 say(f"  recovery {impl:8s} {size:5d} MB: " + (
                     f"{r['recv_s']:.3f} s ({r['mb_per_s']:.0f} MB/s), receiver peak RSS {r['recv_peak_rss_mb']:.0f} MB"
-                    if "recv_s" in r else f"SKIPPED/FAILED: {r.get('skipped') or r.get('error')}"))
+                    if "recv_s" in r else f"SKIPPED: {r['skipped']}" if "skipped" in r else f"ERROR: {r['error']}"))
     summary = []
     for size in sizes_mb:
         row: dict[str, Any] = {"size_mb": size}
@@ -84,9 +88,12 @@ def run_recovery(sizes_mb: list[int], trials: int, workdir: Path, say: Callable[
                              "recv_peak_rss_mb": max(r["recv_peak_rss_mb"] for r in rs),
                              "send_peak_rss_mb": max(r["send_peak_rss_mb"] for r in rs)}
             else:
-                bad = [r.get("skipped") or r.get("error") for r in runs if r["impl"] == impl and r["size_mb"] == size]
-                row[impl] = {"skipped": bad[0] if bad else "not run"}
+                mine = [r for r in runs if r["impl"] == impl and r["size_mb"] == size]
+                errors = [r["error"] for r in mine if "error" in r]
+                skipped = [r["skipped"] for r in mine if "skipped" in r]
+                row[impl] = {"error": errors[0]} if errors else {"skipped": skipped[0] if skipped else "not run"}
         t, f = row["torchft"].get("mb_per_s"), row["ftclient"].get("mb_per_s")
         row["throughput_ratio"] = round(f / t, 3) if t and f else None
         summary.append(row)
-    return {"trials": trials, "num_chunks": 0, "runs": runs, "summary": summary}
+    errors = [f"{r['impl']} {r['size_mb']} MB, trial {r['trial']}: {r['error']}" for r in runs if "error" in r]
+    return {"trials": trials, "num_chunks": 0, "runs": runs, "summary": summary, "errors": errors}

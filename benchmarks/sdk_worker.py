@@ -1,13 +1,14 @@
 """One replica group training a small model on CPU with torchft's or ftclient's SDK (section 3).
 
-Run by ``lighthouse_cluster.bench.sdk`` as ``python -m lighthouse_cluster.bench.sdk_worker``, two
+Run by ``benchmarks.sdk`` as ``python -m benchmarks.sdk_worker``, two
 processes per measurement. Both SDKs run the same script: the same model, data, optimizer and
 process group, ``Manager(..., use_async_quorum=True)`` with ``DistributedDataParallel`` and the
 ``Optimizer`` wrapper, a TCPStore of its own, the lighthouse from ``TORCHFT_LIGHTHOUSE``. A
 step is ``zero_grad`` (starts the quorum) + forward + backward (allreduce through the manager)
 + ``step`` (should_commit, then the optimizer step); its wall time is recorded.
 
-Exit status 3 (with a JSON ``{"skipped": reason}``) when the SDK cannot be imported.
+Exit status 3 with ``{"skipped": reason}`` when torch or torchft is not installed; any other
+failure to import the SDK is an error (exit status 1 with ``{"error": ...}``).
 """
 
 from __future__ import annotations
@@ -17,31 +18,20 @@ import json
 import os
 import sys
 import time
+import traceback
 from datetime import timedelta
 from pathlib import Path
 
+from benchmarks import skip_reason
 
-def import_sdk(sdk: str) -> tuple[dict, str]:
-    """The SDK's (Manager, DistributedDataParallel, Optimizer, ProcessGroupGloo) and a note."""
+
+def import_sdk(sdk: str) -> dict:
+    """The SDK's Manager, DistributedDataParallel, Optimizer and ProcessGroupGloo."""
     if sdk == "torchft":
         from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
-
-        return dict(Manager=Manager, DDP=DistributedDataParallel, Optimizer=Optimizer, PG=ProcessGroupGloo), ""
-    import ftclient
-
-    names = {"Manager": "Manager", "DDP": "DistributedDataParallel", "Optimizer": "Optimizer",
-             "PG": "ProcessGroupGloo"}
-    out, note = {}, ""
-    for key, name in names.items():
-        obj = getattr(ftclient, name, None)
-        if obj is None and name == "Optimizer" and getattr(ftclient, "OptimizerWrapper", None) is not None:
-            obj = ftclient.OptimizerWrapper
-            note = ("ftclient exports OptimizerWrapper but not Optimizer (torchft exports OptimizerWrapper as "
-                    "Optimizer); used ftclient.OptimizerWrapper")
-        if obj is None:
-            raise ImportError(f"cannot import name {name!r} from 'ftclient'")
-        out[key] = obj
-    return out, note
+    else:
+        from ftclient import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+    return dict(Manager=Manager, DDP=DistributedDataParallel, Optimizer=Optimizer, PG=ProcessGroupGloo)
 
 
 def main() -> int:
@@ -62,10 +52,15 @@ def main() -> int:
         os.replace(tmp, args.out)
 
     try:
-        sdk, note = import_sdk(args.sdk)
-    except Exception as e:  # noqa: BLE001 -- any import failure means "not available yet"
-        write({"skipped": f"{args.sdk} is not importable: {type(e).__name__}: {e}"})
-        return 3
+        sdk = import_sdk(args.sdk)
+    except Exception as e:  # noqa: BLE001 -- recorded: a skip only when an optional package is missing
+        reason = skip_reason(e)
+        if reason:
+            write({"skipped": reason})
+            return 3
+        traceback.print_exc()  # into the worker's log
+        write({"error": f"cannot import {args.sdk}: {type(e).__name__}: {e}"})
+        return 1
 
     import torch
     import torch.distributed as dist
@@ -116,7 +111,7 @@ def main() -> int:
     committed = manager.current_step()
     params = sum(p.numel() for p in model.parameters())
     write({"sdk": args.sdk, "group": args.group, "step_times_s": times, "final_step": committed,
-           "total_s": total, "params": params, "note": note,
+           "total_s": total, "params": params,
            "participants": manager.num_participants()})
     try:
         manager.shutdown(wait=False)

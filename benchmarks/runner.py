@@ -20,10 +20,11 @@ from typing import Any, Callable
 
 from .procs import load_snapshot, machine_info
 
+
 def _command_line() -> str:
     argv = list(sys.argv)
-    if argv and argv[0].endswith(os.path.join("bench", "__main__.py")):
-        argv[0:1] = ["python", "-m", "lighthouse_cluster.bench"]
+    if argv and argv[0].endswith(os.path.join("benchmarks", "__main__.py")):
+        argv[0:1] = ["python", "-m", "benchmarks"]
     elif argv and os.path.basename(argv[0]) == "lighthouse-cluster":
         argv[0] = "lighthouse-cluster"
     return " ".join(argv)
@@ -188,7 +189,7 @@ def _profiles(opts: BenchOptions, workdir: Path, say: Callable[[str], None]) -> 
     from .rounds import RoundsConfig, run_one
 
     if sh.which("py-spy") is None:
-        return {"skipped": "py-spy is not installed (pip install 'lighthouse-cluster[bench]')"}
+        return {"skipped": "py-spy is not installed (pip install -e '.[bench]')"}
     prof_dir = opts.out_dir / "profiles"
     cfg = RoundsConfig(duration_s=max(5.0, opts.duration_s), workers=opts.workers, profile_dir=prof_dir,
                        profile_ns=tuple(opts.profile_ns))

@@ -21,6 +21,21 @@ from pathlib import Path
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
+# The repository root: child processes run ``python -m benchmarks.<worker>`` with it on their path,
+# whatever directory the bench was started from.
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def worker_command(module: str, *args: str) -> list[str]:
+    """``python -m benchmarks.<module> ARGS`` with this interpreter (pair it with ``child_env``)."""
+    return [sys.executable, "-m", f"{__package__}.{module}", *args]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment plus ``extra``, with the checkout first on PYTHONPATH."""
+    env = {**os.environ, **extra}
+    env["PYTHONPATH"] = os.pathsep.join([str(CHECKOUT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
 
 
 def _read_stat(pid: int) -> tuple[int, float] | None:
@@ -224,7 +239,7 @@ class RustLighthouse:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True, env={**os.environ, "RUST_LOG": "warn"})
+                                            start_new_session=True, env=child_env(RUST_LOG="warn"))
         if not wait_port(self.host, self.port, timeout):
             code = self.process.poll()
             self.kill()
@@ -253,14 +268,13 @@ class RustLighthouse:
 
 
 class GrpcFloor(RustLighthouse):
-    """``bench/grpc_floor.py`` (the Python gRPC floor) as a child process, handled like
+    """``benchmarks/grpc_floor.py`` (the Python gRPC floor) as a child process, handled like
     torchft_lighthouse (the timeouts are ignored: it has none)."""
 
     name = "grpc_floor"
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "lighthouse_cluster.bench.grpc_floor", "--bind", self.address,
-                "--min_replicas", str(self.min_replicas)]
+        return worker_command("grpc_floor", "--bind", self.address, "--min_replicas", str(self.min_replicas))
 
 
 def kill_process(p: subprocess.Popen | None, timeout: float = 10.0) -> None:

@@ -6,21 +6,23 @@ first ``warmup`` steps (first quorum, process group set-up) are dropped; the fig
 step time over both groups. Lighthouses: ``torchft`` (torchft_lighthouse: isolates the SDKs) and,
 in the full run, ``cluster`` (our 3 nodes: torchft's Manager gets the leader's URL, ftclient
 the endpoint list).
+
+A run whose worker reports ``skipped`` (torch or torchft not installed) is listed as skipped; any
+other failure is an error: in the run, in the summary and in the section's ``errors``, which
+fails the bench.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from lighthouse_cluster.local.cluster import LocalCluster
-from .procs import RustLighthouse, kill_process
+from .procs import RustLighthouse, child_env, kill_process, worker_command
 
 WORKER_TIMEOUT_S = 180.0
 
@@ -35,17 +37,15 @@ def _run_pair(sdk: str, lighthouse_url: str, steps: int, workdir: Path, tag: str
     readies = [run_dir / f"group{g}.ready" for g in range(2)]
     for p in outs + readies:
         p.unlink(missing_ok=True)
-    env = {**os.environ, "TORCHFT_LIGHTHOUSE": lighthouse_url, "TORCHFT_QUORUM_TIMEOUT_SEC": "30",
-           "TORCHFT_TIMEOUT_SEC": "30", "TORCHFT_CONNECT_TIMEOUT_SEC": "30", "RUST_LOG": "warn",
-           "OMP_NUM_THREADS": "1"}
+    env = child_env(TORCHFT_LIGHTHOUSE=lighthouse_url, TORCHFT_QUORUM_TIMEOUT_SEC="30", TORCHFT_TIMEOUT_SEC="30",
+                    TORCHFT_CONNECT_TIMEOUT_SEC="30", RUST_LOG="warn", OMP_NUM_THREADS="1")
     try:
         for g in range(2):
             log = open(run_dir / f"group{g}.log", "wb")
             try:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "lighthouse_cluster.bench.sdk_worker", "--sdk", sdk, "--group", str(g),
-                     "--steps", str(steps), "--out", str(outs[g]), "--ready-file", str(readies[g]),
-                     "--go-file", str(go)],
+                    worker_command("sdk_worker", "--sdk", sdk, "--group", str(g), "--steps", str(steps),
+                                   "--out", str(outs[g]), "--ready-file", str(readies[g]), "--go-file", str(go)),
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                     start_new_session=True))
             finally:
@@ -73,15 +73,20 @@ def _run_pair(sdk: str, lighthouse_url: str, steps: int, workdir: Path, tag: str
     return {"groups": results, "log_dir": str(run_dir)}
 
 
-def _median_step(pair: dict, warmup: int) -> tuple[float | None, str | None]:
-    times: list[float] = []
-    for r in pair["groups"]:
-        if "skipped" in r:
-            return None, r["skipped"]
-        if "error" in r:
-            return None, r["error"]
-        times += r["step_times_s"][warmup:]
-    return (statistics.median(times) if times else None), None
+def _outcome(pair: dict, warmup: int) -> dict:
+    """``{"error": ...}`` when a group failed, else ``{"skipped": ...}`` when a group skipped (an
+    optional package is missing), else the step times after ``warmup`` of both groups together."""
+    groups = pair["groups"]
+    errors = [f"group {g}: {r['error']}" for g, r in enumerate(groups) if "error" in r]
+    if errors:
+        return {"error": "; ".join(errors)}
+    skipped = [r["skipped"] for r in groups if "skipped" in r]
+    if skipped:
+        return {"skipped": skipped[0]}
+    times = [t for r in groups for t in r["step_times_s"][warmup:]]
+    if len(times) < 2:
+        return {"error": f"{len(times)} step(s) measured after {warmup} warm-up steps"}
+    return {"times": times}
 
 
 def run_sdk(steps: int, warmup: int, lighthouses: list[str], workdir: Path, say: Callable[[str], None],
@@ -111,20 +116,22 @@ def run_sdk(steps: int, warmup: int, lighthouses: list[str], workdir: Path, say:
                         pair = _run_pair(sdk, url, steps, workdir, f"{lh_kind}{rep}")
                     finally:
                         cluster.stop_all()
-                med, problem = _median_step(pair, warmup)
-                run["median_step_ms"] = None if med is None else round(med * 1000, 3)
-                run["notes"] = sorted({g.get("note") for g in pair["groups"] if g.get("note")})
-                if problem:
-                    run["skipped" if "not importable" in problem else "error"] = problem
-                else:
-                    all_t = [t for g in pair["groups"] for t in g["step_times_s"][warmup:]]
-                    run["p90_step_ms"] = round(statistics.quantiles(all_t, n=10)[-1] * 1000, 3)
+                got = _outcome(pair, warmup)
+                if "times" in got:
+                    times = got["times"]
+                    run["median_step_ms"] = round(statistics.median(times) * 1000, 3)
+                    run["p90_step_ms"] = round(statistics.quantiles(times, n=10, method="inclusive")[-1] * 1000, 3)
                     run["final_steps"] = [g.get("final_step") for g in pair["groups"]]
+                    say(f"  sdk {sdk:8s} (lighthouse {lh_kind}): median step {run['median_step_ms']:.2f} ms, "
+                        f"committed steps {run['final_steps']}")
+                else:
+                    run.update(got, median_step_ms=None, log_dir=pair["log_dir"])
+                    say(f"  sdk {sdk:8s} (lighthouse {lh_kind}): "
+                        + (f"SKIPPED: {got['skipped']}" if "skipped" in got else f"ERROR: {got['error']}"))
                 out["runs"].append(run)
-                say(f"  sdk {sdk:8s} (lighthouse {lh_kind}): " + (
-                    f"median step {run['median_step_ms']:.2f} ms, committed steps {run.get('final_steps')}"
-                    if run["median_step_ms"] is not None else f"SKIPPED/FAILED: {problem}"))
     out["summary"] = _summary(out["runs"])
+    out["errors"] = [f"{r['sdk']} (lighthouse {r['lighthouse']}, repeat {r['repeat']}): {r['error']}"
+                     for r in out["runs"] if "error" in r]
     return out
 
 
@@ -135,9 +142,10 @@ def _summary(runs: list[dict]) -> dict:
                     and r.get("median_step_ms") is not None] for sdk in ("torchft", "ftclient")}
         t = statistics.median(by["torchft"]) if by["torchft"] else None
         f = statistics.median(by["ftclient"]) if by["ftclient"] else None
-        skipped = [r.get("skipped") or r.get("error") for r in runs
-                   if r["lighthouse"] == lh_kind and r["sdk"] == "ftclient" and (r.get("skipped") or r.get("error"))]
+        mine = [r for r in runs if r["lighthouse"] == lh_kind]
+        skipped = [r["skipped"] for r in mine if r["sdk"] == "ftclient" and "skipped" in r]
         res[lh_kind] = {"torchft_ms": t, "ftclient_ms": f,
                         "ratio": round(f / t, 3) if t and f else None,
-                        "ftclient_skipped": skipped[0] if skipped and f is None else None}
+                        "ftclient_skipped": skipped[0] if skipped and f is None else None,
+                        "errors": [f"{r['sdk']}: {r['error']}" for r in mine if "error" in r]}
     return res

@@ -1,11 +1,12 @@
 """One side of a live-recovery transfer (section 4): ``--role send`` or ``--role recv``.
 
-Run by ``lighthouse_cluster.bench.recovery`` as two processes, like a healthy and a healing
+Run by ``benchmarks.recovery`` as two processes, like a healthy and a healing
 replica: the sender builds a state dict of ``--size-mb`` (model weights and optimizer state, 4 MiB
 float32 tensors plus a few scalars, shaped like ``{"model": ..., "optim": ...}``), serves it with
 ``send_checkpoint`` and publishes ``metadata()``; the receiver times ``recv_checkpoint`` and checks
 every tensor. Both use the implementation's ``HTTPTransport(timeout, num_chunks=0)``, as the
-managers do by default. Exit status 3 with ``{"skipped": reason}`` when it cannot be imported.
+managers do by default. Exit status 3 with ``{"skipped": reason}`` when torch or torchft is not
+installed; any other failure to import the transport is an error (exit 1, ``{"error": ...}``).
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ import os
 import resource
 import sys
 import time
+import traceback
 from datetime import timedelta
 from pathlib import Path
+
+from benchmarks import skip_reason
 
 TENSOR_BYTES = 4 * 2**20
 STEP = 7
@@ -76,9 +80,14 @@ def main() -> int:
 
     try:
         cls = transport_class(args.impl)
-    except Exception as e:  # noqa: BLE001 -- any import failure means "not available yet"
-        write({"skipped": f"{args.impl} HTTPTransport is not importable: {type(e).__name__}: {e}"})
-        return 3
+    except Exception as e:  # noqa: BLE001 -- recorded: a skip only when an optional package is missing
+        reason = skip_reason(e)
+        if reason:
+            write({"skipped": reason})
+            return 3
+        traceback.print_exc()  # into the worker's log
+        write({"error": f"cannot import {args.impl}'s HTTPTransport: {type(e).__name__}: {e}"})
+        return 1
     import torch
 
     torch.set_num_threads(1)

@@ -1,10 +1,12 @@
-"""`lighthouse-cluster bench`: side-by-side benchmarks against torchft's Rust lighthouse.
+"""``python -m benchmarks``: side-by-side benchmarks against torchft's Rust lighthouse.
 
-    lighthouse-cluster bench run            # full run (~15 min on 2 cores): benchmarks/bench.{json,md,png}
-    lighthouse-cluster bench run --quick    # smoke run (< 2 min): benchmarks/bench-quick.{json,md,png}
-    lighthouse-cluster bench report benchmarks/bench.json   # re-render the table and plot
+From the repository root, with the ``bench`` extra installed (``pip install -e '.[bench]'``):
 
-Also runnable as ``python -m lighthouse_cluster.bench ...``.
+    python -m benchmarks run            # full run (~15 min on 2 cores): benchmarks/bench.{json,md,png}
+    python -m benchmarks run --quick    # smoke run (< 2 min): benchmarks/bench-quick.{json,md,png}
+    python -m benchmarks report benchmarks/bench.json   # re-render the table and plot
+
+``lighthouse-cluster bench ...`` hands over to this group when run from a source checkout.
 """
 
 from __future__ import annotations
@@ -61,7 +63,13 @@ def run(quick: bool, out_dir: Path, name: str | None, sections: str, ns: str | N
         recovery_trials: int | None, footprint_s: float | None, profile_ns: str | None,
         workdir: Path | None) -> None:
     """Start every system under test, measure, write <out>/<name>.{json,md,png}."""
+    from . import INSTALL_HINT, missing_modules
     from .runner import run_bench
+
+    missing = missing_modules()
+    if missing:
+        click.echo(f"error: the benchmarks need {', '.join(missing)}: {INSTALL_HINT}", err=True)
+        sys.exit(2)
 
     chosen = tuple(s.strip() for s in sections.split(",") if s.strip())
     unknown = [s for s in chosen if s not in SECTIONS]
@@ -76,7 +84,7 @@ def run(quick: bool, out_dir: Path, name: str | None, sections: str, ns: str | N
     res = run_bench(opts, say=lambda s: click.echo(s))
     stem = opts.name or ("bench-quick" if quick else "bench")
     click.echo(f"\nwrote {out_dir / stem}.json, .md, .png ({res['duration_s']} s)")
-    failed = [k for k, v in res["sections"].items() if "error" in v]
+    failed = [k for k, v in res["sections"].items() if "error" in v or v.get("errors")]
     for t in res.get("targets", []):
         mark = {True: "met", False: "MISSED", None: "n/a"}[t["met"]]
         click.echo(f"  {mark:6s} {t['name']}: {t['value']} (target {t['target']})")
@@ -101,4 +109,4 @@ def report(results: Path, out_dir: Path | None) -> None:
 
 
 def main() -> None:
-    bench(prog_name="lighthouse-cluster bench")
+    bench(prog_name="python -m benchmarks")
