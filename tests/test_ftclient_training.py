@@ -43,6 +43,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -309,11 +310,6 @@ class Harness:
                 self.rust.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-
-
-def median(values: list[float]) -> float:
-    s = sorted(values)
-    return s[len(s) // 2] if s else 0.0
 
 
 @pytest.fixture

@@ -52,6 +52,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 from typing import Callable, Iterator
 
 import pytest
@@ -319,11 +320,6 @@ def slowest_step_around(recs: list[dict], t: float) -> dict | None:
     """The slowest step among those running at time ``t`` and the two after it."""
     around = [r for r in recs if r["t_end"] >= t][:3]
     return max(around, key=lambda r: r["duration_s"], default=None)
-
-
-def median(values: list[float]) -> float:
-    s = sorted(values)
-    return s[len(s) // 2] if s else 0.0
 
 
 @pytest.fixture
