@@ -22,13 +22,16 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.distributed import TCPStore
 from torch.futures import Future
 from torch.utils.data import Dataset
 
+from ftclient.checkpointing import HTTPTransport
 from ftclient.data import DistributedSampler
 from ftclient.ddp import DistributedDataParallel
+from ftclient.manager import Manager
 from ftclient.optim import Optimizer, OptimizerWrapper
-from ftclient.process_group import _DummyWork
+from ftclient.process_group import ProcessGroupGloo, _DummyWork
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -285,7 +288,8 @@ def test_sampler_numbering_matches_torchft() -> None:
     sampler = DistributedSampler(_Range(1000), replica_rank=0, num_replica_groups=2, group_rank=1, num_replicas=4)
     assert sampler.global_rank == 1  # the ranks of one replica group are consecutive
 
-    torchft_data = pytest.importorskip("torchft.data")
+    import torchft.data as torchft_data  # the interop extra: a missing torchft fails this test
+
     for replica_rank, group_rank in itertools.product(range(3), range(2)):
         ours = DistributedSampler(_Range(50), replica_rank, 3, group_rank=group_rank, num_replicas=2, shuffle=True, seed=5)
         theirs = torchft_data.DistributedSampler(_Range(50), replica_rank, 3, group_rank=group_rank, num_replicas=2, shuffle=True, seed=5)
@@ -313,12 +317,6 @@ class _Replica:
     """One single-rank replica group: model, AdamW, Manager, DDP, optimizer wrapper, sampler."""
 
     def __init__(self, name: str, seed: int, replica_rank: int, lighthouse: str, stack: Any) -> None:
-        from torch.distributed import TCPStore
-
-        from ftclient.checkpointing import HTTPTransport
-        from ftclient.manager import Manager
-        from ftclient.process_group import ProcessGroupGloo
-
         timeout = timedelta(seconds=10)
         torch.manual_seed(seed)
         self.model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
@@ -385,9 +383,9 @@ def test_end_to_end_a_late_group_heals_bitwise_then_trains_in_lockstep() -> None
     """ftclient's Manager with ProcessGroupGloo, HTTPTransport, DDP, OptimizerWrapper and
     DistributedSampler, against torchft's own lighthouse: group B joins after A's 3rd step with
     different weights, heals from A over HTTP, and from then on both stay bitwise identical."""
-    pytest.importorskip("ftclient.manager")
-    lighthouse_mod = pytest.importorskip("torchft._torchft")
     import contextlib
+
+    import torchft._torchft as lighthouse_mod  # the interop extra: a missing torchft fails this test
 
     with contextlib.ExitStack() as stack:
         lighthouse = lighthouse_mod.LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=200)

@@ -34,11 +34,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+import torch  # noqa: F401 -- the example's trainers need it: without it this fails here, not in each subprocess
 
-pytest.importorskip("torch", reason="torch is not installed")
-
-from lighthouse_cluster.local.cluster import LocalCluster  # noqa: E402
-from trainer_process import ROOT, TrainerProcess  # noqa: E402
+from lighthouse_cluster.local.cluster import LocalCluster
+from trainer_process import ROOT, TrainerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

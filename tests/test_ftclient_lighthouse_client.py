@@ -254,7 +254,8 @@ def test_heartbeats_follow_the_new_leader(make_cluster: Callable[..., LocalClust
 @pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_single_torchft_rust_lighthouse() -> None:
-    torchft = pytest.importorskip("torchft._torchft")
+    import torchft._torchft as torchft  # the interop extra: a missing torchft fails this test
+
     server = torchft.LighthouseServer(bind="[::]:0", min_replicas=1)
     try:
         dead = f"http://127.0.0.1:{free_ports(1)[0]}"
@@ -272,7 +273,8 @@ def test_single_torchft_rust_lighthouse() -> None:
 @pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_rust_lighthouse_quorum_timeout_is_bounded() -> None:
-    torchft = pytest.importorskip("torchft._torchft")
+    import torchft._torchft as torchft  # the interop extra: a missing torchft fails this test
+
     server = torchft.LighthouseServer(bind="[::]:0", min_replicas=2)
     try:
         with LighthouseClient(server.address(), connect_timeout=10) as client:

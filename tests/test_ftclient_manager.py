@@ -29,9 +29,10 @@ import pytest
 import torch
 from torch.distributed import TCPStore
 
-from ftclient import Manager, ManagerClient, ManagerServer
+from ftclient import DistributedDataParallel, HTTPTransport, Manager, ManagerClient, ManagerServer, OptimizerWrapper
 from ftclient.lighthouse_client import LighthouseClient
 from ftclient.manager_server import LocalManagerClient
+from ftclient.process_group import ProcessGroupGloo
 from ftclient.quorum_results import QuorumResult
 from lighthouse_cluster.local.cluster import LocalCluster, free_ports
 from lighthouse_cluster.proto import torchft_pb2 as pb
@@ -42,19 +43,11 @@ TIMEOUT = timedelta(seconds=10)
 JOIN_S = 30.0  # bound on any wait for a whole step of every rank
 
 
-def make_pg() -> Any:
-    try:
-        from ftclient.process_group import ProcessGroupGloo
-    except ImportError:
-        from torchft.process_group import ProcessGroupGloo
+def make_pg() -> ProcessGroupGloo:
     return ProcessGroupGloo(timeout=TIMEOUT)
 
 
-def make_transport() -> Any:
-    try:
-        from ftclient.checkpointing import HTTPTransport  # type: ignore[attr-defined]
-    except ImportError:
-        from torchft.checkpointing.http_transport import HTTPTransport
+def make_transport() -> HTTPTransport[Any]:
     return HTTPTransport(timeout=TIMEOUT, num_chunks=0)
 
 
@@ -374,17 +367,14 @@ def test_quorum_timeout_raises_from_wait_quorum(cluster: LocalCluster, harness: 
 def test_ddp_and_optimizer_wrapper_train_in_lockstep(harness: Harness) -> None:
     """A torchft-style training loop on ftclient's DDP and OptimizerWrapper: differently
     initialised replicas end up identical (init_sync) and every step commits."""
-    ddp = pytest.importorskip("ftclient.ddp")
-    optim = pytest.importorskip("ftclient.optim")
-
     def train(g: int) -> tuple[list[torch.Tensor], int]:
         torch.manual_seed(g)
         model = torch.nn.Linear(3, 2)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         [r] = harness.group(f"train{g}", user_state=False, min_replica_size=2)
         r.manager.register_state_dict_fn("model", model.load_state_dict, model.state_dict)
-        wrapped = ddp.DistributedDataParallel(r.manager, model)
-        optimizer = optim.OptimizerWrapper(r.manager, opt)
+        wrapped = DistributedDataParallel(r.manager, model)
+        optimizer = OptimizerWrapper(r.manager, opt)
         gen = torch.Generator().manual_seed(100 + g)
         for _ in range(3):
             optimizer.zero_grad()
@@ -600,7 +590,8 @@ def test_torchft_environment_variables(monkeypatch: pytest.MonkeyPatch,
 @pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_wire_compatible_with_torchft_manager_client_and_server() -> None:
-    torchft = pytest.importorskip("torchft._torchft")
+    import torchft._torchft as torchft  # the interop extra: a missing torchft fails this test
+
     five = timedelta(seconds=5)
 
     # torchft's Rust ManagerClient -> our ManagerServer.

@@ -48,11 +48,13 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-pytest.importorskip("torch", reason="torch is not installed: pip install -e '.[examples]'")
-pytest.importorskip("sklearn", reason="scikit-learn is not installed: pip install -e '.[examples]'")
+# The example's trainers need the examples extra (torch, scikit-learn): without it these imports
+# fail here, naming the missing module, rather than in every trainer subprocess.
+import sklearn  # noqa: F401
+import torch  # noqa: F401
 
-from lighthouse_cluster.local.cluster import LocalCluster, free_ports  # noqa: E402
-from trainer_process import ROOT, TrainerProcess  # noqa: E402
+from lighthouse_cluster.local.cluster import LocalCluster, free_ports
+from trainer_process import ROOT, TrainerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -503,7 +505,7 @@ def test_trains_against_torchft_rust_lighthouse(harness: Harness) -> None:
 def test_torchft_sdk_trains_against_the_cluster(harness: Harness) -> None:
     """``--sdk torchft``: torchft 0.2.0's own Manager, DDP, Optimizer and sampler, unchanged, each
     replica group given one node's URL (torchft takes one), so one of them talks to a follower."""
-    pytest.importorskip("torchft", reason="torchft is not installed: pip install -e '.[interop]'")
+    import torchft  # noqa: F401 -- the interop extra: a missing torchft fails this test
     cluster = harness.start_cluster(min_replicas=2)
     steps = 15
     urls = [f"http://{a}" for a in cluster.client_addresses[:2]]
