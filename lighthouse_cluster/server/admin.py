@@ -14,6 +14,8 @@ gRPC metadata, compared in constant time). ``NodeAdmin`` carries the calls out o
   compare-and-set, and only when its id is above the cluster's: quorum ids never go backwards.
 
 Failures are ``AdminError`` with a gRPC status code and a one-line message for the operator.
+What ``NodeAdmin`` uses of the node, and of the Raft node it holds, is ``AdminNode`` and
+``AdminRaft``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import asyncio
 import hmac
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 import grpc
 
@@ -35,7 +37,7 @@ from lighthouse_cluster.server.config import PeerSpec
 from lighthouse_cluster.server.loop_bridge import loop_future
 
 if TYPE_CHECKING:
-    from lighthouse_cluster.server.node import LighthouseNode
+    from lighthouse_cluster.server.config import NodeConfig
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +83,79 @@ def _info(p: PeerSpec) -> cpb.NodeInfo:
     return cpb.NodeInfo(id=p.node_id, client_address=p.client_address, raft_address=p.raft_address)
 
 
+class AdminRaft(Protocol):
+    """The Raft node's reads and operations the admin calls use (``raft.replication.RaftNode``)."""
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    @property
+    def led_term(self) -> int | None: ...
+
+    @property
+    def term(self) -> int: ...
+
+    @property
+    def last_applied(self) -> int: ...
+
+    @property
+    def raft_members(self) -> list[str]: ...
+
+    def is_connected(self, address: str) -> bool: ...
+
+    def call_on_tick_thread(self, fn: Callable[[], Any], callback: Callable[[Any, Exception | None], None]) -> None:
+        ...
+
+    def change_membership(self, add: bool, address: str, callback: Callable[[str | None], None]) -> None: ...
+
+    def transfer_leadership(self, address: str | None = None,
+                            callback: Callable[[str | None], None] | None = None) -> None: ...
+
+
+class LeaderRounds(Protocol):
+    """What the admin calls read from the leader's coordinator (``coordinator.QuorumCoordinator``)."""
+
+    @property
+    def term(self) -> int | None: ...
+
+    @property
+    def serving(self) -> bool: ...
+
+
+class AdminNode(Protocol):
+    """What the admin calls use of the node (``LighthouseNode``)."""
+
+    @property
+    def config(self) -> NodeConfig: ...
+
+    @property
+    def raft(self) -> AdminRaft | None: ...
+
+    @property
+    def coordinator(self) -> LeaderRounds | None: ...
+
+    @property
+    def machine(self) -> QuorumStateMachine: ...
+
+    @property
+    def members(self) -> tuple[PeerSpec, ...]: ...
+
+    @property
+    def other_members(self) -> tuple[PeerSpec, ...]: ...
+
+    def leader_peer(self) -> PeerSpec | None: ...
+
+    def submit(self, command: codec.Command) -> asyncio.Future[Any]:
+        """Append ``command`` to the Raft log; the future settles once it is applied or failed."""
+
+    def refresh_members(self) -> None:
+        """Adopt (and persist) the replicated member table after it changed."""
+
+
 class NodeAdmin:
     """The admin calls, carried out on ``node``; see the module docstring."""
 
-    def __init__(self, node: "LighthouseNode") -> None:
+    def __init__(self, node: AdminNode) -> None:
         self.node = node
         self._membership_lock = asyncio.Lock()
 

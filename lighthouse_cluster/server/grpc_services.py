@@ -1,16 +1,17 @@
-"""gRPC adapters: torchft.LighthouseService and lighthouse_cluster.LighthouseCluster.
+"""gRPC adapters: torchft.LighthouseService, lighthouse_cluster.LighthouseCluster and
+lighthouse_cluster.LighthouseAdmin, and the validation of a Quorum call's requester.
 
-Thin by design: parse and validate the request, hand it to the router (``routing.Router``) or the
-node, map outcomes to gRPC status codes. Each adapter depends on a small ``Protocol`` of what it
-calls, never on the node class. Quorum responses travel as pre-serialized bytes (encoded once per round by the
-coordinator, relayed unparsed by followers), so the Quorum handler is registered with an
-identity response serializer.
+Thin by design: parse and validate the request, hand it to the router (``routing.Router``), the
+node or ``admin.NodeAdmin``, map outcomes to gRPC status codes. Each adapter depends on a small
+``Protocol`` of what it calls, never on the node class. Quorum responses travel as pre-serialized
+bytes (encoded once per round by the coordinator, relayed unparsed by followers), so the Quorum
+handler is registered with an identity response serializer.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Iterable, Protocol
+from typing import Iterable, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -20,10 +21,8 @@ from lighthouse_cluster.core.torchft_wire import member_from_proto, requester_by
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.proto import torchft_pb2 as pb
+from lighthouse_cluster.server.admin import AdminError, NodeAdmin, check_token
 from lighthouse_cluster.server.forwarding import FORWARDED_HEADER
-
-if TYPE_CHECKING:
-    from lighthouse_cluster.server.node import LighthouseNode
 
 log = logging.getLogger(__name__)
 
@@ -147,23 +146,17 @@ class ClusterServiceAdapter(cpb_grpc.LighthouseClusterServicer):
 class AdminServiceAdapter(cpb_grpc.LighthouseAdminServicer):
     """lighthouse_cluster.LighthouseAdmin: the token check, then ``admin.NodeAdmin``."""
 
-    def __init__(self, node: "LighthouseNode") -> None:
-        from lighthouse_cluster.server.admin import NodeAdmin
-
-        self.node = node
-        self.admin = NodeAdmin(node)
+    def __init__(self, admin: NodeAdmin, admin_token: str | None) -> None:
+        self.admin = admin
+        self.admin_token = admin_token
 
     async def _authorized(self, context: grpc.aio.ServicerContext, what: str) -> None:
-        from lighthouse_cluster.server.admin import check_token
-
-        error = check_token(context.invocation_metadata(), self.node.config.admin_token)
+        error = check_token(context.invocation_metadata(), self.admin_token)
         if error is not None:
             log.warning("refused %s from %s: %s", what, context.peer(), error.code.name)
             await context.abort(error.code, error.message)
 
     async def _run(self, context: grpc.aio.ServicerContext, what: str, call):  # type: ignore[no-untyped-def]
-        from lighthouse_cluster.server.admin import AdminError
-
         await self._authorized(context, what)
         try:
             return await call()

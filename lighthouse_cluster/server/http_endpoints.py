@@ -3,7 +3,7 @@ at / and ``POST /replica/{id}/kill``.
 
 A thin adapter: a deliberately small HTTP/1.1 server on the node's own asyncio loop (one
 request per connection, ``Connection: close``; bounded header and body sizes; read and write
-timeouts), dispatching to the node (readiness, metrics registry, Status) and to
+timeouts), dispatching to the node (readiness, metrics registry, Status: ``ServedNode``) and to
 ``cluster_view`` for the dashboard's JSON. Blocking gRPC calls to peers run in threads, so a
 slow or dead peer never stalls the loop that also serves quorum rounds.
 """
@@ -18,7 +18,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote, urlsplit
 
 import grpc
@@ -31,7 +31,9 @@ from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
 from lighthouse_cluster.server.config import parse_host_port
 
 if TYPE_CHECKING:
-    from lighthouse_cluster.server.node import LighthouseNode
+    from lighthouse_cluster.core.state_machine import QuorumStateMachine
+    from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+    from lighthouse_cluster.server.config import NodeConfig, PeerSpec
 
 log = logging.getLogger(__name__)
 
@@ -130,10 +132,36 @@ def manager_target(address: str) -> str:
     return address
 
 
+class MetricsExposition(Protocol):
+    """The node's metrics in Prometheus' text format (``metrics.NodeMetrics``)."""
+
+    def exposition(self) -> bytes: ...
+
+
+class ServedNode(Protocol):
+    """What the HTTP endpoints use of the node (``LighthouseNode``)."""
+
+    @property
+    def config(self) -> NodeConfig: ...
+
+    @property
+    def machine(self) -> QuorumStateMachine: ...
+
+    @property
+    def metrics(self) -> MetricsExposition: ...
+
+    @property
+    def other_members(self) -> tuple[PeerSpec, ...]: ...
+
+    def readiness(self) -> tuple[bool, str]: ...
+
+    def status(self) -> cpb.NodeStatus: ...
+
+
 class HttpEndpoints:
     """Serves the node's HTTP port on its event loop; ``await start()`` / ``await stop()``."""
 
-    def __init__(self, node: "LighthouseNode", bind: str, admin_token: str | None) -> None:
+    def __init__(self, node: ServedNode, bind: str, admin_token: str | None) -> None:
         self.node = node
         self.bind = bind
         self._token = admin_token.encode() if admin_token else None

@@ -4,20 +4,22 @@ Two kinds: histograms observed as things happen (a quorum round's Raft commit, o
 coordinator's ``on_issue`` hook; every Raft write, from submit to applied), and gauges/counters
 read from the node at scrape time by ``NodeCollector`` (role, term, indexes, current quorum,
 heartbeating replicas, forwarded and re-routed quorum calls, rounds issued on the lease or through
-a commit). Nothing here does I/O.
+a commit). Nothing here does I/O. What is read, and from what, is ``MetricsSource`` (the node,
+with the Raft node and coordinator it holds) and ``RoutingCounts`` (``routing.Router``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from lighthouse_cluster.server.node import LighthouseNode
-    from lighthouse_cluster.server.routing import Router
+    from lighthouse_cluster.core.state_machine import QuorumStateMachine
+    from lighthouse_cluster.raft.replication import Role
+    from lighthouse_cluster.server.config import NodeConfig, PeerSpec
 
 PREFIX = "lighthouse_cluster_"
 ROLES = ("follower", "candidate", "leader")
@@ -25,10 +27,74 @@ ROLES = ("follower", "candidate", "leader")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
+class RaftReadings(Protocol):
+    """What is read from the Raft node (``raft.replication.RaftNode``)."""
+
+    @property
+    def role(self) -> Role: ...
+
+    @property
+    def term(self) -> int: ...
+
+    @property
+    def commit_index(self) -> int: ...
+
+    @property
+    def last_applied(self) -> int: ...
+
+
+class RoundReadings(Protocol):
+    """What is read from the leader's coordinator (``coordinator.QuorumCoordinator``)."""
+
+    @property
+    def term(self) -> int | None: ...
+
+    @property
+    def serving(self) -> bool: ...
+
+    @property
+    def rounds_committed(self) -> int: ...
+
+    @property
+    def rounds_on_lease(self) -> int: ...
+
+    def heartbeat_ages_ms(self) -> dict[str, int]: ...
+
+
+class MetricsSource(Protocol):
+    """What is read from the node (``LighthouseNode``)."""
+
+    @property
+    def config(self) -> NodeConfig: ...
+
+    @property
+    def raft(self) -> RaftReadings | None: ...
+
+    @property
+    def coordinator(self) -> RoundReadings | None: ...
+
+    @property
+    def machine(self) -> QuorumStateMachine: ...
+
+    def leader_peer(self) -> PeerSpec | None: ...
+
+    def readiness(self) -> tuple[bool, str]: ...
+
+
+class RoutingCounts(Protocol):
+    """Quorum calls forwarded and re-routed (``routing.Router``)."""
+
+    @property
+    def forwarded_quorum_calls(self) -> int: ...
+
+    @property
+    def rerouted_quorum_calls(self) -> int: ...
+
+
 class NodeCollector(Collector):
     """Reads the node's state at scrape time."""
 
-    def __init__(self, node: "LighthouseNode", routing: "Router") -> None:
+    def __init__(self, node: MetricsSource, routing: RoutingCounts) -> None:
         self.node = node
         self.routing = routing
 
@@ -81,7 +147,7 @@ class NodeCollector(Collector):
 class NodeMetrics:
     """The node's registry and the histograms it observes into."""
 
-    def __init__(self, node: "LighthouseNode", routing: "Router") -> None:
+    def __init__(self, node: MetricsSource, routing: RoutingCounts) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(NodeCollector(node, routing))
         self.quorum_commit_seconds = Histogram(

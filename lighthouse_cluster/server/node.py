@@ -5,7 +5,9 @@ plus a short poll for leader changes that involve no local state change), starts
 coordinator as leadership comes and goes and tells the router (``routing.Router``, where every
 call goes) when leadership may have changed, adopts the replicated member table (persisted by
 ``member_table``), enables newer state schemas once every node reads them, and answers for the
-node as a whole: readiness, the leader, Status.
+node as a whole: readiness, the leader, Status. The adapters (gRPC services, admin, HTTP,
+metrics) are handed the node or the router and see each only through a ``Protocol`` of their
+own, so nothing else in ``server`` imports this module.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.raft.replication import RaftNode, ReplicatedState, Role
+from lighthouse_cluster.server.admin import NodeAdmin
 from lighthouse_cluster.server.config import NodeConfig, PeerSpec
 from lighthouse_cluster.server.coordinator import QuorumCoordinator
 from lighthouse_cluster.server.event_loop import running_loop_name
@@ -112,7 +115,8 @@ class LighthouseNode:
                                               self.router.forwarding.handler()))
         cpb_grpc.add_LighthouseClusterServicer_to_server(ClusterServiceAdapter(self, self.router, cfg.node_id),
                                                          self.server)
-        cpb_grpc.add_LighthouseAdminServicer_to_server(AdminServiceAdapter(self), self.server)
+        cpb_grpc.add_LighthouseAdminServicer_to_server(AdminServiceAdapter(NodeAdmin(self), cfg.admin_token),
+                                                       self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (pb.DESCRIPTOR.services_by_name["LighthouseService"].full_name,
