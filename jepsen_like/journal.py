@@ -1,12 +1,11 @@
 """Each node's committed Raft log, read from its data directory, replayed through the real state
 machine.
 
-pysyncobj's ``FileJournal`` is an mmap'd file: a header (``PYSYNCOBJ``, version, format, the
-offset after the last record) then records ``[len][index, term, command][len]``. ``parse_journal``
-reads it *read-only* (the node may be running: the file is read twice and only a stable, self-
-consistent prefix is kept), so the monitor can collect committed entries during a run, before
-log compaction drops them. Only entries at or below a commit index the node reported *before*
-the read are taken as committed: those never change.
+The files are read through ``lighthouse_cluster.raft.journal`` (re-exported here:
+``parse_journal``, ``parse_journal_bytes``, ``read_meta_commit_index``, ``read_snapshot``), which
+reads a live node's journal read-only, so the monitor can collect committed entries during a run,
+before log compaction drops them. Only entries at or below a commit index the node reported
+*before* the read are taken as committed: those never change.
 
 ``summarize`` replays committed entries through ``QuorumStateMachine`` (compare-and-set
 rejections included) and returns what the checkers need, as JSON-able data: the distinct
@@ -18,88 +17,21 @@ sees, so a gap left by log compaction between two reads is bridged by a snapshot
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import struct
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-from pysyncobj import pickle as pso_pickle
 
 from lighthouse_cluster.core import codec
 from lighthouse_cluster.core.codec import CommitQuorum, TermStart
 from lighthouse_cluster.core.state_machine import HISTORY_LENGTH, CommitResult, QuorumStateMachine
+from lighthouse_cluster.raft.journal import (Entry, command_payload, parse_journal, parse_journal_bytes,
+                                           read_meta_commit_index, read_snapshot)
 
-_NAME_SIZE, _VERSION_SIZE = 24, 8
-_LAST_RECORD_OFFSET_OFFSET = _NAME_SIZE + _VERSION_SIZE + 4
-_FIRST_RECORD_OFFSET = _LAST_RECORD_OFFSET_OFFSET + 4
-_REGULAR_COMMAND = 0       # pysyncobj's _COMMAND_TYPE.REGULAR: first byte of a client command
+__all__ = ["DIGEST_EVERY", "CommittedLog", "Entry", "parse_journal", "parse_journal_bytes", "read_meta_commit_index",
+           "read_snapshot", "summarize"]
+
 DIGEST_EVERY = 100         # committed-log digests per bucket of this many indexes
-
-Entry = tuple[int, int, bytes]   # (index, term, command bytes)
-
-
-def parse_journal_bytes(data: bytes) -> list[Entry]:
-    """The records of a journal file's bytes, up to the last self-consistent one."""
-    if len(data) < _FIRST_RECORD_OFFSET or not data.startswith(b"PYSYNCOBJ"):
-        return []
-    last = struct.unpack_from("<I", data, _LAST_RECORD_OFFSET_OFFSET)[0]
-    last = min(last, len(data))
-    out: list[Entry] = []
-    off = _FIRST_RECORD_OFFSET
-    while off + 4 <= last:
-        size = struct.unpack_from("<I", data, off)[0]
-        if size < 16 or off + 8 + size > len(data):
-            break
-        (trailer,) = struct.unpack_from("<I", data, off + 4 + size)
-        if trailer != size:
-            break
-        idx, term = struct.unpack_from("<QQ", data, off + 4)
-        if out and idx != out[-1][0] + 1:
-            break
-        out.append((idx, term, bytes(data[off + 20: off + 4 + size])))
-        off += size + 8
-    return out
-
-
-def parse_journal(path: Path) -> list[Entry]:
-    """Read a (possibly live) journal file twice; keep the longest prefix both reads agree on."""
-    try:
-        first = path.read_bytes()
-        second = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    a, b = parse_journal_bytes(first), parse_journal_bytes(second)
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return a[:n]
-
-
-def read_meta_commit_index(data_dir: Path) -> int | None:
-    """The commit index pysyncobj last saved in ``raft.journal.meta`` (saved about once a second)."""
-    try:
-        meta = pso_pickle.loads((data_dir / "raft.journal.meta").read_bytes())
-    except Exception:  # absent, or torn while being replaced
-        return None
-    value = meta.get("raftCommitIndex") if isinstance(meta, dict) else None
-    return int(value) if isinstance(value, int) else None
-
-
-def read_snapshot(data_dir: Path) -> tuple[int, bytes] | None:
-    """(last included index, the state machine's msgpack snapshot), if the node ever compacted."""
-    path = data_dir / "raft.snapshot"
-    try:
-        with gzip.open(path, "rb") as g:
-            data = pso_pickle.load(g)
-    except Exception:
-        return None
-    try:
-        consumers = data[0][1:]
-        return int(data[1][1]), bytes(consumers[0])
-    except (TypeError, IndexError, ValueError):
-        return None
 
 
 @dataclass
@@ -126,11 +58,11 @@ class CommittedLog:
 def _decode(cmd: bytes) -> tuple[codec.Command, int] | None:
     """The command of a journal entry and the schema version it was written at (the state
     machine applies it by that version's rules), or None for pysyncobj's own entries."""
-    if not cmd or cmd[0] != _REGULAR_COMMAND:
-        return None  # pysyncobj's own entries (no-op of a new leader, membership changes)
     try:
-        call = pso_pickle.loads(cmd[1:])
-        return codec.decode_versioned(call[1][0])
+        payload = command_payload(cmd)
+        if payload is None:
+            return None  # pysyncobj's own entries (no-op of a new leader, membership changes)
+        return codec.decode_versioned(payload)
     except Exception:
         return None
 

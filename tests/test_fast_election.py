@@ -1,4 +1,4 @@
-"""replication.FastElectionSyncObj: follower links kept alive, early election after a refusal
+"""fast_election.FastElectionSyncObj: follower links kept alive, early election after a refusal
 (benchmarks F8). Three in-process pysyncobj nodes on loopback."""
 
 from __future__ import annotations
@@ -9,11 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 from pysyncobj import SyncObjConf, SyncObjConsumer, replicated
-from pysyncobj.monotonic import monotonic as raft_monotonic
-from pysyncobj.syncobj import _RAFT_STATE
-from pysyncobj.tcp_connection import CONNECTION_STATE
 
-from lighthouse_cluster.raft.replication import FastElectionSyncObj
+from lighthouse_cluster.raft.fast_election import FastElectionSyncObj
+from lighthouse_cluster.raft.pysyncobj_internals import CONNECTION_STATE, RAFT_STATE
+from lighthouse_cluster.raft.pysyncobj_internals import monotonic as raft_monotonic
 
 
 class Counter(SyncObjConsumer):
@@ -71,7 +70,7 @@ def test_follower_links_stay_connected_while_idle(nodes: list[FastElectionSyncOb
     states, sent_by_leader = [], leader.keepalives_sent
     for _ in range(30):
         time.sleep(0.05)
-        conn = a._SyncObj__transport._connections.get(b.selfNode)
+        conn = a.pso_connections.get(b.selfNode)
         states.append(conn is not None and conn.state == CONNECTION_STATE.CONNECTED)
     assert all(states)
     assert a.keepalives_sent > 0 and b.keepalives_sent > 0
@@ -92,29 +91,29 @@ def test_refusing_a_candidate_that_is_behind_starts_an_election_soon(nodes: list
         return {"type": "request_vote", "term": term, "last_log_term": last_term, "last_log_index": last_index}
 
     # A stale request (older term) and an up-to-date candidate: no early election.
-    follower._SyncObj__onMessageReceived(other.selfNode, vote_request(term - 1, 0, 0))
+    follower.on_raft_message(other.selfNode, vote_request(term - 1, 0, 0))
     assert follower.early_elections == 0
     # Handled on the caller's thread (not the tick thread): call it with the node's state frozen.
-    my_term, my_index = follower._SyncObj__getCurrentLogTerm(), follower._SyncObj__getCurrentLogIndex()
-    follower._SyncObj__onMessageReceived(other.selfNode, vote_request(term + 1, my_term, my_index + 5))
+    my_term, my_index = follower.pso_last_log()
+    follower.on_raft_message(other.selfNode, vote_request(term + 1, my_term, my_index + 5))
     assert follower.early_elections == 0  # it voted for that candidate
     # A candidate whose log is behind while the leader is alive (it deposes it: no pre-vote):
     # refused, and the normal timers decide, as without FastElectionSyncObj.
     follower._leader_contact = raft_monotonic()
-    follower._SyncObj__onMessageReceived(other.selfNode, vote_request(term + 2, my_term, my_index - 1))
+    follower.on_raft_message(other.selfNode, vote_request(term + 2, my_term, my_index - 1))
     assert follower.early_elections == 0
     # The same once the leader is gone (no append_entries for a while), in a new term the
     # follower has not voted in: refused, and the follower stands itself within raftMinTimeout / 5.
     follower._leader_contact = raft_monotonic() - 1.0
     term = follower.raftCurrentTerm
     before = raft_monotonic()
-    follower._SyncObj__onMessageReceived(other.selfNode, vote_request(term + 2, my_term, my_index - 1))
+    follower.on_raft_message(other.selfNode, vote_request(term + 2, my_term, my_index - 1))
     assert follower.early_elections == 1
-    assert follower._SyncObj__raftElectionDeadline <= before + 0.2 * 0.15 + 0.01
-    assert follower._SyncObj__raftState in (_RAFT_STATE.FOLLOWER, _RAFT_STATE.CANDIDATE, _RAFT_STATE.LEADER)
+    assert follower.pso_election_deadline <= before + 0.2 * 0.15 + 0.01
+    assert follower.pso_state in (RAFT_STATE.FOLLOWER, RAFT_STATE.CANDIDATE, RAFT_STATE.LEADER)
     # Never for a term it voted in.
-    follower._SyncObj__votedForNodeId = follower.selfNode.id
-    follower._SyncObj__onMessageReceived(other.selfNode, vote_request(term + 2, my_term, my_index - 1))
+    follower.pso_voted_for = follower.selfNode.id
+    follower.on_raft_message(other.selfNode, vote_request(term + 2, my_term, my_index - 1))
     assert follower.early_elections == 1
     # The cluster settles on one leader.
     _wait(lambda: sum(n._isLeader() for n in nodes) == 1 and all(n._getLeader() is not None for n in nodes))

@@ -257,10 +257,9 @@ def _journal_bytes(entries: list[tuple[int, int, bytes]]) -> bytes:
 
 
 def _command(cmd: Any) -> bytes:
-    from pysyncobj import pickle as pso_pickle
-
     from lighthouse_cluster.core import codec
-    return bytes([0]) + pso_pickle.dumps((0, (codec.encode_command(cmd),), {}))
+    from lighthouse_cluster.raft.journal import journal_entry
+    return journal_entry(codec.encode_command(cmd))
 
 
 def test_journal_parse_and_replay() -> None:
@@ -322,13 +321,13 @@ def test_journal_gap_left_by_compaction_is_bridged_by_a_snapshot() -> None:
     from lighthouse_cluster.core.codec import CommitQuorum, TermStart, decode_command
     from lighthouse_cluster.core.quorum import Member, Quorum
     from lighthouse_cluster.core.state_machine import QuorumStateMachine
-    from pysyncobj import pickle as pso_pickle
+    from lighthouse_cluster.raft.journal import command_payload
 
     cmds = [TermStart(1, "n1", 0)] + [CommitQuorum(i, Quorum(i + 1, (Member("a"),), 0), 1, "n1") for i in range(6)]
     entries = [(i + 1, 1, _command(c)) for i, c in enumerate(cmds)]      # quorum ids 1..6 at indexes 2..7
     machine = QuorumStateMachine()
     for _idx, _term, cmd in entries[:5]:
-        machine.apply(decode_command(pso_pickle.loads(cmd[1:])[1][0]))
+        machine.apply(decode_command(command_payload(cmd)))
     snapshot_at_5 = machine.to_snapshot()
     log = CommittedLog("n1")
     log.absorb(entries[:2], commit_index=2)          # read before compaction: 1..2
@@ -382,14 +381,14 @@ def test_snapshot_bridge_marks_quorums_older_than_its_history_as_unverifiable() 
     from lighthouse_cluster.core.codec import CommitQuorum, TermStart, decode_command
     from lighthouse_cluster.core.quorum import Member, Quorum
     from lighthouse_cluster.core.state_machine import HISTORY_LENGTH, QuorumStateMachine
-    from pysyncobj import pickle as pso_pickle
+    from lighthouse_cluster.raft.journal import command_payload
 
     n = HISTORY_LENGTH + 40            # more commits in the gap than the snapshot's history keeps
     cmds = [TermStart(1, "n1", 0)] + [CommitQuorum(i, Quorum(i + 1, (Member("a"),), 0), 1, "n1") for i in range(n)]
     entries = [(i + 1, 1, _command(c)) for i, c in enumerate(cmds)]
     machine = QuorumStateMachine()
     for _idx, _term, cmd in entries[:n]:
-        machine.apply(decode_command(pso_pickle.loads(cmd[1:])[1][0]))
+        machine.apply(decode_command(command_payload(cmd)))
     log = CommittedLog("n1")
     log.absorb(entries[:2], commit_index=2)                     # quorum 1 seen; then compaction at n
     log.absorb(entries[n - 2:], commit_index=len(entries))

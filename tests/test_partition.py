@@ -26,8 +26,6 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from pysyncobj import pickle as pso_pickle
-from pysyncobj.journal import FileJournal
 
 from jepsen_like import netns
 from lighthouse_cluster.core import codec
@@ -36,6 +34,7 @@ from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.local.simulated_group import RoundResult, SimulatedReplicaGroup
 from lighthouse_cluster.core.state_machine import CommitResult, QuorumStateMachine
+from lighthouse_cluster.raft.journal import command_payload, parse_journal
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -50,7 +49,6 @@ CUT_GRACE_S = 0.5
 MIN_PARTITION_S = 4.0
 STEP_TIME_S = 0.02                   # between successful rounds (torchft: one training step)
 WARM_UP_ROUNDS = 5                   # full-membership quorums per group before the cut
-_REGULAR_COMMAND = 0  # pysyncobj's _COMMAND_TYPE.REGULAR: the first byte of a journal entry
 
 
 # -- fixtures ------------------------------------------------------------------------------------
@@ -160,19 +158,15 @@ Committed = tuple[int, tuple[str, ...], int]       # quorum id, member ids, term
 def committed_quorums(journal: Path, upto: int) -> tuple[list[Entry], list[Committed]]:
     """The node's Raft log entries with index <= ``upto`` and the quorums they commit, replayed
     through the real state machine (compare-and-set rejections included)."""
-    j = FileJournal(str(journal))
-    try:
-        entries = [(idx, term, bytes(cmd)) for cmd, idx, term in (j[k] for k in range(len(j))) if idx <= upto]
-    finally:
-        j._destroy()
+    entries = [(idx, term, cmd) for idx, term, cmd in parse_journal(journal) if idx <= upto]
     assert entries and entries[0][0] == 1, f"{journal}: log does not start at index 1 (compacted?)"
     machine = QuorumStateMachine()
     applied: list[Committed] = []
     for _idx, term, cmd in entries:
-        if not cmd or cmd[0] != _REGULAR_COMMAND:
+        payload = command_payload(cmd)
+        if payload is None:  # pysyncobj's own entries (a new leader's no-op, membership changes)
             continue
-        call = pso_pickle.loads(cmd[1:])
-        command = codec.decode_command(call[1][0])
+        command = codec.decode_command(payload)
         result = machine.apply(command)
         if isinstance(command, CommitQuorum) and isinstance(result, CommitResult) and result.applied:
             applied.append((command.quorum.quorum_id, tuple(m.replica_id for m in command.quorum.participants), term))

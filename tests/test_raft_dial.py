@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from pysyncobj.node import TCPNode
 
 from jepsen_like.proxy import ProxyNetwork
 from lighthouse_cluster.cli import commands as cli
@@ -24,6 +23,7 @@ from lighthouse_cluster.raft import replication
 from lighthouse_cluster.server.config import ConfigError, build_node_config
 from lighthouse_cluster.local.cluster import free_ports
 from lighthouse_cluster.raft.replication import DialNode, RaftNode, RaftSettings, ReplicatedState
+from lighthouse_cluster.raft.pysyncobj_internals import TCPNode  # pysyncobj's own node class
 from lighthouse_cluster.core.state_machine import QuorumStateMachine
 
 PEERS = ["n1=127.0.0.1:7001,127.0.0.1:8001", "n2=127.0.0.1:7002,127.0.0.1:8002", "n3=127.0.0.1:7003,127.0.0.1:8003"]

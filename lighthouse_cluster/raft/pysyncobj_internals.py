@@ -1,0 +1,265 @@
+"""Every private pysyncobj name this project uses, in one place, and the import-time check of them.
+
+pysyncobj has no API for what ``FastElectionSyncObj`` and ``RaftNode`` do (keep-alives between
+followers, an election started early, elections held back on a joining node, connects stuck in
+SYN-SENT dropped) nor for reading its journal and snapshot files, so those reach into its
+private attributes and submodules. They do so only through this module:
+
+* ``INTERNALS``: the table of every private name used (a ``self.__x`` attribute of a class, a
+  private method, a name in a submodule), with what the check verifies for each;
+* ``check()``: run when ``lighthouse_cluster.raft`` is imported; raises ``ImportError`` in one
+  line naming the installed version, every missing name and the version to install;
+* ``SyncObjInternals``: ``SyncObj`` with its private state under ``pso_*`` names, each built from
+  an entry of ``INTERNALS`` (a name that is not in the table cannot be reached this way);
+* the private module-level names (``RAFT_STATE``, ``CONNECTION_STATE``, ``monotonic``, the
+  journal's layout, ...), imported only after the check passed.
+
+The other modules of ``lighthouse_cluster.raft`` import pysyncobj's public API (``from pysyncobj
+import ...``) and everything else from here (tests/test_pysyncobj_internals.py checks this on the
+source). pysyncobj is pinned to ``PINNED_VERSION`` in pyproject.toml: the version whose source these
+names and the behaviour around them were read from.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+PINNED_VERSION = "0.3.17"
+
+MODULE = "module"        # a name defined in the module
+CLASS = "class"          # an attribute of the class (method, property, constant)
+INSTANCE = "instance"    # an attribute the class's ``__init__`` sets (``self.__x = ...``)
+
+
+@dataclass(frozen=True)
+class Internal:
+    """One private pysyncobj name: ``module`` and, for ``CLASS``/``INSTANCE``, ``owner``, the class
+    in it. ``name`` is spelled as it is reached from outside (``_SyncObj__raftState`` for SyncObj's
+    ``self.__raftState``). ``params``: for a method this project overrides or calls, its parameters
+    (an override with other parameters would be called wrongly)."""
+
+    module: str
+    name: str
+    kind: str = MODULE
+    owner: str = ""
+    params: tuple[str, ...] | None = None
+
+    @property
+    def label(self) -> str:
+        return ".".join(p for p in (self.module, self.owner, self.name) if p)
+
+
+def _syncobj(name: str, kind: str = INSTANCE, params: tuple[str, ...] | None = None) -> Internal:
+    return Internal("pysyncobj.syncobj", name, kind, "SyncObj", params)
+
+
+# SyncObj's private state. Its public properties (raftCurrentTerm, selfNode, otherNodes, conf, ...)
+# are used directly, not listed here.
+RAFT_STATE_ATTR = _syncobj("_SyncObj__raftState")                    # _RAFT_STATE.*
+VOTED_FOR_ATTR = _syncobj("_SyncObj__votedForNodeId")                # node id voted for this term, or None
+TRANSPORT_ATTR = _syncobj("_SyncObj__transport")                     # the TCPTransport
+ELECTION_DEADLINE_ATTR = _syncobj("_SyncObj__raftElectionDeadline")  # monotonic() time of the next election
+ON_MESSAGE_RECEIVED = _syncobj("_SyncObj__onMessageReceived", CLASS, ("self", "node", "message"))  # overridden
+LOG_TERM = _syncobj("_SyncObj__getCurrentLogTerm", CLASS, ("self",))
+LOG_INDEX = _syncobj("_SyncObj__getCurrentLogIndex", CLASS, ("self",))
+GENERATE_TIMEOUT = _syncobj("_SyncObj__generateRaftTimeout", CLASS, ("self",))
+ON_TICK = _syncobj("_onTick", CLASS, ("self", "timeToWait"))         # overridden
+IS_LEADER = _syncobj("_isLeader", CLASS, ("self",))
+GET_LEADER = _syncobj("_getLeader", CLASS, ("self",))
+# The transport's connections (node -> TcpConnection), and when a connection last read or started
+# connecting (RaftNode._expire_stuck_connects).
+CONNECTIONS_ATTR = Internal("pysyncobj.transport", "_connections", INSTANCE, "TCPTransport")
+LAST_READ_ATTR = Internal("pysyncobj.tcp_connection", "_TcpConnection__lastReadTime", INSTANCE, "TcpConnection")
+
+INTERNALS: tuple[Internal, ...] = (
+    Internal("pysyncobj.version", "VERSION"),
+    RAFT_STATE_ATTR, VOTED_FOR_ATTR, TRANSPORT_ATTR, ELECTION_DEADLINE_ATTR,
+    ON_MESSAGE_RECEIVED, LOG_TERM, LOG_INDEX, GENERATE_TIMEOUT, ON_TICK, IS_LEADER, GET_LEADER,
+    # ReplicatedState's snapshot hooks (overridden).
+    Internal("pysyncobj.syncobj", "_serialize", CLASS, "SyncObjConsumer", ("self",)),
+    Internal("pysyncobj.syncobj", "_deserialize", CLASS, "SyncObjConsumer", ("self", "data")),
+    CONNECTIONS_ATTR, LAST_READ_ATTR,
+    # Module-level names outside pysyncobj's public API (its package's __init__).
+    Internal("pysyncobj.syncobj", "_RAFT_STATE"),
+    Internal("pysyncobj.syncobj", "_COMMAND_TYPE"),
+    Internal("pysyncobj.tcp_connection", "CONNECTION_STATE"),
+    Internal("pysyncobj.monotonic", "monotonic"),
+    Internal("pysyncobj.dns_resolver", "globalDnsResolver"),
+    Internal("pysyncobj.node", "TCPNode"),
+    Internal("pysyncobj.pickle", "dumps"),
+    Internal("pysyncobj.pickle", "loads"),
+    Internal("pysyncobj.pickle", "load"),
+    # FileJournal's layout: a header (name, version, format, offset after the last record).
+    Internal("pysyncobj.journal", "APP_NAME"),
+    Internal("pysyncobj.journal", "LAST_RECORD_OFFSET_OFFSET"),
+    Internal("pysyncobj.journal", "FIRST_RECORD_OFFSET"),
+)
+
+
+def problems(import_module: Callable[[str], ModuleType] = importlib.import_module) -> tuple[str | None, list[str]]:
+    """(the version pysyncobj says it is, or None; every entry of ``INTERNALS`` that is missing
+    or changed, by label, and every module that does not import). ``import_module`` is
+    replaceable for tests."""
+    missing: list[str] = []
+    modules: dict[str, ModuleType | None] = {}
+    for entry in INTERNALS:
+        if entry.module not in modules:
+            try:
+                modules[entry.module] = import_module(entry.module)
+            except ImportError:
+                modules[entry.module] = None
+                missing.append(f"module {entry.module}")
+        module = modules[entry.module]
+        if module is not None and not _present(module, entry):
+            missing.append(entry.label)
+    version_module = modules.get("pysyncobj.version")
+    version = getattr(version_module, "VERSION", None) if version_module is not None else None
+    return (str(version) if version is not None else None), missing
+
+
+def _present(module: ModuleType, entry: Internal) -> bool:
+    if entry.kind == MODULE:
+        return hasattr(module, entry.name)
+    owner = getattr(module, entry.owner, None)
+    if not inspect.isclass(owner):
+        return False
+    if entry.kind == INSTANCE:
+        init = getattr(owner.__dict__.get("__init__"), "__code__", None)
+        return init is not None and entry.name in init.co_names
+    if not hasattr(owner, entry.name):
+        return False
+    if entry.params is None:
+        return True
+    try:
+        params = tuple(inspect.signature(getattr(owner, entry.name)).parameters)
+    except (TypeError, ValueError):
+        return False
+    return params == entry.params
+
+
+def message(version: str | None, missing: list[str]) -> str | None:
+    """The one-line reason pysyncobj cannot be used, or None when it can."""
+    if version == PINNED_VERSION and not missing:
+        return None
+    found = f"pysyncobj {version} is installed" if version is not None else "no pysyncobj with a version is installed"
+    lacks = f"; missing: {', '.join(missing)}" if missing else ""
+    return (f"lighthouse_cluster.raft needs pysyncobj=={PINNED_VERSION} (it uses that version's private "
+            f"internals), but {found}{lacks}; run: pip install pysyncobj=={PINNED_VERSION}")
+
+
+def check(import_module: Callable[[str], ModuleType] = importlib.import_module) -> None:
+    """Raise ImportError (one line) unless pysyncobj is the pinned version with every name used."""
+    reason = message(*problems(import_module))
+    if reason is not None:
+        raise ImportError(reason)
+
+
+check()
+
+# -- only past the check: the private module-level names, under this module's names -----------------
+
+from pysyncobj import SyncObj
+from pysyncobj import pickle as pso_pickle  # pysyncobj's pickle (journal, snapshot)
+from pysyncobj.dns_resolver import globalDnsResolver
+from pysyncobj.journal import APP_NAME as JOURNAL_APP_NAME
+from pysyncobj.journal import FIRST_RECORD_OFFSET as JOURNAL_FIRST_RECORD_OFFSET
+from pysyncobj.journal import LAST_RECORD_OFFSET_OFFSET as JOURNAL_LAST_RECORD_OFFSET_OFFSET
+from pysyncobj.monotonic import monotonic  # pysyncobj's clock (its deadlines)
+from pysyncobj.node import TCPNode
+from pysyncobj.syncobj import _COMMAND_TYPE as COMMAND_TYPE  # REGULAR: a replicated call of ours
+from pysyncobj.syncobj import _RAFT_STATE as RAFT_STATE  # FOLLOWER, CANDIDATE, LEADER
+from pysyncobj.tcp_connection import CONNECTION_STATE
+
+__all__ = [
+    "COMMAND_TYPE", "CONNECTION_STATE", "INTERNALS", "JOURNAL_APP_NAME", "JOURNAL_FIRST_RECORD_OFFSET",
+    "JOURNAL_LAST_RECORD_OFFSET_OFFSET", "PINNED_VERSION", "RAFT_STATE", "Internal", "SyncObjInternals", "TCPNode",
+    "check", "connecting_since", "message", "monotonic", "problems", "pso_pickle", "resolve_host",
+]
+
+
+def resolve_host(host: str) -> str | None:
+    """``host`` resolved through pysyncobj's DNS cache (``dnsCacheTime``), as pysyncobj dials."""
+    return globalDnsResolver().resolve(host)
+
+
+def connecting_since(connection: Any) -> float | None:
+    """When a ``TcpConnection`` still connecting started to (pysyncobj's ``monotonic()``); None
+    for one that is connected or disconnected."""
+    if connection.state != CONNECTION_STATE.CONNECTING:
+        return None
+    return getattr(connection, LAST_READ_ATTR.name)
+
+
+def _attr(entry: Internal, doc: str, *, writable: bool = False) -> property:
+    """SyncObj's private attribute ``entry`` as a property (read-only unless ``writable``)."""
+    if entry not in INTERNALS or entry.kind != INSTANCE or entry.owner != "SyncObj":
+        raise TypeError(f"{entry.label} is not a checked SyncObj attribute")
+    name = entry.name
+
+    def get(self: Any) -> Any:
+        return getattr(self, name)
+
+    def put(self: Any, value: Any) -> None:
+        setattr(self, name, value)
+
+    return property(get, put if writable else None, doc=doc)
+
+
+def _method(entry: Internal) -> Callable[..., Any]:
+    """SyncObj's private method ``entry``, unbound (pysyncobj's own, whatever a subclass overrides)."""
+    if entry not in INTERNALS or entry.kind != CLASS or entry.owner != "SyncObj":
+        raise TypeError(f"{entry.label} is not a checked SyncObj method")
+    return getattr(SyncObj, entry.name)
+
+
+class SyncObjInternals(SyncObj):
+    """``SyncObj`` with the private state this project reads and writes under ``pso_*`` names, and
+    ``on_raft_message``, called with every Raft message the node receives (on the tick thread).
+    pysyncobj's protected ``_onTick``, ``_isLeader`` and ``_getLeader`` are used as they are
+    (listed in ``INTERNALS``)."""
+
+    pso_state = _attr(RAFT_STATE_ATTR, "RAFT_STATE.FOLLOWER, CANDIDATE or LEADER.")
+    pso_voted_for = _attr(VOTED_FOR_ATTR, "The node id this node voted for in its term, or None.", writable=True)
+    pso_election_deadline = _attr(ELECTION_DEADLINE_ATTR,
+                                  "``monotonic()`` time at which a follower starts an election.", writable=True)
+    _pso_transport = _attr(TRANSPORT_ATTR, "The TCPTransport.")
+    _pso_handle_message = _method(ON_MESSAGE_RECEIVED)
+    _pso_log_term = _method(LOG_TERM)
+    _pso_log_index = _method(LOG_INDEX)
+    _pso_generate_timeout = _method(GENERATE_TIMEOUT)
+
+    @property
+    def pso_connections(self) -> dict[Any, Any]:
+        """The transport's connections: node -> ``TcpConnection`` (see ``connecting_since``)."""
+        return getattr(self._pso_transport, CONNECTIONS_ATTR.name)
+
+    def pso_send(self, node: Any, message: Any) -> bool:
+        """Send ``message`` to ``node`` on its Raft connection; False if not connected."""
+        return bool(self._pso_transport.send(node, message))
+
+    def pso_last_log(self) -> tuple[int, int]:
+        """(term, index) of this node's last log entry."""
+        return self._pso_log_term(), self._pso_log_index()
+
+    def pso_election_timeout(self) -> float:
+        """A random election timeout in [raftMinTimeout, raftMaxTimeout], as pysyncobj draws one."""
+        return self._pso_generate_timeout()
+
+    def on_raft_message(self, node: Any, message: Any) -> None:
+        """Every Raft message from ``node``, on the tick thread. Override; call
+        ``pso_handle_message`` for pysyncobj's own handling."""
+        self.pso_handle_message(node, message)
+
+    def pso_handle_message(self, node: Any, message: Any) -> None:
+        """pysyncobj's handling of a Raft message (votes, appends, responses)."""
+        self._pso_handle_message(node, message)
+
+    # pysyncobj hands every received message to ``self.__onMessageReceived``.
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
+        self.on_raft_message(node, message)
+
