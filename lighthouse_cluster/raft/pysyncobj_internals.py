@@ -22,6 +22,7 @@ names and the behaviour around them were read from.
 
 from __future__ import annotations
 
+import dis
 import importlib
 import inspect
 from collections.abc import Callable
@@ -129,8 +130,8 @@ def _present(module: ModuleType, entry: Internal) -> bool:
     if not inspect.isclass(owner):
         return False
     if entry.kind == INSTANCE:
-        init = getattr(owner.__dict__.get("__init__"), "__code__", None)
-        return init is not None and entry.name in init.co_names
+        init = owner.__dict__.get("__init__")
+        return inspect.isfunction(init) and entry.name in _stored_attributes(init)
     if not hasattr(owner, entry.name):
         return False
     if entry.params is None:
@@ -140,6 +141,11 @@ def _present(module: ModuleType, entry: Internal) -> bool:
     except (TypeError, ValueError):
         return False
     return params == entry.params
+
+
+def _stored_attributes(function: Any) -> set[str]:
+    """The attribute names ``function``'s own code assigns (``x.name = ...``)."""
+    return {i.argval for i in dis.get_instructions(function) if i.opname == "STORE_ATTR"}
 
 
 def message(version: str | None, missing: list[str]) -> str | None:
