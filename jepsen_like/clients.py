@@ -1,12 +1,15 @@
 """Clients: simulated replica groups doing quorum rounds and heartbeats, every call recorded.
 
-Each client is one torchft replica group (replica id ``c0``, ``c1``, ...) as its manager server
-talks to the lighthouse: a heartbeat every 100 ms and one Quorum call per step with a deadline.
-Client ``k`` starts on node ``k mod n``; even clients stay on their node unless it refuses
-connections (a killed node: they move on, like a client with the endpoint list), odd clients
-also move on after any failed call (a client that load-balances). Every call is an ``invoke``
-followed by ``ok``, ``fail`` (the call never reached a node: connection refused, invalid
-argument) or ``info`` (unknown: a timed-out Quorum call may still have been committed).
+Each client is one torchft replica group (replica id ``c0``, ``c1``, ...), a
+``lighthouse_cluster.local.simulated_group.SimulatedReplicaGroup`` (a heartbeat every 100 ms
+and one Quorum call per step with a deadline; the definition of that traffic and of what a
+failed call means lives there). This module adds what the harness needs on top: the history.
+Client ``k`` starts on node ``k mod n``; even clients stay on their node unless a call certainly
+did not reach it (connection refused: a killed node; they move on, like a client with the
+endpoint list), odd clients also move on after any failed call (a client that load-balances).
+Every call is an ``invoke`` followed by ``ok``, ``fail`` (the call never reached a node:
+connection refused, invalid argument) or ``info`` (unknown: a timed-out Quorum call may still
+have been committed; also a call cut short when the clients stop).
 
 All clients run on one asyncio event loop in a background thread (``ClientPool``).
 """
@@ -15,17 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
-import grpc
-
-from lighthouse_cluster.proto import torchft_pb2 as pb
-from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
+from lighthouse_cluster.local.simulated_group import (
+    FAILED, OK as ANSWERED, ON_ANY_ERROR, ON_NOT_SENT, HeartbeatResult, RoundResult, SimulatedReplicaGroup,
+)
 
 from .history import FAIL, INFO, INVOKE, OK, HistoryWriter
-
-_NOT_SENT = ("failed to connect", "connection refused", "connect failed", "dns resolution failed")
 
 
 @dataclass
@@ -38,110 +38,75 @@ class ClientSettings:
     retry_sleep_s: float = 0.05
 
 
-def classify(code: grpc.StatusCode, details: str | None) -> str:
-    """``fail`` when the call certainly had no effect, else ``info`` (unknown outcome)."""
-    text = (details or "").lower()
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return FAIL
-    if code == grpc.StatusCode.UNAVAILABLE and any(s in text for s in _NOT_SENT):
-        return FAIL
-    return INFO
+def completion_type(outcome: str) -> str:
+    """The history's completion type for a simulated group's outcome."""
+    return OK if outcome == ANSWERED else FAIL if outcome == FAILED else INFO
 
 
-@dataclass
+def error_text(error: str, details: str) -> str:
+    return f"{error}: {details[:120]}"
+
+
 class Client:
-    replica_id: str
-    endpoints: list[str]
-    node_ids: list[str]
-    start: int
-    roaming: bool
-    settings: ClientSettings
-    history: HistoryWriter
-    step: int = 0
-    current: int = field(init=False, default=0)
-    _channels: dict[str, grpc.aio.Channel] = field(init=False, default_factory=dict)
+    """One simulated replica group whose every call goes into the history."""
 
-    def __post_init__(self) -> None:
-        self.current = self.start % len(self.endpoints)
+    def __init__(self, replica_id: str, endpoints: list[str], node_ids: list[str], start: int, roaming: bool,
+                 settings: ClientSettings, history: HistoryWriter) -> None:
+        self.history = history
+        self._node_of = dict(zip(endpoints, node_ids))
+        # The invocation of each call kind ("quorum", "heartbeat") still waiting for its
+        # completion: (node, value). What is left when the client stops is completed as ``info``.
+        self._open: dict[str, tuple[str, Any]] = {}
+        self.group = SimulatedReplicaGroup(
+            replica_id, endpoints[start % len(endpoints)], quorum_timeout_s=settings.quorum_timeout_s,
+            heartbeat_interval_s=settings.heartbeat_interval_s, heartbeat_timeout_s=settings.heartbeat_timeout_s,
+            step_time_s=settings.step_time_s, retry_sleep_s=settings.retry_sleep_s,
+            fallback_endpoints=tuple(endpoints), move_on=ON_ANY_ERROR if roaming else ON_NOT_SENT,
+            on_send=self._sent, on_round=self._round_done, on_heartbeat=self._heartbeat_done, keep_rounds=False)
 
-    def _stub(self) -> pb_grpc.LighthouseServiceStub:
-        ep = self.endpoints[self.current]
-        ch = self._channels.get(ep)
-        if ch is None:
-            ch = grpc.aio.insecure_channel(ep, options=[("grpc.initial_reconnect_backoff_ms", 100),
-                                                        ("grpc.max_reconnect_backoff_ms", 500)])
-            self._channels[ep] = ch
-        return pb_grpc.LighthouseServiceStub(ch)
+    @property
+    def replica_id(self) -> str:
+        return self.group.replica_id
 
     @property
     def node(self) -> str:
-        return self.node_ids[self.current]
+        """The node it talks to now (``n1`` ...)."""
+        return self._node_of[self.group.endpoint]
 
-    def _move_on(self) -> None:
-        self.current = (self.current + 1) % len(self.endpoints)
+    @property
+    def step(self) -> int:
+        return self.group.step
+
+    def _sent(self, f: str, endpoint: str) -> None:
+        node = self._node_of[endpoint]
+        value = {"step": self.group.step} if f == "quorum" else None
+        self._open[f] = (node, value)
+        self.history.append(self.replica_id, INVOKE, f, value, node)
+
+    def _round_done(self, r: RoundResult) -> None:
+        node, value = self._open.pop("quorum")
+        if r.outcome == ANSWERED:
+            self.history.append(self.replica_id, OK, "quorum",
+                                {"quorum_id": r.quorum_id, "participants": list(r.participants), "step": r.step}, node)
+        else:
+            self.history.append(self.replica_id, completion_type(r.outcome), "quorum", value, node,
+                                error_text(r.error, r.details))
+
+    def _heartbeat_done(self, h: HeartbeatResult) -> None:
+        node, _ = self._open.pop("heartbeat")
+        self.history.append(self.replica_id, completion_type(h.outcome), "heartbeat", None, node,
+                            None if h.outcome == ANSWERED else error_text(h.error, h.details))
 
     async def close(self) -> None:
-        for ch in self._channels.values():
-            await ch.close(grace=None)
-        self._channels.clear()
-
-    async def quorum_once(self) -> bool:
-        node = self.node
-        self.history.append(self.replica_id, INVOKE, "quorum", {"step": self.step}, node)
-        request = pb.LighthouseQuorumRequest(requester=pb.QuorumMember(
-            replica_id=self.replica_id, address=f"sim://{self.replica_id}",
-            store_address=f"sim-store://{self.replica_id}", step=self.step, world_size=1))
-        try:
-            resp = await self._stub().Quorum(request, timeout=self.settings.quorum_timeout_s)
-        except grpc.aio.AioRpcError as e:
-            kind = classify(e.code(), e.details())
-            self.history.append(self.replica_id, kind, "quorum", {"step": self.step}, node,
-                                f"{e.code().name}: {(e.details() or '')[:120]}")
-            if kind == FAIL or self.roaming:
-                self._move_on()
-            return False
-        except asyncio.CancelledError:
-            self.history.append(self.replica_id, INFO, "quorum", {"step": self.step}, node, "cancelled at shutdown")
-            raise
-        q = resp.quorum
-        members = [m.replica_id for m in q.participants]
-        self.history.append(self.replica_id, OK, "quorum",
-                            {"quorum_id": q.quorum_id, "participants": members, "step": self.step}, node)
-        self.step = max((m.step for m in q.participants), default=self.step) + 1
-        return True
-
-    async def heartbeat_once(self) -> None:
-        node = self.node
-        self.history.append(self.replica_id, INVOKE, "heartbeat", None, node)
-        try:
-            await self._stub().Heartbeat(pb.LighthouseHeartbeatRequest(replica_id=self.replica_id),
-                                         timeout=self.settings.heartbeat_timeout_s)
-        except grpc.aio.AioRpcError as e:
-            self.history.append(self.replica_id, classify(e.code(), e.details()), "heartbeat", None, node,
-                                f"{e.code().name}: {(e.details() or '')[:120]}")
-            return
-        except asyncio.CancelledError:
-            self.history.append(self.replica_id, INFO, "heartbeat", None, node, "cancelled at shutdown")
-            raise
-        self.history.append(self.replica_id, OK, "heartbeat", None, node)
+        await self.group.close()
 
     async def run(self, stop: Callable[[], bool]) -> None:
-        async def heartbeats() -> None:
-            while not stop():
-                await self.heartbeat_once()
-                await asyncio.sleep(self.settings.heartbeat_interval_s)
-
-        hb = asyncio.get_running_loop().create_task(heartbeats())
         try:
-            while not stop():
-                ok = await self.quorum_once()
-                await asyncio.sleep(self.settings.step_time_s if ok else self.settings.retry_sleep_s)
+            await self.group.run(until=stop)
         finally:
-            hb.cancel()
-            try:
-                await hb
-            except asyncio.CancelledError:
-                pass
+            for f, (node, value) in list(self._open.items()):
+                self.history.append(self.replica_id, INFO, f, value, node, "cancelled at shutdown")
+            self._open.clear()
             await self.close()
 
 

@@ -3,20 +3,18 @@ subprocess, torchft Quorum calls (plaintext or TLS)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
-import grpc
-
 from lighthouse_cluster.local.cluster import LocalCluster
+from lighthouse_cluster.local.simulated_group import SimulatedReplicaGroup
 from lighthouse_cluster.proto import torchft_pb2 as pb
-from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
-from lighthouse_cluster.tls import ClientTLS, channel
+from lighthouse_cluster.tls import ClientTLS
 
 ROOT = Path(__file__).resolve().parent.parent
 POLL_S = 0.02
@@ -46,32 +44,24 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30.0) ->
 
 
 def quorum_call(address: str, replica_id: str, *, step: int = 0, timeout: float = 15.0,
-                tls: ClientTLS | None = None) -> pb.Quorum:
+                tls: ClientTLS | None = None, commit_failures: int = 0, heartbeats: bool = True) -> pb.Quorum:
     """One torchft Quorum call (blocking) from replica group ``replica_id``, heartbeating every
-    100 ms while it waits, as torchft's manager does.
+    100 ms while it waits, as torchft's manager does (``heartbeats=False``: the call alone).
+    A ``SimulatedReplicaGroup`` making one call; raises the call's ``grpc.RpcError``.
 
     The default deadline outlasts the heartbeat timeout (5 s): a leader elected since the last
     quorum seeds a fresh heartbeat for each of its members (torchft's warm-up), so a quorum
     without them is issued only once those expire; the caller's own heartbeats keep it healthy
     meanwhile (without them it would expire with the seeded members when its call reached the
     new leader before the seeding, and never get a quorum)."""
-    request = pb.LighthouseQuorumRequest(requester=pb.QuorumMember(
-        replica_id=replica_id, address=f"sim://{replica_id}", store_address=f"sim-store://{replica_id}",
-        step=step, world_size=1))
-    done = threading.Event()
-    with channel(address, tls) as ch:
-        stub = pb_grpc.LighthouseServiceStub(ch)
-
-        def heartbeat() -> None:
-            while not done.wait(0.1):
-                try:
-                    stub.Heartbeat(pb.LighthouseHeartbeatRequest(replica_id=replica_id), timeout=1.0)
-                except grpc.RpcError:
-                    pass  # the node may be changing leaders: the next one goes through
-        beats = threading.Thread(target=heartbeat, daemon=True)
-        beats.start()
+    async def call() -> pb.Quorum:
+        group = SimulatedReplicaGroup(replica_id, address, quorum_timeout_s=timeout, tls=tls, step=step,
+                                      commit_failures=commit_failures)
         try:
-            return stub.Quorum(request, timeout=timeout).quorum
+            if not heartbeats:
+                return await group.call_quorum()
+            async with group.heartbeating():
+                return await group.call_quorum()
         finally:
-            done.set()
-            beats.join(timeout=5)
+            await group.close()
+    return asyncio.run(call())

@@ -8,6 +8,7 @@ message carries the nodes' last log lines.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from typing import Callable
@@ -15,6 +16,7 @@ from typing import Callable
 import grpc
 import pytest
 
+import admin_support
 from lighthouse_cluster.local.cluster import LocalCluster, free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
@@ -78,14 +80,9 @@ def leader_status(cluster: LocalCluster, timeout: float = 10.0) -> tuple[int, cp
     return leader, sts[leader]
 
 
-def quorum_call(address: str, replica_id: str, *, step: int = 0, commit_failures: int = 0,
-                timeout: float = 5.0) -> pb.Quorum:
-    """One torchft Quorum call (blocking) from replica group ``replica_id``."""
-    request = pb.LighthouseQuorumRequest(requester=pb.QuorumMember(
-        replica_id=replica_id, address=f"sim://{replica_id}", store_address=f"sim-store://{replica_id}",
-        step=step, world_size=1, commit_failures=commit_failures))
-    with grpc.insecure_channel(address) as ch:
-        return pb_grpc.LighthouseServiceStub(ch).Quorum(request, timeout=timeout).quorum
+# One torchft Quorum call (blocking) from a replica group, without heartbeats: the simulated
+# group's single call (admin_support.quorum_call), with a 5 s deadline.
+quorum_call = functools.partial(admin_support.quorum_call, timeout=5.0, heartbeats=False)
 
 
 def box(value: object) -> tuple[object] | None:

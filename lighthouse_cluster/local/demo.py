@@ -1,6 +1,7 @@
 """`lighthouse-cluster up --demo`: simulated replica groups train through a leader failure.
 
-Each simulated replica group talks to a different node (followers forward to the leader) and
+Each simulated replica group (``simulated_group.SimulatedReplicaGroup``) talks to a different
+node (followers forward to the leader), moves to the next node when its own is unavailable, and
 does one quorum round per step. Every ``kill_every_s`` the demo SIGKILLs the current leader and
 reports the new leader, how long until every group had its next quorum, and whether the quorum
 id stayed the same (it should: the members did not change). It does not restart the killed node
@@ -16,7 +17,7 @@ import time
 from typing import Any, Callable
 
 from lighthouse_cluster.local.cluster import LocalCluster
-from lighthouse_cluster.local.simulated_group import RoundResult, SimulatedReplicaGroup
+from lighthouse_cluster.local.simulated_group import ON_UNAVAILABLE, RoundResult, SimulatedReplicaGroup
 
 
 def kill_line(name: str, new_leader: str | None, leader_after_s: float | None, recovered_after_s: float | None,
@@ -73,7 +74,8 @@ async def _demo(cluster: LocalCluster, replicas: int, console: Any, kill_every_s
 
     groups = [SimulatedReplicaGroup(f"replica_{i}", addresses[i % len(addresses)], quorum_timeout_s=3.0,
                                     step_time_s=step_time_s, on_round=on_round,
-                                    fallback_endpoints=tuple(addresses)) for i in range(replicas)]
+                                    fallback_endpoints=tuple(addresses), move_on=ON_UNAVAILABLE)
+              for i in range(replicas)]
     started = time.monotonic()
     stopped = False
 
