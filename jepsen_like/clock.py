@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ClockError", "ClockNemesis", "ClockSkew", "available", "find_library"]
+__all__ = ["ClockError", "ClockNemesis", "available", "find_library"]
 
 _LIBRARY_NAMES = ("libfaketimeMT.so.1", "libfaketime.so.1")
 _LIBRARY_DIRS = ("/usr/lib/*/faketime", "/usr/lib/faketime", "/usr/local/lib/faketime", "/usr/lib64/faketime")
@@ -275,7 +275,3 @@ class ClockNemesis:
         tmp.write_text(text)
         os.replace(tmp, path)   # atomic: libfaketime reads the old spec or the new one
         self._rates[i] = float(rate)
-
-
-# The name ``jepsen_like.cluster.open_clock`` looks for: ``ClockSkew(nodes, root)``.
-ClockSkew = ClockNemesis

@@ -10,7 +10,6 @@ whatever failed before (use it as a context manager).
 
 from __future__ import annotations
 
-import importlib
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +20,7 @@ from typing import Any, Callable
 from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 
+from . import clock as clock_skew
 from . import network
 
 ROLE_NAMES = {cpb.FOLLOWER: "follower", cpb.CANDIDATE: "candidate", cpb.LEADER: "leader", cpb.ROLE_UNKNOWN: "unknown"}
@@ -48,28 +48,16 @@ class ClusterSettings:
 
 
 class ClockUnavailable(RuntimeError):
-    pass
+    """Clock skew cannot run here (or was not enabled); the message says why."""
 
 
-def open_clock(nodes: int, root: Path) -> Any:
-    """The libfaketime backend (``jepsen_like.clock``), imported lazily; raises ClockUnavailable.
-
-    Expected interface: ``available() -> (bool, why)`` (optional) and a class ``ClockSkew(nodes,
-    root)`` with ``setup()``, ``launch_prefix(i) -> list[str]`` (or ``env(i) -> dict``),
-    ``set_rate(i, rate)``, ``reset()`` and ``teardown()``."""
-    try:
-        clock = importlib.import_module("jepsen_like.clock")
-    except ImportError as e:
-        raise ClockUnavailable(f"clock backend not importable: {e}") from e
-    available = getattr(clock, "available", None)
-    if available is not None:
-        ok, why = available()
-        if not ok:
-            raise ClockUnavailable(f"clock skew unavailable: {why}")
-    cls = getattr(clock, "ClockSkew", None)
-    if cls is None:
-        raise ClockUnavailable("jepsen_like.clock has no ClockSkew class")
-    return cls(nodes, root)
+def open_clock(nodes: int, root: Path) -> clock_skew.ClockNemesis:
+    """The libfaketime backend for ``nodes`` nodes, its rate files under ``root`` (not yet set
+    up); raises ``ClockUnavailable`` with the reason when libfaketime cannot skew a process here."""
+    ok, why = clock_skew.available()
+    if not ok:
+        raise ClockUnavailable(f"clock skew unavailable: {why}")
+    return clock_skew.ClockNemesis(nodes, directory=root)
 
 
 @dataclass
@@ -80,25 +68,27 @@ class HarnessCluster:
     settings: ClusterSettings = field(default_factory=ClusterSettings)
     backend: str = "auto"
     clock: bool = False
-    net: Any = field(init=False, default=None)
-    skew: Any = field(init=False, default=None)
+    net: network.NetworkBackend | None = field(init=False, default=None)
+    skew: clock_skew.ClockNemesis | None = field(init=False, default=None)
     local: LocalCluster | None = field(init=False, default=None)
-    clock_error: str = field(init=False, default="")
+    clock_error: str = field(init=False, default="")   # why clock skew is off although asked for
+    _skewed: bool = field(init=False, default=False)    # a clock rate is not 1 now
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self, leader_timeout_s: float = 20.0) -> "HarnessCluster":
         self.root.mkdir(parents=True, exist_ok=True)
         try:
-            self.net = network.make_network(self.backend, self.settings.nodes)
-            self.net.setup()
-            kwargs = network.cluster_kwargs(self.net)
+            self.net = net = network.make_network(self.backend, self.settings.nodes)
+            net.setup()
+            kwargs = net.cluster_kwargs()
             if self.clock:
                 try:
-                    self.skew = open_clock(self.settings.nodes, self.root / "clock")
-                    self.skew.setup()
-                except Exception as e:   # optional: the run goes on without clock faults
-                    self.skew, self.clock_error = None, str(e)
+                    skew = open_clock(self.settings.nodes, self.root / "clock")
+                    skew.setup()
+                    self.skew = skew
+                except (ClockUnavailable, clock_skew.ClockError, OSError) as e:
+                    self.clock_error = str(e)   # optional: the run goes on without clock faults
             kwargs["launch_prefix"] = self._launch_prefix(kwargs.get("launch_prefix"))
             s = self.settings
             self.local = LocalCluster(
@@ -107,7 +97,7 @@ class HarnessCluster:
                 quorum_tick_ms=s.quorum_tick_ms, election_timeout_ms=s.election_timeout_ms,
                 quorum_lease_ms=s.quorum_lease_ms if s.quorum_lease_ms is not None or self.skew is None else 0,
                 **kwargs)
-            network.attach(self.net, self.local)
+            net.attach(self.local)
             self.local.start()
             self.local.wait_for_leader(timeout=leader_timeout_s)
         except BaseException:
@@ -121,11 +111,7 @@ class HarnessCluster:
             return base
 
         def prefix(i: int) -> list[str]:
-            head = base(i) if base is not None else []
-            if hasattr(skew, "launch_prefix"):
-                return [*head, *skew.launch_prefix(i)]
-            env = skew.env(i)
-            return [*head, "env", *(f"{k}={v}" for k, v in env.items())]
+            return [*(base(i) if base is not None else []), *skew.launch_prefix(i)]
         return prefix
 
     def close(self) -> list[str]:
@@ -176,9 +162,8 @@ class HarnessCluster:
     @property
     def healthy(self) -> bool:
         """Every node running and not paused, no network cut, no clock skew."""
-        skewed = bool(getattr(self, "_skewed", None))
         return (all(self.running(i) and not self.paused(i) for i in range(self.nodes))
-                and not self.net.blocked and not skewed)
+                and not self.net.blocked and not self._skewed)
 
     def describe(self) -> dict[str, Any]:
         return {"down": [self.node_id(i) for i in range(self.nodes) if not self.running(i)],
@@ -252,7 +237,7 @@ class HarnessCluster:
                 self.cluster.resume(i)
             elif not self.running(i):
                 self.cluster.start_node(i)
-        if self.skew is not None and getattr(self, "_skewed", False):
+        if self.skew is not None and self._skewed:
             self.skew.reset()
             self._skewed = False
 

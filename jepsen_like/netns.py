@@ -40,7 +40,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, ClassVar, Iterable, Sequence
 
 __all__ = ["NetnsError", "NetnsNetwork", "available", "cleanup_stale"]
 
@@ -137,6 +137,7 @@ class NetnsNetwork:
     manager, or call ``setup()`` and always ``teardown()``.
     """
 
+    name: ClassVar[str] = "netns"
     nodes: int
     subnet_base: str = DEFAULT_SUBNET_BASE
     firewall: str | None = None  # "nft" or "iptables"; default: nft if installed
@@ -191,6 +192,16 @@ class NetnsNetwork:
     def run(self, i: int, cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run ``cmd`` inside node ``i``'s namespace and return the completed process."""
         return _run([*self.exec_prefix(i), *cmd], check=check)
+
+    # The two hooks of ``jepsen_like.network.NetworkBackend``.
+
+    def cluster_kwargs(self) -> dict[str, Any]:
+        """``LocalCluster`` keyword arguments that put node ``i`` at ``address(i)`` inside its
+        namespace (after ``setup()``)."""
+        return {"hosts": self.addresses, "launch_prefix": self.exec_prefix}
+
+    def attach(self, cluster: Any) -> None:
+        """Nothing to do: the namespaces need no port of the cluster's."""
 
     # -- lifecycle ----------------------------------------------------------------------------
 

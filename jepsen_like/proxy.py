@@ -93,7 +93,7 @@ import struct
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, ClassVar, Iterable, Sequence
 
 __all__ = ["ProxyError", "ProxyNetwork", "available"]
 
@@ -215,6 +215,7 @@ class ProxyNetwork:
     manager, or call ``setup()`` and always ``teardown()``.
     """
 
+    name: ClassVar[str] = "proxy"
     nodes: int
     host: str = "127.0.0.1"             # where the listeners bind (the nodes dial it)
     tag: str = field(default_factory=lambda: secrets.token_hex(3))
@@ -373,8 +374,8 @@ class ProxyNetwork:
         cluster.launch_prefix = lambda i: [*self.launch_prefix(i), *(previous(i) if previous else [])]
         return cluster
 
-    # The two hooks of ``jepsen_like.network``: ``LocalCluster(**net.cluster_kwargs())``, then
-    # ``net.attach(cluster)`` before any node starts (together: what ``wire`` does).
+    # The two hooks of ``jepsen_like.network.NetworkBackend``: ``LocalCluster(**net.cluster_kwargs())``,
+    # then ``net.attach(cluster)`` before any node starts (together: what ``wire`` does).
 
     def cluster_kwargs(self) -> dict[str, Any]:
         """``LocalCluster`` keyword arguments: the per-node launch prefix (``--raft-dial`` through

@@ -42,7 +42,7 @@ def test_rate_files_env_and_teardown(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert [clock.spec(r) for r in (2, 0.5, 1.0, 1.25)] == ["+0 x2", "+0 x0.5", "+0 x1", "+0 x1.25"]
     with pytest.raises(ValueError):
         clock.spec(0)
-    n = clock.ClockSkew(2, tmp_path / "clocks", library=str(lib))      # the harness's name and call
+    n = clock.ClockNemesis(2, tmp_path / "clocks", library=str(lib))
     with pytest.raises(clock.ClockError, match="setup"):
         n.set_rate(0, 2)
     n.setup()
