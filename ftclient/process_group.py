@@ -31,6 +31,7 @@ import os
 import queue
 import threading
 import time
+import weakref
 from datetime import timedelta
 from typing import Any, Callable, Protocol
 
@@ -306,7 +307,7 @@ class _Backend:
 
     torch's Gloo destructor joins Gloo's worker threads, i.e. waits for an in-flight operation
     to hit Gloo's own timeout. So an idle group is destroyed at once, and a busy one is handed
-    to a reaper thread that destroys it when its last operation has finished."""
+    to the reaper, which destroys it when its last operation has finished."""
 
     def __init__(self, pg: dist.ProcessGroupGloo) -> None:
         self.pg: dist.ProcessGroupGloo | None = pg
@@ -314,6 +315,7 @@ class _Backend:
         self._inflight = 0
         self.idle = threading.Event()
         self.idle.set()
+        _REAPER.track(self)
 
     def op_started(self) -> None:
         with self._lock:
@@ -334,14 +336,33 @@ class _Backend:
 
 
 class _Reaper:
-    """Destroys busy Gloo groups once idle, off the trainer's thread. At interpreter exit it
-    stops (bounded wait) so no destructor runs while Python finalizes."""
+    """Destroys Gloo groups off the trainer's thread once idle, and every group still alive at
+    interpreter exit.
+
+    Exit is the dangerous moment: an operation that completes while Python finalizes runs its
+    completion callbacks (this module's Python code) on a Gloo worker thread, and a thread that
+    asks for the GIL then is ended by Python with a forced unwind, which aborts the process
+    ("terminate called after throwing an instance of 'gloo::IoException'"): a peer that exits
+    or dies makes the last operation of the others fail at just that moment. So an ``atexit``
+    hook -- it runs before finalization -- waits (bounded) for each group's in-flight operations
+    and destroys it, which joins its Gloo threads while Python still runs normally."""
+
+    EXIT_WAIT_S = 5.0
+    """How long exit waits, over all groups, for in-flight operations to finish."""
 
     def __init__(self) -> None:
         self._queue: queue.Queue[_Backend | None] = queue.Queue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pid: int | None = None
+        self._live: weakref.WeakSet[_Backend] = weakref.WeakSet()
+        atexit.register(self._at_exit)
+        if hasattr(os, "register_at_fork"):
+            # A forked child has none of the parent's Gloo threads: it must not join them.
+            os.register_at_fork(after_in_child=self._live.clear)
+
+    def track(self, backend: _Backend) -> None:
+        self._live.add(backend)
 
     def retire(self, backend: _Backend) -> None:
         with self._lock:
@@ -349,7 +370,6 @@ class _Reaper:
                 self._pid = os.getpid()
                 self._thread = threading.Thread(target=self._run, name="ftclient-pg-reaper", daemon=True)
                 self._thread.start()
-                atexit.register(self._stop)
         self._queue.put(backend)
 
     def _run(self) -> None:
@@ -360,11 +380,21 @@ class _Reaper:
             backend.idle.wait()
             backend.pg = None
 
-    def _stop(self) -> None:
-        self._queue.put(None)
-        thread = self._thread
+    def _at_exit(self) -> None:
+        deadline = time.monotonic() + self.EXIT_WAIT_S
+        with self._lock:
+            thread = self._thread if self._pid == os.getpid() else None
         if thread is not None and thread.is_alive():
-            thread.join(timeout=5.0)
+            self._queue.put(None)  # after the groups already retired
+            thread.join(max(0.0, deadline - time.monotonic()))
+        for backend in list(self._live):
+            if backend.pg is None:
+                continue
+            if backend.idle.wait(max(0.0, deadline - time.monotonic())):
+                backend.pg = None  # torch releases the GIL while it joins the group's threads
+            else:
+                logger.warning("a Gloo group still has an operation in flight at exit; left to the OS "
+                               "(the process may abort if it completes while Python finalizes)")
 
 
 _REAPER = _Reaper()

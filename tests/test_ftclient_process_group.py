@@ -12,9 +12,12 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import subprocess
+import sys
 import time
 import traceback
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
@@ -34,6 +37,8 @@ from ftclient.process_group import (
 )
 
 pytestmark = pytest.mark.timeout(60)
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -310,6 +315,7 @@ def _pg_worker(rank: int, port: int, barrier: Any, results: Any) -> None:
                 outcome = f"{type(e).__name__}: {e}"
             results.put((rank, "q3", time.monotonic() - start, outcome, str(pg.errored())))
         barrier.wait(timeout=30)
+        pg.shutdown()  # done with quorum 3, as the Manager's next configure would be
 
         # Quorum 4: the error-swallowing wrapper; rank 1 dies after one good allreduce.
         wrapped = ErrorSwallowingProcessGroupWrapper(ProcessGroupGloo(timeout=timeout))
@@ -330,9 +336,55 @@ def _pg_worker(rank: int, port: int, barrier: Any, results: Any) -> None:
             (rank, "q4", ok.tolist(), returned, elapsed, str(wrapped.errored()),
              after[0].tolist(), skipped)
         )
+        wrapped.shutdown()
     except Exception:
         results.put((rank, "error", traceback.format_exc()))
         raise
+
+
+_EXIT_DURING_OP = """
+import sys, threading, time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ftclient.process_group import ProcessGroupGloo
+
+store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+addr = f"127.0.0.1:{store.port}/exit/1/0"
+pgs = [ProcessGroupGloo(timeout=timedelta(seconds=1.0)) for _ in range(2)]
+peer = threading.Thread(target=pgs[1].configure, args=(addr, "r1", 1, 2))
+peer.start()
+pgs[0].configure(addr, "r0", 0, 2)
+peer.join()
+work = pgs[0].allreduce([torch.ones(4)])  # rank 1 never joins it: it fails after 1 s
+
+
+class SleepsWhilePythonFinalizes:
+    def __del__(self, sleep=time.sleep):
+        sleep(2.5)  # module teardown: a thread that asks for the GIL now is ended by Python
+
+
+keep = SleepsWhilePythonFinalizes()
+print("exiting with an operation in flight", flush=True)
+"""
+
+
+@pytest.mark.integration
+def test_exit_with_an_operation_in_flight_does_not_abort(tmp_path: Any) -> None:
+    """Without the exit hook, the operation failing while Python finalizes ran its completion
+    callback on a Gloo thread that Python ended with a forced unwind: "terminate called after
+    throwing an instance of 'gloo::IoException'" and SIGABRT (what once hit the two-process
+    test below when rank 1 died just before rank 0 exited)."""
+    script = tmp_path / "exit_during_op.py"
+    script.write_text(_EXIT_DURING_OP)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path, env=env)
+    assert "exiting with an operation in flight" in proc.stdout, proc.stderr
+    assert "terminate called" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0, proc.stderr
 
 
 def _get(results: Any, deadline: float) -> tuple[Any, ...]:
