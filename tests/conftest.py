@@ -1,13 +1,30 @@
-"""Shared fixtures: local clusters of real node processes that are always cleaned up."""
+"""Shared fixtures and the two rules every test run enforces.
+
+* **A test that starts a process or serves a socket is an integration test.** Tests are laid out
+  by the package they test (``tests/core``, ``tests/raft``, ``tests/server``, ...); within them,
+  ``@pytest.mark.integration`` marks every test that starts node processes, subprocesses or
+  servers. An unmarked test that tries (``subprocess``, ``multiprocessing``, ``os.fork``, a
+  listening socket, a gRPC server) fails at that call, so ``pytest -m "not integration"`` stays
+  the fast run it says it is (no processes, no servers; under a minute).
+* **No silent skips in CI** (``support.skips``): with ``LIGHTHOUSE_TESTS_STRICT=1`` or ``CI`` set,
+  a skip that is not on the expected list fails.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing.process
+import os
+import socket
+import subprocess
 from typing import Any, Callable, Iterator
 
+import grpc
+import grpc.aio
 import pytest
 
 from lighthouse_cluster.local.cluster import LocalCluster
+from support import skips
 
 
 @pytest.fixture
@@ -25,3 +42,70 @@ def make_cluster(tmp_path: Any) -> Iterator[Callable[..., LocalCluster]]:
             return stack.enter_context(cluster)
 
         yield make
+
+
+# -- unit tests start nothing ----------------------------------------------------------------------
+
+_REFUSED = (
+    (subprocess.Popen, "__init__", "start a subprocess"),
+    (multiprocessing.process.BaseProcess, "start", "start a multiprocessing process"),
+    (os, "fork", "fork"),
+    (socket.socket, "listen", "listen on a socket"),
+    (grpc, "server", "start a gRPC server"),
+    (grpc.aio, "server", "start a gRPC server"),
+)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_process_or_server(request: pytest.FixtureRequest,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("integration") is not None:
+        return
+    for owner, name, what in _REFUSED:
+        def refuse(*args: Any, _what: str = what, **kwargs: Any) -> Any:
+            raise AssertionError(f"a test that is not marked integration may not {_what}: "
+                                 f"mark it @pytest.mark.integration (tests/conftest.py)")
+        monkeypatch.setattr(owner, name, refuse)
+
+
+# -- no silent skips in CI -------------------------------------------------------------------------
+
+_expected_skips: list[str] = []
+
+
+def _skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    reason = _skip_reason(report)
+    if skips.expected(reason):
+        _expected_skips.append(f"{item.nodeid}: {reason}")
+    elif skips.strict():
+        report.outcome = "failed"
+        report.longrepr = f"unexpected skip (LIGHTHOUSE_TESTS_STRICT; see tests/support/skips.py): {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and skips.strict() and not skips.expected(_skip_reason(report)):
+        report.outcome = "failed"
+        report.longrepr = (f"unexpected skip of {collector.nodeid} at collection (LIGHTHOUSE_TESTS_STRICT; "
+                           f"see tests/support/skips.py): {_skip_reason(report)}")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _expected_skips:
+        terminalreporter.section("expected skips (tests/support/skips.py)")
+        for line in _expected_skips:
+            terminalreporter.write_line(line)

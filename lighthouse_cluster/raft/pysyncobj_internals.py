@@ -15,7 +15,7 @@ private attributes and submodules. They do so only through this module:
   journal's layout, ...), imported only after the check passed.
 
 The other modules of ``lighthouse_cluster.raft`` import pysyncobj's public API (``from pysyncobj
-import ...``) and everything else from here (tests/test_pysyncobj_internals.py checks this on the
+import ...``) and everything else from here (tests/raft/test_pysyncobj_internals.py checks this on the
 source). pysyncobj is pinned to ``PINNED_VERSION`` in pyproject.toml: the version whose source these
 names and the behaviour around them were read from.
 """

@@ -1,0 +1,341 @@
+"""The benchmarks (`python -m benchmarks`): the --quick smoke run (integration) and the pure pieces (unit).
+
+The smoke test runs the real thing (`python -m benchmarks run --quick`): it starts
+torchft_lighthouse, 3-node clusters, trainers and transfer processes, and must finish well within
+its timeout. It checks that the results JSON has every section with sane numbers, and that the
+markdown table and the PNG were written -- not the performance targets, which depend on the
+machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from array import array
+from pathlib import Path
+
+import pytest
+
+from benchmarks import skip_reason
+from benchmarks.loadgen import analyze_rounds, first_answers_after
+from benchmarks.profile import top_functions
+from benchmarks.report import _plain_png, evaluate_targets, markdown
+from benchmarks.rounds import summarize
+
+ROOT = Path(__file__).resolve().parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# -- unit: round reconstruction, targets, rendering ------------------------------------------------
+
+
+def _worker_record(gids: list[int], sends: dict[int, list[float]], recvs: dict[int, list[float]],
+                   created: dict[int, list[float]] | None = None) -> dict:
+    created = created or {g: [] for g in gids}
+    return {
+        "gids": gids, "connected": len(gids), "connections": len(gids), "started": 0.0, "stopped": 10.0,
+        "sends": {g: array("d", sends[g]).tobytes() for g in gids},
+        "recvs": {g: array("d", recvs[g]).tobytes() for g in gids},
+        "created": {g: array("d", created[g]).tobytes() for g in gids},
+        "errors": [(0, 1.5, "UNAVAILABLE", 0.01)], "error_examples": ["UNAVAILABLE after 0.010s: x"],
+        "validation": {"checked": 1, "bad": 0, "quorum_ids": [(1.0, 1)], "examples": []},
+        "heartbeats": {"ok": 100, "err": 0, "lat": array("d", [0.001, 0.002]).tobytes()}, "cpu_s": 1.0,
+    }
+
+
+def test_rounds_are_reconstructed_from_per_group_answers():
+    # Two workers, three groups, lock-step rounds: the k-th answer of every group is round k.
+    sends = {0: [1.00, 2.00, 3.00], 1: [1.01, 2.02, 3.01], 2: [1.02, 2.01, 3.05]}
+    recvs = {0: [1.10, 2.10, 3.10], 1: [1.12, 2.11, 3.11], 2: [1.11, 2.12, 3.20]}
+    results = [_worker_record([0, 2], sends, recvs), _worker_record([1], sends, recvs)]
+    out = analyze_rounds(results, 3, t0=1.5, t1=3.5)
+    assert out["rounds"] == 2  # rounds 2 and 3 end inside the window, round 1 before it
+    assert out["rounds_per_s"] == pytest.approx(1.0)
+    # round 2: last request 2.02, last answer 2.12 -> 100 ms; round 3: 3.05 -> 3.20 -> 150 ms
+    assert out["latency_ms"]["p50"] == pytest.approx(125.0, abs=0.01)
+    assert out["latency_ms"]["max"] == pytest.approx(150.0, abs=0.01)
+    assert out["errors"] == {"UNAVAILABLE": 2}
+    assert out["heartbeats_expected_per_s"] == 30.0
+
+
+def test_first_answer_after_a_kill_ignores_quorums_created_before_it():
+    sends = {0: [1.0, 2.0, 3.0]}
+    recvs = {0: [1.1, 2.5, 3.1]}
+    created = {0: [101.0, 101.9, 102.9]}  # wall clock; the kill is at wall 102.0 (monotonic 2.1)
+    rec = [_worker_record([0], sends, recvs, created)]
+    assert first_answers_after(rec, 2.1) == {0: 2.5}  # by receive time: the in-flight answer
+    assert first_answers_after(rec, 2.1, wall=102.0) == {0: 3.1}  # by creation: the next quorum
+
+
+def _fake_results() -> dict:
+    runs = []
+    for n, base in ((8, 500.0), (256, 4.0)):
+        for system, rps in (("torchft", base), ("leader", base * 0.4 if n == 8 else base * 2.5),
+                            ("followers", base * 0.3 if n == 8 else base * 1.5)):
+            runs.append({"system": system, "n": n, "rounds_per_s": rps, "latency_ms": {"p50": 1.0, "p99": 2.0},
+                         "lighthouse_cpu": {"total_pct": 50.0}, "loadgen_cpu": {"total_pct": 40.0},
+                         "errors_total": 0, "errors": {}, "heartbeats_per_s": 10.0 * n})
+    return {
+        "mode": "quick", "command": "x", "machine": {"cpus": 2, "cpu_model": "test"},
+        "loadavg": {"start": [1.0, 1.0, 1.0], "end": [1.0, 1.0, 1.0]},
+        "sections": {
+            "rounds": {"config": {"duration_s": 1}, "runs": runs, "summary": summarize(runs)},
+            "failover": {"cluster": {"runs": [{"n": 8, "trials": [{"next_quorum_s": 0.3}, {"next_quorum_s": 0.7}],
+                                               "summary": {"trials": 2, "median_s": 0.5, "max_s": 0.7,
+                                                           "min_s": 0.3}, "quorum_ids_monotonic": True}]},
+                         "torchft": {"runs": [{"n": 8, "trials": [{"next_quorum_s": 2.0, "restart_listening_s": 1.8,
+                                                                   "quorum_id_before_after": [1, 1]}],
+                                               "summary": {"trials": 1, "median_s": 2.0, "max_s": 2.0,
+                                                           "min_s": 2.0}}]}},
+            "sdk": {"summary": {"torchft": {"torchft_ms": 10.0, "ftclient_ms": None, "ratio": None,
+                                            "ftclient_skipped": "torch is not installed", "errors": []}},
+                    "runs": []},
+            "recovery": {"trials": 1, "summary": [{"size_mb": 64, "torchft": {"recv_s": 0.1, "mb_per_s": 640.0},
+                                                    "ftclient": {"recv_s": 0.05, "mb_per_s": 1280.0},
+                                                    "throughput_ratio": 2.0}]},
+            "footprint": {"duration_s": 1, "cluster": {"cpu_pct": {"n1": 1.0}, "rss_mb": {"n1": 50.0}},
+                          "torchft": {"cpu_pct": 0.0, "rss_mb": 200.0}},
+        },
+    }
+
+
+def test_targets_are_evaluated_per_issue_6():
+    targets = {t["name"]: t for t in evaluate_targets(_fake_results())}
+    assert targets["rounds/s N=8 (cluster, clients on leader) / torchft"]["met"] is False  # 0.4 < 0.5
+    assert targets["rounds/s N=256 (cluster, clients on leader) / torchft"]["met"] is True  # 2.5 >= 2
+    assert targets["rounds/s N=256 (cluster, clients on followers) / torchft"]["met"] is False
+    assert targets["failover median, N=8"]["met"] is True
+    assert targets["SDK median step time ftclient / torchft (lighthouse: torchft)"]["met"] is None  # skipped
+    assert targets["recovery throughput ftclient / torchft, 64 MB"]["met"] is True
+
+
+def test_markdown_has_every_section_and_the_skip_reason(tmp_path: Path):
+    res = _fake_results()
+    text = markdown(res, "bench.png")
+    for heading in ("## Targets", "## Quorum rounds", "## Failover", "## SDK step overhead", "## Live recovery",
+                    "## Footprint (idle)"):
+        assert heading in text
+    assert "skipped: torch is not installed" in text
+    assert "![results](bench.png)" in text
+    png = tmp_path / "plain.png"
+    _plain_png(res, png)
+    assert png.read_bytes().startswith(PNG_MAGIC)
+
+
+def test_py_spy_raw_profiles_are_summarized(tmp_path: Path):
+    raw = tmp_path / "p.txt"
+    raw.write_text("thread (1): MainThread;run (a/b.py:1);select (c/d.py:2) 30\n"
+                   "thread (1): MainThread;run (a/b.py:1);work (c/e.py:3) 70\n")
+    t = top_functions(raw)
+    assert t["samples"] == 100
+    assert t["self"][0] == ("work (c/e.py:3)", 70.0)
+    assert ("run (a/b.py:1)", 100.0) in t["total"]
+
+
+# -- unit: a failed measurement is an error, only a missing optional package a skip -------------------
+
+
+def test_only_a_missing_optional_package_is_a_skip_reason():
+    assert skip_reason(ModuleNotFoundError("No module named 'torchft'", name="torchft")).startswith(
+        "torchft is not installed")
+    assert skip_reason(ModuleNotFoundError("No module named 'torch'", name="torch"))
+    # This repository's SDK, a broken install of an optional package, any other failure: errors.
+    assert skip_reason(ModuleNotFoundError("No module named 'ftclient'", name="ftclient")) is None
+    assert skip_reason(ModuleNotFoundError("No module named 'torchft._torchft'", name="torchft._torchft")) is None
+    assert skip_reason(ImportError("cannot import name 'Optimizer' from 'ftclient'", name="ftclient")) is None
+    assert skip_reason(RuntimeError("boom")) is None
+
+
+class _NoLighthouse:
+    """Stands in for torchft_lighthouse in run_sdk: the pairs below are canned."""
+
+    address = "127.0.0.1:1"
+
+    def __init__(self, **_kw: object) -> None:
+        pass
+
+    def start(self) -> float:
+        return 0.0
+
+    def kill(self) -> None:
+        pass
+
+
+def _sdk_with(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ftclient_groups: list[dict]) -> dict:
+    import benchmarks.sdk as sdk
+
+    ok = [{"step_times_s": [0.5] * 5 + [0.010, 0.011, 0.012, 0.013], "final_step": 9} for _ in range(2)]
+
+    def pair(which: str, *_a: object) -> dict:
+        return {"groups": ok if which == "torchft" else ftclient_groups, "log_dir": str(tmp_path)}
+
+    monkeypatch.setattr(sdk, "RustLighthouse", _NoLighthouse)
+    monkeypatch.setattr(sdk, "_run_pair", pair)
+    return sdk.run_sdk(9, 5, ["torchft"], tmp_path, say=lambda _s: None)
+
+
+def test_an_errored_ftclient_run_is_an_error_not_a_skip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    out = _sdk_with(monkeypatch, tmp_path, [
+        {"step_times_s": [0.01] * 9}, {"error": "cannot import ftclient: ImportError: cannot import name 'Manager'"}])
+    ftc = next(r for r in out["runs"] if r["sdk"] == "ftclient")
+    assert "skipped" not in ftc and "cannot import name 'Manager'" in ftc["error"]
+    summary = out["summary"]["torchft"]
+    assert summary["ftclient_ms"] is None and summary["ftclient_skipped"] is None
+    assert len(summary["errors"]) == 1 and len(out["errors"]) == 1
+    assert summary["torchft_ms"] == pytest.approx(11.5)  # statistics.median: the mean of the middle two
+    text = markdown({"sections": {"sdk": out}})
+    assert "error (below)" in text and "Errors (this section failed):" in text and "skipped" not in text
+
+
+def test_a_missing_optional_package_is_a_listed_skip(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    out = _sdk_with(monkeypatch, tmp_path, [{"skipped": "torch is not installed"}] * 2)
+    assert out["errors"] == []
+    summary = out["summary"]["torchft"]
+    assert summary["ftclient_skipped"] == "torch is not installed" and summary["errors"] == []
+    assert "skipped: torch is not installed" in markdown({"sections": {"sdk": out}})
+
+
+def test_a_failed_recovery_transfer_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    import benchmarks.recovery as recovery
+
+    def one(impl: str, size_mb: int, *_a: object) -> dict:
+        if impl == "ftclient":
+            return {"error": "recv: tensor 3 differs"}
+        return {"recv_s": 0.1, "mb_per_s": 640.0, "bytes": size_mb * 2**20, "recv_peak_rss_mb": 1.0,
+                "send_peak_rss_mb": 1.0, "send_checkpoint_s": 0.01}
+
+    monkeypatch.setattr(recovery, "_one", one)
+    out = recovery.run_recovery([64], 1, tmp_path, say=lambda _s: None)
+    assert out["errors"] == ["ftclient 64 MB, trial 0: recv: tensor 3 differs"]
+    row = out["summary"][0]
+    assert row["ftclient"] == {"error": "recv: tensor 3 differs"} and row["throughput_ratio"] is None
+    assert "error (below)" in markdown({"sections": {"recovery": out}})
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("worker", ["sdk_worker", "recovery_worker"])
+def test_workers_skip_only_when_an_optional_package_is_missing(tmp_path: Path, worker: str):
+    """The real worker processes: ftclient that cannot be imported is an error (exit 1); torchft
+    not installed is a skip (exit 3). Both exit before torch is imported."""
+    from support.import_blocker import blocking_env
+
+    for impl, blocked, code, key in (("ftclient", "ftclient", 1, "error"), ("torchft", "torchft", 3, "skipped")):
+        d = tmp_path / f"{impl}"
+        d.mkdir()
+        if worker == "sdk_worker":
+            args = ["--sdk", impl, "--group", "0", "--out", str(d / "recv.json"), "--ready-file", str(d / "ready"),
+                    "--go-file", str(d / "go")]
+        else:
+            args = ["--impl", impl, "--role", "recv", "--size-mb", "1", "--dir", str(d)]
+        env = blocking_env(d, (blocked,))
+        proc = subprocess.run([sys.executable, "-m", f"benchmarks.{worker}", *args], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == code, (impl, proc.stdout, proc.stderr)
+        result = json.loads((d / "recv.json").read_text())
+        assert list(result) == [key], result
+        assert blocked in result[key]
+
+
+# -- integration: the --quick run ----------------------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(420)
+def test_quick_bench_writes_every_section(tmp_path: Path):
+    pytest.importorskip("torchft", reason="the bench compares against torchft's Rust lighthouse")
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "run", "--quick", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    results = out / "bench-quick.json"
+    failed = ""
+    if results.exists():
+        failed = "\n".join(f"{k}: {v.get('traceback') or v['error']}"
+                           for k, v in json.loads(results.read_text())["sections"].items() if "error" in v)
+    assert proc.returncode == 0, f"bench failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{failed}"
+    res = json.loads(results.read_text())
+    assert (out / "bench-quick.md").read_text().startswith("# lighthouse-cluster bench")
+    assert (out / "bench-quick.png").read_bytes().startswith(PNG_MAGIC)
+    assert res["mode"] == "quick" and res["duration_s"] > 0
+    assert len(res["loadavg"]["start"]) == 3 and res["machine"]["cpus"] >= 1
+    sections = res["sections"]
+    assert set(sections) == {"rounds", "failover", "sdk", "recovery", "footprint"}
+    for name, sec in sections.items():
+        assert "error" not in sec, f"section {name} failed: {sec.get('error')}\n{sec.get('traceback', '')}"
+        assert not sec.get("errors"), f"section {name} had failed runs: {sec['errors']}"
+
+    # 1. rounds: every system completed rounds at every N, with positive latencies and CPU figures
+    summary = sections["rounds"]["summary"]
+    assert [row["n"] for row in summary] == [8, 64]
+    for row in summary:
+        for system in ("torchft", "leader", "followers"):
+            r = row[system]
+            assert r["rounds_per_s"] > 0, (row["n"], system, r)
+            assert 0 < r["p50_ms"] <= r["p99_ms"] < 30_000
+            assert r["lighthouse_cpu_pct"] > 0 and r["loadgen_cpu_pct"] > 0
+        assert row["leader"]["ratio_vs_torchft"] > 0
+    for run in sections["rounds"]["runs"]:
+        assert run["validation"]["bad"] == 0, run["validation"]  # every quorum had all N groups
+        assert run["connected"] == run["connections"]
+
+    # 2. failover: every trial ended with every group's next quorum, within a sane bound
+    fo = sections["failover"]
+    for run in fo["cluster"]["runs"] + fo["torchft"]["runs"]:
+        assert run["summary"]["completed"] == run["summary"]["trials"] >= 1
+        assert 0 < run["summary"]["median_s"] <= run["summary"]["max_s"] < 20
+    assert all(run["quorum_ids_monotonic"] for run in fo["cluster"]["runs"])
+
+    # 3. SDK: both measured. torchft (hence torch) is importable here, so nothing may be skipped:
+    # ftclient is this repository's, and an ftclient run that failed is an error, above and here.
+    for run in sections["sdk"]["runs"]:
+        assert "skipped" not in run and "error" not in run, run
+        assert run["final_steps"] == [sections["sdk"]["steps"]] * 2, run  # every step committed
+    sdk = sections["sdk"]["summary"]["torchft"]
+    assert sdk["torchft_ms"] > 0 and sdk["ftclient_ms"] > 0 and sdk["ratio"] > 0, sdk
+    assert sdk["ftclient_skipped"] is None and sdk["errors"] == []
+
+    # 4. recovery: both transports measured, every tensor checked (a mismatch is an error)
+    for run in sections["recovery"]["runs"]:
+        assert "skipped" not in run and "error" not in run, run
+    for row in sections["recovery"]["summary"]:
+        for impl in ("torchft", "ftclient"):
+            assert row[impl]["recv_s"] > 0 and row[impl]["mb_per_s"] > 0, row
+
+    # 5. footprint: three nodes and torchft_lighthouse, with resident memory
+    fp = sections["footprint"]
+    assert len(fp["cluster"]["rss_mb"]) == 3 and all(v > 10 for v in fp["cluster"]["rss_mb"].values())
+    assert fp["torchft"]["rss_mb"] > 1
+
+    assert res["targets"], "targets are evaluated"
+
+
+@pytest.mark.integration
+def test_python_grpc_floor_answers_a_full_round_once_every_requester_is_in(tmp_path: Path):
+    """The floor (benchmarks/grpc_floor.py) must really answer rounds, or its figures mean nothing:
+    it holds Quorum calls until min_replicas are in, then answers them all with one quorum."""
+    import concurrent.futures
+
+    import grpc
+
+    from benchmarks.procs import GrpcFloor
+    from lighthouse_cluster.proto import torchft_pb2 as pb
+    from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
+
+    with GrpcFloor(min_replicas=3, log_path=tmp_path / "floor.log") as floor, \
+            grpc.insecure_channel(floor.address) as ch:
+        stub = pb_grpc.LighthouseServiceStub(ch)
+        assert stub.Heartbeat(pb.LighthouseHeartbeatRequest(replica_id="a"), timeout=10) is not None
+
+        def ask(rid: str) -> pb.Quorum:
+            req = pb.LighthouseQuorumRequest(requester=pb.QuorumMember(replica_id=rid, step=1))
+            return stub.Quorum(req, timeout=20).quorum
+
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            first = [pool.submit(ask, r) for r in ("c", "a")]
+            concurrent.futures.wait(first, timeout=0.5)
+            assert not any(f.done() for f in first), "answered before min_replicas requesters were in"
+            quorums = [f.result(timeout=20) for f in first + [pool.submit(ask, "b")]]
+    assert all([m.replica_id for m in q.participants] == ["a", "b", "c"] for q in quorums)

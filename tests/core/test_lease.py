@@ -1,0 +1,206 @@
+"""The quorum lease (lease.py) as pure rules, and the coordinator's use of it with an in-process log.
+
+Real Raft and a real partition: tests/fault_injection/test_partition.py (the isolated leader's last answer
+comes before the new leader's first, quorum ids never go back in real time) and
+tests/server/test_cluster.py (failover with the default lease).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from lighthouse_cluster.core.codec import CommitQuorum, ConfirmLeadership, TermStart, decode_command, encode_command
+from lighthouse_cluster.server.coordinator import QuorumCoordinator
+from lighthouse_cluster.core.lease import LeaseSettings, QuorumLease
+from lighthouse_cluster.core.quorum import Member, QuorumOptions
+from lighthouse_cluster.raft.replication import CommitError
+from lighthouse_cluster.core.state_machine import QuorumStateMachine
+
+# -- the rules ------------------------------------------------------------------------------------
+
+
+def test_settings_reject_nonsense() -> None:
+    with pytest.raises(ValueError, match="lease_ms"):
+        LeaseSettings(lease_ms=-1)
+    with pytest.raises(ValueError, match="trust"):
+        LeaseSettings(lease_ms=100, trust=0.0)
+    assert not LeaseSettings(lease_ms=0).enabled and LeaseSettings(lease_ms=100).enabled
+
+
+def test_a_confirmation_grants_trust_times_the_lease_from_its_submission() -> None:
+    lease = QuorumLease(LeaseSettings(lease_ms=100, trust=0.5))
+    assert not lease.valid(3, 10.0)
+    lease.confirmed(3, submitted_at=10.0)
+    assert lease.valid(3, 10.049) and not lease.valid(3, 10.05)
+    assert not lease.valid(4, 10.01) and not lease.valid(None, 10.01)  # another term: no lease
+    lease.confirmed(3, submitted_at=9.0)  # an older confirmation applied late never shortens it
+    assert lease.valid(3, 10.049)
+    lease.confirmed(4, submitted_at=10.02)  # a new term starts from scratch
+    assert not lease.valid(3, 10.03) and lease.valid(4, 10.03)
+    lease.reset()
+    assert not lease.valid(4, 10.03)
+
+
+def test_renewal_is_due_when_half_of_a_confirmation_is_left() -> None:
+    lease = QuorumLease(LeaseSettings(lease_ms=100))
+    assert lease.renewal_due(1, 0.0)
+    lease.confirmed(1, 0.0)  # held 0.05 s
+    assert not lease.renewal_due(1, 0.02) and lease.renewal_due(1, 0.026)
+
+
+def test_disabled_lease_never_holds() -> None:
+    lease = QuorumLease(LeaseSettings(lease_ms=0))
+    lease.confirmed(1, 0.0)
+    assert not lease.valid(1, 0.0)
+
+
+def test_a_new_leader_waits_out_the_longer_of_its_own_and_its_predecessors_lease() -> None:
+    assert QuorumLease(LeaseSettings(lease_ms=100)).serve_after(5.0, 0) == pytest.approx(5.1)
+    assert QuorumLease(LeaseSettings(lease_ms=100)).serve_after(5.0, 400) == pytest.approx(5.4)
+    assert QuorumLease(LeaseSettings(lease_ms=0)).serve_after(5.0, 250) == pytest.approx(5.25)
+
+
+def test_confirm_leadership_round_trips_and_records_the_lease_length() -> None:
+    cmd = ConfirmLeadership(term=7, node_id="n2", lease_ms=150)
+    assert decode_command(encode_command(cmd)) == cmd
+    machine = QuorumStateMachine()
+    assert machine.apply(TermStart(term=7, node_id="n2", time_ms=1)).applied
+    assert machine.apply(cmd) is True
+    assert machine.apply(ConfirmLeadership(term=6, node_id="n1", lease_ms=300)) is False  # not the leader in force
+    assert machine.lease_ms == 300  # the longest recent announcement is what a successor must wait out
+    restored = QuorumStateMachine()
+    restored.restore_snapshot(machine.to_snapshot())
+    assert restored.lease_ms == 300
+
+
+# -- the coordinator ------------------------------------------------------------------------------
+
+
+class Log:
+    """Applies commands in order (what Raft does once a majority stored them); can refuse
+    leadership confirmations."""
+
+    def __init__(self, machine: QuorumStateMachine) -> None:
+        self.machine = machine
+        self.commands: list[Any] = []
+        self.confirm_error: CommitError | None = None
+
+    async def submit(self, command: Any, while_leader_of: int | None = None) -> Any:
+        await asyncio.sleep(0)
+        if isinstance(command, ConfirmLeadership) and self.confirm_error is not None:
+            raise self.confirm_error
+        self.commands.append(command)
+        return self.machine.apply(command)
+
+    def count(self, kind: type) -> int:
+        return sum(1 for c in self.commands if isinstance(c, kind))
+
+
+def make(lease_ms: int, machine: QuorumStateMachine | None = None) -> tuple[QuorumCoordinator, Log]:
+    machine = machine or QuorumStateMachine()
+    log = Log(machine)
+    coord = QuorumCoordinator("n1", QuorumOptions(min_replicas=2), quorum_tick_ms=10, state=machine,
+                              submit=log.submit, lease=LeaseSettings(lease_ms=lease_ms))
+    return coord, log
+
+
+async def until(cond: Any, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.001)
+
+
+async def rounds(coord: QuorumCoordinator, n: int) -> None:
+    for step in range(n):
+        await asyncio.gather(*(coord.quorum(Member(r, step=step)) for r in ("a", "b")))
+
+
+def test_fast_rounds_go_out_on_the_lease_and_membership_changes_are_committed() -> None:
+    async def main() -> None:
+        coord, log = make(lease_ms=1000)
+        coord.start_leading(1)
+        await until(lambda: coord.serving)
+        await rounds(coord, 1)  # the first quorum: a new member set, committed
+        assert log.count(CommitQuorum) == 1
+        await until(lambda: coord.lease.valid(1, time.monotonic()))
+        await rounds(coord, 20)
+        assert log.count(CommitQuorum) == 1, "fast rounds on a valid lease must not be committed"
+        assert coord.rounds_on_lease == 20 and coord.rounds_committed == 1
+        assert 1 <= log.count(ConfirmLeadership) <= 3
+        # A third member: new member set, new id, committed although the lease holds.
+        await asyncio.gather(*(coord.quorum(Member(r)) for r in ("a", "b", "c")))
+        assert log.count(CommitQuorum) == 2 and log.machine.quorum_id == 2
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_without_confirmations_every_round_is_committed() -> None:
+    async def main() -> None:
+        coord, log = make(lease_ms=1000)
+        log.confirm_error = CommitError("NOT_LEADER", unknown=False)
+        coord.start_leading(1)
+        await until(lambda: coord.serving)
+        await rounds(coord, 10)
+        assert log.count(CommitQuorum) == 10 and coord.rounds_on_lease == 0
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_a_confirmation_refused_by_the_state_machine_deposes_the_leader() -> None:
+    async def main() -> None:
+        machine = QuorumStateMachine()
+        coord, log = make(lease_ms=1000, machine=machine)
+        coord.start_leading(1)
+        await until(lambda: coord.serving)
+        machine.apply(TermStart(term=2, node_id="n2", time_ms=2))  # another leader's term is in force
+        waiter = asyncio.ensure_future(coord.quorum(Member("a")))
+        await until(lambda: coord.term is None)
+        assert not coord.serving
+        with pytest.raises(Exception, match="stepped down"):
+            await waiter
+    asyncio.run(main())
+
+
+def test_the_lease_ends_with_the_leadership() -> None:
+    async def main() -> None:
+        coord, _ = make(lease_ms=1000)
+        coord.start_leading(1)
+        await until(lambda: coord.serving)
+        await rounds(coord, 1)
+        await until(lambda: coord.lease.valid(1, time.monotonic()))
+        coord.stop_leading()
+        assert not coord.lease.valid(1, time.monotonic())
+    asyncio.run(main())
+
+
+def test_a_new_leader_serves_only_after_its_predecessors_lease_ran_out() -> None:
+    async def main() -> None:
+        machine = QuorumStateMachine()
+        machine.apply(TermStart(term=1, node_id="n0", time_ms=1))
+        machine.apply(ConfirmLeadership(term=1, node_id="n0", lease_ms=400))
+        coord, _ = make(lease_ms=0, machine=machine)  # its own lease is off; the predecessor's counts
+        started = time.monotonic()
+        coord.start_leading(2)
+        await until(lambda: coord.serving)
+        assert time.monotonic() - started >= 0.4
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_an_idle_leader_writes_no_confirmations() -> None:
+    async def main() -> None:
+        coord, log = make(lease_ms=100)
+        coord.start_leading(1)
+        await until(lambda: coord.serving)
+        await asyncio.sleep(0.3)  # three leases long: nobody asked for a quorum
+        assert log.count(ConfirmLeadership) == 0
+        await rounds(coord, 1)
+        await until(lambda: log.count(ConfirmLeadership) >= 1)
+        coord.stop_leading()
+    asyncio.run(main())

@@ -1,0 +1,210 @@
+"""`lighthouse-cluster up` and `lighthouse-cluster status` as a user runs them: real processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support.cluster import wait_for
+from lighthouse_cluster.local.cluster import free_ports
+from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+from lighthouse_cluster.client.admin_client import query_status
+
+pytestmark = pytest.mark.integration
+
+
+def _pids_of_serve(data_dir: Path) -> list[int]:
+    """Node processes started for this data dir (found through /proc, so leaks are visible)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in cmd and str(data_dir).encode() in b" ".join(cmd):
+            pids.append(int(entry.name))
+    return pids
+
+
+def _wait(cond, timeout: float, what: str):
+    return wait_for(None, what, cond, timeout)  # admin_support's bounded poll
+
+
+def _status(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lighthouse_cluster", "status", *args], capture_output=True,
+                          text=True, timeout=30, env={**os.environ, **(env or {})})
+
+
+@contextlib.contextmanager
+def _running_up(tmp_path: Path, *args: str, env: dict[str, str] | None = None, span: int = 102):
+    """`lighthouse-cluster up ARGS` on free ports (``span`` above the base port must be free too),
+    its output in a file; yields (proc, base port, output path, data dir) once it printed its
+    endpoints, and stops it (and any node process it left) afterwards."""
+    while True:
+        base = free_ports(1)[0]
+        if base + span < 65535:
+            break
+    out = tmp_path / "up.out"
+    data = tmp_path / "data"
+    with open(out, "w") as f:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lighthouse_cluster", "up", "--bind", f"127.0.0.1:{base}", "--min_replicas", "1",
+             "--data-dir", str(data), *args],
+            stdout=f, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
+    try:
+        _wait(lambda: "Ctrl-C stops every node." in out.read_text() or proc.poll() is not None, 40, "up to print endpoints")
+        assert proc.poll() is None, out.read_text()
+        yield proc, base, out, data
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for pid in _pids_of_serve(data):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture()
+def up_cluster(tmp_path: Path):
+    """`lighthouse-cluster up` with torchft_lighthouse-style flags; yields (proc, ports, output path, data dir)."""
+    up = _running_up(tmp_path, "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "2000")
+    with up as (proc, base, out, data):
+        yield proc, [base, base + 1, base + 2], out, data
+
+
+def test_up_prints_endpoints_and_status_sees_the_cluster(up_cluster) -> None:
+    proc, ports, out, data = up_cluster
+    text = out.read_text()
+    assert f"export TORCHFT_LIGHTHOUSE=http://127.0.0.1:{ports[0]}" in text
+    endpoints = ",".join(f"http://127.0.0.1:{p}" for p in ports)
+    assert f"export TORCHFT_LIGHTHOUSE={endpoints}" in text
+    # Raft takes client port + 100, as documented.
+    assert f"127.0.0.1:{ports[0] + 100}" in text
+
+    # One endpoint is enough: status discovers the others.
+    res = _status("--endpoints", f"http://127.0.0.1:{ports[1]}", "--output", "json")
+    assert res.returncode == 0, res.stderr
+    view = json.loads(res.stdout)
+    assert view["leader"] in {"n1", "n2", "n3"}
+    assert sorted(n["id"] for n in view["nodes"]) == ["n1", "n2", "n3"]
+    assert all(n["reachable"] for n in view["nodes"])
+    assert [n["role"] for n in view["nodes"]].count("leader") == 1
+    leader_row = next(n for n in view["nodes"] if n["id"] == view["leader"])
+    assert {n["term"] for n in view["nodes"]} == {leader_row["term"]}
+    assert view["quorum"] is None
+    assert view["settings"]["join_timeout_ms"] == 1000
+
+    # Endpoints may come from TORCHFT_LIGHTHOUSE; the table names the leader.
+    res = _status(env={"TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{ports[0]}", "COLUMNS": "200"})
+    assert res.returncode == 0, res.stderr
+    assert f"leader: {view['leader']}" in res.stdout
+    assert "quorum: none issued yet" in res.stdout
+
+
+def test_status_shows_quorum_and_heartbeats(up_cluster) -> None:
+    import asyncio
+
+    from lighthouse_cluster.local.simulated_group import SimulatedReplicaGroup
+
+    proc, ports, out, data = up_cluster
+
+    async def one_round() -> None:
+        groups = [SimulatedReplicaGroup(f"replica_{i}", f"127.0.0.1:{ports[i]}", quorum_timeout_s=10) for i in range(2)]
+        for g in groups:
+            g.step = 7 + groups.index(g)
+        await asyncio.gather(*(g.run(rounds=1) for g in groups))
+        await asyncio.gather(*(g.close() for g in groups))
+        assert all(g.rounds[0].quorum_id for g in groups), [g.rounds for g in groups]
+
+    asyncio.run(one_round())
+    res = _status("--endpoints", f"127.0.0.1:{ports[2]}", "-o", "json")
+    assert res.returncode == 0, res.stderr
+    view = json.loads(res.stdout)
+    q = view["quorum"]
+    assert q is not None and q["quorum_id"] >= 1
+    members = {p["replica_id"]: p["step"] for p in q["participants"]}
+    assert set(members) <= {"replica_0", "replica_1"} and members
+    assert {h["replica_id"] for h in view["heartbeats"]} == {"replica_0", "replica_1"}
+    assert all(h["age_ms"] >= 0 for h in view["heartbeats"])
+    # The first quorum of a member set is always committed; the lease is on by default.
+    assert view["rounds"]["commit"] >= 1 and view["rounds"]["lease"] >= 0, view["rounds"]
+    assert view["settings"]["quorum_lease_ms"] == 100
+    res = _status("--endpoints", f"127.0.0.1:{ports[2]}", env={"COLUMNS": "200"})
+    assert f"quorum {q['quorum_id']}" in res.stdout and "replica_0" in res.stdout and "heartbeat: replica_id=replica_0 age_ms=" in res.stdout
+    assert "on the leader lease" in res.stdout and "(lease 100 ms)" in res.stdout
+
+
+@pytest.fixture()
+def up_cluster_no_restart(tmp_path: Path):
+    """As ``up_cluster``, with --no-restart: nodes the test kills stay dead."""
+    up = _running_up(tmp_path, "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "2000", "--no-restart")
+    with up as (proc, base, out, data):
+        yield proc, [base, base + 1, base + 2], out, data
+
+
+def test_status_exits_1_without_a_leader_and_up_stops_every_node(up_cluster_no_restart) -> None:
+    proc, ports, out, data = up_cluster_no_restart
+    pids = _pids_of_serve(data)
+    assert len(pids) == 3
+    # Kill two of three nodes: the survivor cannot know a leader.
+    survivors = []
+    for pid in pids:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if cmd[cmd.index(b"--node-id") + 1] == b"n1":
+            survivors.append(pid)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    assert len(survivors) == 1
+
+    def leaderless():
+        st = query_status(f"127.0.0.1:{ports[0]}", timeout=0.5)
+        return st is not None and st.role != cpb.LEADER and not st.leader_id
+
+    _wait(leaderless, 15, "the survivor to lose its leader")
+    res = _status("--endpoints", f"127.0.0.1:{ports[0]}", "-o", "json")
+    assert res.returncode == 1
+    assert "no leader is known" in res.stderr
+    view = json.loads(res.stdout)
+    assert view["leader"] is None
+    assert {n["id"]: n["reachable"] for n in view["nodes"]} == {"n1": True, "n2": False, "n3": False}
+
+    # SIGTERM to `up` stops the remaining node and `up` exits.
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    _wait(lambda: not _pids_of_serve(data), 15, "every node process to exit")
+
+
+def test_up_with_mutual_tls_and_an_admin_token(tmp_path: Path) -> None:
+    """`up --mtls --admin-token`: the printed variables are all a client needs."""
+    token = "up-token-0c1d"
+    up = _running_up(tmp_path, "--mtls", env={"LIGHTHOUSE_CLUSTER_ADMIN_TOKEN": token}, span=202)
+    with up as (_proc, base, out, _data):
+        text = out.read_text()
+        exports = dict(line.strip().removeprefix("export ").split("=", 1) for line in text.splitlines()
+                       if line.strip().startswith("export LIGHTHOUSE_CLUSTER_TLS_"))
+        assert set(exports) == {"LIGHTHOUSE_CLUSTER_TLS_CA", "LIGHTHOUSE_CLUSTER_TLS_CLIENT_CERT",
+                                "LIGHTHOUSE_CLUSTER_TLS_CLIENT_KEY"}
+        endpoints = ",".join(f"https://127.0.0.1:{base + i}" for i in range(3))
+        assert f"export TORCHFT_LIGHTHOUSE={endpoints}" in text and token not in text
+        res = _status("--endpoints", endpoints, "-o", "json", env=exports)
+        assert res.returncode == 0, res.stderr
+        assert json.loads(res.stdout)["leader"] in {"n1", "n2", "n3"}
+        res = _status("--endpoints", endpoints, "--timeout", "0.5",
+                      env={"LIGHTHOUSE_CLUSTER_TLS_CA": exports["LIGHTHOUSE_CLUSTER_TLS_CA"]})
+        assert res.returncode == 1 and "no node answered" in res.stderr  # no client certificate
+        res = subprocess.run([sys.executable, "-m", "lighthouse_cluster", "transfer-leader", "-o", "json"],
+                             capture_output=True, text=True, timeout=30,
+                             env={**os.environ, **exports, "LIGHTHOUSE_CLUSTER_ENDPOINTS": endpoints,
+                                  "LIGHTHOUSE_CLUSTER_ADMIN_TOKEN": token})
+        assert res.returncode == 0, res.stderr

@@ -1,0 +1,72 @@
+"""The rules tests/conftest.py enforces on every run: an unmarked test starts no process and
+serves nothing, and in CI (``LIGHTHOUSE_TESTS_STRICT=1``) only an expected skip may skip."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+
+from support import skips
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_an_unmarked_test_may_not_start_a_subprocess() -> None:
+    with pytest.raises(AssertionError, match="not marked integration may not start a subprocess"):
+        subprocess.run(["true"], check=False)
+
+
+def test_an_unmarked_test_may_not_listen() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        with pytest.raises(AssertionError, match="may not listen on a socket"):
+            s.listen()
+
+
+def test_an_unmarked_test_may_not_start_a_grpc_server() -> None:
+    with pytest.raises(AssertionError, match="may not start a gRPC server"):
+        grpc.aio.server()
+    with pytest.raises(AssertionError, match="may not start a gRPC server"):
+        grpc.server(None)  # type: ignore[arg-type]
+
+
+def test_expected_skips_are_the_gpu_ones() -> None:
+    assert skips.expected("needs a CUDA GPU")
+    assert skips.expected("NCCL is not available")
+    assert not skips.expected("sometool is not installed")
+    assert not skips.expected("torchft is not installed")
+
+
+def _run_samples(strict: bool) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "LIGHTHOUSE_TESTS_STRICT")}
+    if strict:
+        env["LIGHTHOUSE_TESTS_STRICT"] = "1"
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA",
+                           "tests/project/skip_samples.py"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.integration
+def test_strict_mode_fails_an_unexpected_skip_and_lists_the_expected_ones() -> None:
+    res = _run_samples(strict=True)
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out
+    assert "1 failed, 1 passed, 1 skipped" in out, out
+    assert "unexpected skip (LIGHTHOUSE_TESTS_STRICT" in out and "sometool is not installed" in out, out
+    assert "expected skips (tests/support/skips.py)" in out, out
+    assert "test_needs_a_gpu: needs a CUDA GPU" in out, out
+
+
+@pytest.mark.integration
+def test_without_strict_mode_a_missing_tool_is_a_listed_skip() -> None:
+    res = _run_samples(strict=False)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "1 passed, 2 skipped" in out, out
+    assert "sometool is not installed" in out, out

@@ -1,0 +1,348 @@
+"""The leader's quorum rounds, driven with a controlled clock and an in-process commit.
+
+The commit function applies commands straight to a QuorumStateMachine (what Raft would do once
+a majority acknowledged them), so these tests pin the coordinator's own rules: warm-up after a
+failover, one commit and one serialization per round, re-registration, step-down.
+Real Raft is exercised by the integration tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from lighthouse_cluster.core.codec import Command, CommitQuorum, TermStart
+from lighthouse_cluster.server.coordinator import NotLeader, QuorumCoordinator
+from lighthouse_cluster.proto import torchft_pb2 as pb
+from lighthouse_cluster.core.quorum import Member, Quorum, QuorumOptions
+from lighthouse_cluster.raft.replication import CommitError
+from lighthouse_cluster.core.state_machine import QuorumStateMachine
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class InProcessLog:
+    """Applies commands in order, counts them, and can be told to fail."""
+
+    def __init__(self, machine: QuorumStateMachine) -> None:
+        self.machine = machine
+        self.commands: list[Command] = []
+        self.fail_next: CommitError | None = None
+
+    async def submit(self, command: Command, while_leader_of: int | None = None) -> Any:
+        await asyncio.sleep(0)
+        if self.fail_next is not None:
+            err, self.fail_next = self.fail_next, None
+            raise err
+        self.commands.append(command)
+        return self.machine.apply(command)
+
+    def commits(self) -> list[CommitQuorum]:
+        return [c for c in self.commands if isinstance(c, CommitQuorum)]
+
+
+def make(min_replicas: int = 1, join_timeout_ms: int = 60_000, heartbeat_timeout_ms: int = 5_000,
+         machine: QuorumStateMachine | None = None) -> tuple[QuorumCoordinator, InProcessLog, Clock]:
+    machine = machine or QuorumStateMachine()
+    log = InProcessLog(machine)
+    clock = Clock()
+    coord = QuorumCoordinator("n1", QuorumOptions(min_replicas=min_replicas, join_timeout_ms=join_timeout_ms,
+                                                  heartbeat_timeout_ms=heartbeat_timeout_ms),
+                              quorum_tick_ms=10, state=machine, submit=log.submit, clock=clock,
+                              wall_ms=lambda: 1_700_000_000_000)
+    return coord, log, clock
+
+
+async def until(cond: Any, timeout: float = 2.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached")
+        await asyncio.sleep(0.001)
+
+
+def decode(raw: bytes) -> pb.Quorum:
+    return pb.LighthouseQuorumResponse.FromString(raw).quorum
+
+
+def test_not_leader_until_started() -> None:
+    async def main() -> None:
+        coord, _, _ = make()
+        with pytest.raises(NotLeader):
+            await coord.quorum(Member("a"))
+    asyncio.run(main())
+
+
+def test_term_start_is_committed_before_serving() -> None:
+    async def main() -> None:
+        coord, log, _ = make()
+        coord.start_leading(7)
+        await until(lambda: coord.serving)
+        assert log.commands[0] == TermStart(term=7, node_id="n1", time_ms=1_700_000_000_000)
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_one_commit_and_one_encoding_per_round() -> None:
+    async def main() -> None:
+        coord, log, _ = make(min_replicas=3)
+        coord.start_leading(1)
+        await until(lambda: coord.serving)
+        ids = ["a", "b", "c"]
+        for _ in range(2):  # first round: membership; second: fast quorum on the same members
+            responses = await asyncio.gather(*(coord.quorum(Member(r, step=1)) for r in ids))
+            # The very same bytes object for every requester: serialized once per round.
+            assert all(r is responses[0] for r in responses)
+            assert [m.replica_id for m in decode(responses[0]).participants] == ids
+        assert [c.quorum.quorum_id for c in log.commits()] == [1, 1]
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_warm_up_seeds_previous_members_so_a_new_leader_waits_for_them() -> None:
+    """After a failover, a member of the last quorum that has not re-sent yet keeps the round
+    waiting (join timeout) instead of being dropped as if it were not heartbeating."""
+    async def main() -> None:
+        machine = QuorumStateMachine()
+        machine.apply(CommitQuorum(expected_quorum_id=0, term=1, node_id="old",
+                                   quorum=Quorum(4, (Member("a"), Member("b"), Member("c")), 1)))
+        coord, log, clock = make(min_replicas=1, join_timeout_ms=60_000, machine=machine)
+        coord.start_leading(2)
+        await until(lambda: coord.serving)
+        waiting = [asyncio.ensure_future(coord.quorum(Member(r))) for r in ("a", "b")]
+        await asyncio.sleep(0.05)  # several ticks pass: nothing may be issued without "c"
+        assert not any(w.done() for w in waiting)
+        assert log.commits() == []
+        assert "waiting for 1 healthy but not participating stragglers" in coord.last_reason or \
+            "Valid quorum" not in coord.last_reason
+        c = asyncio.ensure_future(coord.quorum(Member("c")))
+        raw = await asyncio.wait_for(asyncio.gather(*waiting, c), 1.0)
+        q = decode(raw[0])
+        assert [m.replica_id for m in q.participants] == ["a", "b", "c"]
+        assert q.quorum_id == 4  # same members: torchft keeps the id (fast quorum)
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_seeded_member_that_is_gone_expires_after_heartbeat_timeout() -> None:
+    async def main() -> None:
+        machine = QuorumStateMachine()
+        machine.apply(CommitQuorum(expected_quorum_id=0, term=1, node_id="old",
+                                   quorum=Quorum(4, (Member("a"), Member("b"), Member("c")), 1)))
+        coord, log, clock = make(min_replicas=1, heartbeat_timeout_ms=5_000, machine=machine)
+        coord.start_leading(2)
+        await until(lambda: coord.serving)
+        waiting = [asyncio.ensure_future(coord.quorum(Member(r))) for r in ("a", "b")]
+        await asyncio.sleep(0.03)
+        assert not any(w.done() for w in waiting)
+        clock.now += 5.0  # "c" never heartbeats this leader: its seeded heartbeat expires
+        for r in ("a", "b"):
+            coord.heartbeat(r)
+        raw = await asyncio.wait_for(asyncio.gather(*waiting), 1.0)
+        q = decode(raw[0])
+        assert [m.replica_id for m in q.participants] == ["a", "b"]
+        assert q.quorum_id == 5
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_stepping_down_fails_waiters_promptly() -> None:
+    async def main() -> None:
+        coord, _, _ = make(min_replicas=2)
+        coord.start_leading(1)
+        await until(lambda: coord.serving)
+        waiter = asyncio.ensure_future(coord.quorum(Member("a")))
+        await asyncio.sleep(0.01)
+        coord.stop_leading()
+        with pytest.raises(NotLeader):
+            await asyncio.wait_for(waiter, 0.5)
+    asyncio.run(main())
+
+
+def test_failed_commit_is_retried_and_nothing_is_issued_meanwhile() -> None:
+    async def main() -> None:
+        coord, log, _ = make(min_replicas=1)
+        coord.start_leading(1)
+        await until(lambda: coord.serving)
+        log.fail_next = CommitError("LEADER_CHANGED", unknown=True)
+        raw = await asyncio.wait_for(coord.quorum(Member("a")), 1.0)
+        assert decode(raw).quorum_id == 1
+        assert len(log.commits()) == 1  # the failed attempt issued nothing and left no trace
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_rejected_compare_and_set_is_not_issued() -> None:
+    """If the state moved under the leader (e.g. a ghost apply of an earlier attempt), the
+    leader recomputes from the new state instead of handing out its stale proposal."""
+    async def main() -> None:
+        coord, log, _ = make(min_replicas=1)
+        coord.start_leading(1)
+        await until(lambda: coord.serving)
+        log.machine.apply(CommitQuorum(expected_quorum_id=0, term=1, node_id="ghost",
+                                       quorum=Quorum(3, (Member("z"),), 1)))
+        raw = await asyncio.wait_for(coord.quorum(Member("a")), 1.0)
+        q = decode(raw)
+        assert q.quorum_id == 4 and [m.replica_id for m in q.participants] == ["a"]
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_requester_left_out_is_re_registered_for_the_next_round() -> None:
+    """shrink_only drops a newcomer from the round; it stays registered and gets the next one."""
+    async def main() -> None:
+        coord, log, _ = make(min_replicas=1, join_timeout_ms=50)
+        coord.start_leading(1)
+        await until(lambda: coord.serving)
+        await asyncio.wait_for(coord.quorum(Member("a")), 1.0)
+        a = asyncio.ensure_future(coord.quorum(Member("a", shrink_only=True)))
+        b = asyncio.ensure_future(coord.quorum(Member("b")))
+        qa = decode(await asyncio.wait_for(a, 1.0))
+        assert [m.replica_id for m in qa.participants] == ["a"]
+        a2 = asyncio.ensure_future(coord.quorum(Member("a")))
+        qb = decode(await asyncio.wait_for(b, 1.0))
+        assert [m.replica_id for m in qb.participants] == ["a", "b"]
+        assert qb.quorum_id == qa.quorum_id + 1
+        await a2
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_a_timed_out_call_stays_registered_as_in_torchft() -> None:
+    async def main() -> None:
+        coord, _, _ = make(min_replicas=2)
+        coord.start_leading(1)
+        await until(lambda: coord.serving)
+        with pytest.raises(asyncio.TimeoutError):
+            await coord.quorum(Member("a"), 0.05, forget_if_cancelled=True)
+        assert [m.replica_id for m, _ in coord.pending()] == ["a"]
+        # The next requester completes the round with "a" in it.
+        raw = await asyncio.wait_for(coord.quorum(Member("b")), 1.0)
+        assert [m.replica_id for m in decode(raw).participants] == ["a", "b"]
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_a_cancelled_forwarded_call_withdraws_its_registration() -> None:
+    """The node that forwarded the call died: nobody can receive a quorum for it, so it must not
+    count as joined (it would let the round close without the requester's re-sent call)."""
+    async def main() -> None:
+        machine = QuorumStateMachine()
+        machine.apply(CommitQuorum(expected_quorum_id=0, term=1, node_id="old",
+                                   quorum=Quorum(4, (Member("a"), Member("b")), 1)))
+        coord, log, _ = make(min_replicas=1, machine=machine)
+        coord.start_leading(2)
+        await until(lambda: coord.serving)
+        forwarded = asyncio.ensure_future(coord.quorum(Member("a"), forget_if_cancelled=True))
+        direct = asyncio.ensure_future(coord.quorum(Member("c")))
+        await asyncio.sleep(0.02)
+        forwarded.cancel()
+        await asyncio.sleep(0.02)
+        assert sorted(m.replica_id for m, _ in coord.pending()) == ["c"]
+        # "b" alone is not a fast quorum any more: without the withdrawal, a+b would be one.
+        b = asyncio.ensure_future(coord.quorum(Member("b")))
+        await asyncio.sleep(0.05)
+        assert not b.done() and log.commits() == []
+        a = asyncio.ensure_future(coord.quorum(Member("a")))
+        results = await asyncio.wait_for(asyncio.gather(a, b, direct), 1.0)
+        assert [m.replica_id for m in decode(results[0]).participants] == ["a", "b", "c"]
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+# -- batched forwarding (routing.QuorumForwarder -> routing.QuorumForwardingService) -------------
+
+
+@pytest.mark.integration
+def test_forwarded_calls_travel_batched_and_keep_their_semantics() -> None:
+    """Calls a follower forwards in the same event-loop turn go to the leader in one stream
+    message and come back as one message per round; a cancelled one is withdrawn at the leader; a
+    failure reaches the follower with the status a forwarded gRPC call would have; a leader
+    without the stream service gets plain forwarded calls."""
+    import grpc
+
+    from lighthouse_cluster.server.forwarding import (FORWARDED_HEADER, PeerChannels, QuorumForwarder,
+                                                      QuorumForwardingService, forward_error)
+
+    def raw(rid: str) -> bytes:
+        return pb.LighthouseQuorumRequest(requester=pb.QuorumMember(replica_id=rid)).SerializeToString()
+
+    async def main() -> None:
+        coord, log, _ = make(min_replicas=3)
+        coord.start_leading(1)
+        await until(lambda: coord.serving)
+
+        async def answer(request: bytes, timeout: float | None) -> bytes:
+            rid = pb.LighthouseQuorumRequest.FromString(request).requester.replica_id
+            if rid == "late":
+                raise forward_error(grpc.StatusCode.CANCELLED, "Timeout expired")
+            return await coord.quorum(Member(rid), timeout, forget_if_cancelled=True)
+
+        service = QuorumForwardingService(answer)
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((service.handler(),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+
+        seen_unary: list[tuple[bytes, Any]] = []
+
+        async def unary_quorum(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            seen_unary.append((request, dict(context.invocation_metadata())))
+            return b"unary-answer"
+
+        old = grpc.aio.server()
+        old.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("torchft.LighthouseService", {
+            "Quorum": grpc.unary_unary_rpc_method_handler(unary_quorum)}),))
+        old_port = old.add_insecure_port("127.0.0.1:0")
+        await old.start()
+
+        channels = PeerChannels()
+        fwd = QuorumForwarder(channels, "n2")
+        leader = f"127.0.0.1:{port}"
+        try:
+            # "c" is forwarded, then its client goes away: withdrawn at the leader.
+            gone = asyncio.ensure_future(fwd.forward(leader, raw("c"), 5.0))
+            await until(lambda: [m.replica_id for m, _ in coord.pending()] == ["c"])
+            gone.cancel()
+            await until(lambda: coord.pending() == [])
+            calls = [asyncio.ensure_future(fwd.forward(leader, raw(r), 5.0)) for r in ("a", "b", "c")]
+            results = await asyncio.wait_for(asyncio.gather(*calls), 5.0)
+            assert len(set(results)) == 1 and [m.replica_id for m in decode(results[0]).participants] == ["a", "b", "c"]
+            assert len(log.commits()) == 1 and fwd.streams_opened == 1
+            # c (add), c (withdraw), a+b+c in one message; one answer message for the round.
+            assert service.forwarded_calls == 4 and service.messages_in == 3 and service.messages_out == 1
+
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await fwd.forward(leader, raw("late"), 5.0)
+            assert (info.value.code(), info.value.details()) == (grpc.StatusCode.CANCELLED, "Timeout expired")
+
+            # A leader without the stream service: plain forwarded calls with the header.
+            assert await fwd.forward(f"127.0.0.1:{old_port}", raw("z"), 5.0) == b"unary-answer"
+            assert await fwd.forward(f"127.0.0.1:{old_port}", raw("z"), 5.0) == b"unary-answer"
+            assert [r for r, _ in seen_unary] == [raw("z")] * 2
+            assert seen_unary[0][1][FORWARDED_HEADER] == "n2"
+
+            # The leader goes away: waiting forwarded calls fail UNAVAILABLE (the node re-routes).
+            waiting = asyncio.ensure_future(fwd.forward(leader, raw("d"), 5.0))
+            await until(lambda: [m.replica_id for m, _ in coord.pending()] == ["d"])
+            await server.stop(grace=None)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await asyncio.wait_for(waiting, 5.0)
+            assert info.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+            await until(lambda: coord.pending() == [])  # withdrawn when the stream ended
+        finally:
+            fwd.close()
+            await channels.close()
+            await server.stop(grace=None)
+            await old.stop(grace=None)
+            coord.stop_leading()
+
+    asyncio.run(main())

@@ -1,0 +1,67 @@
+"""Helpers of tests/server/test_admin.py and tests/server/test_security.py: bounded waits, the CLI as a
+subprocess, torchft Quorum calls (plaintext or TLS)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, TypeVar
+
+from lighthouse_cluster.local.cluster import LocalCluster
+from lighthouse_cluster.local.simulated_group import SimulatedReplicaGroup
+from lighthouse_cluster.proto import torchft_pb2 as pb
+from lighthouse_cluster.tls import ClientTLS
+
+ROOT = Path(__file__).resolve().parents[2]
+POLL_S = 0.02
+T = TypeVar("T")
+
+
+def wait_for(cluster: LocalCluster | None, what: str, cond: Callable[[], T], timeout: float) -> T:
+    """Poll ``cond`` until it returns something truthy; fail with the nodes' logs at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            logs = cluster.tail_logs() if cluster is not None else ""
+            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}\n{logs}")
+        time.sleep(POLL_S)
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+    """``lighthouse-cluster ARGS`` as a real process, with only ``env``'s LIGHTHOUSE_CLUSTER_*
+    variables (none inherited)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTHOUSE_CLUSTER_")
+            and k != "TORCHFT_LIGHTHOUSE"}
+    return subprocess.run([sys.executable, "-m", "lighthouse_cluster", *args], env={**base, **(env or {})},
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def quorum_call(address: str, replica_id: str, *, step: int = 0, timeout: float = 15.0,
+                tls: ClientTLS | None = None, commit_failures: int = 0, heartbeats: bool = True) -> pb.Quorum:
+    """One torchft Quorum call (blocking) from replica group ``replica_id``, heartbeating every
+    100 ms while it waits, as torchft's manager does (``heartbeats=False``: the call alone).
+    A ``SimulatedReplicaGroup`` making one call; raises the call's ``grpc.RpcError``.
+
+    The default deadline outlasts the heartbeat timeout (5 s): a leader elected since the last
+    quorum seeds a fresh heartbeat for each of its members (torchft's warm-up), so a quorum
+    without them is issued only once those expire; the caller's own heartbeats keep it healthy
+    meanwhile (without them it would expire with the seeded members when its call reached the
+    new leader before the seeding, and never get a quorum)."""
+    async def call() -> pb.Quorum:
+        group = SimulatedReplicaGroup(replica_id, address, quorum_timeout_s=timeout, tls=tls, step=step,
+                                      commit_failures=commit_failures)
+        try:
+            if not heartbeats:
+                return await group.call_quorum()
+            async with group.heartbeating():
+                return await group.call_quorum()
+        finally:
+            await group.close()
+    return asyncio.run(call())
