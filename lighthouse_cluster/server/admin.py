@@ -288,18 +288,35 @@ class NodeAdmin:
             target_address = target.raft_address
         elif not node.other_members:
             raise AdminError(grpc.StatusCode.FAILED_PRECONDITION, "a one-node cluster has nobody to hand over to")
+        leader_id, term, reason = await self.hand_over(target_address, TRANSFER_TIMEOUT_S)
+        if leader_id is None:
+            raise AdminError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                             f"leadership did not move within {TRANSFER_TIMEOUT_S:g} s ({reason}); retry")
+        return cpb.TransferLeaderResponse(previous_leader_id=node.config.node_id, leader_id=leader_id, term=term)
+
+    async def hand_over(self, target_address: str | None, timeout: float) -> tuple[str | None, int, str]:
+        """Move leadership to ``target_address`` (None: the most caught-up connected follower)
+        within ``timeout`` seconds: ``(new leader id, term, "")``, or ``(None, term, why not)``.
+
+        Raft's TimeoutNow is refused while the target is even one entry behind, which under load
+        (a commit every few ms) is common: a refusal is retried every 20 ms, and a request that
+        was sent but followed by no election is re-sent after ``RESEND_S``. Used by
+        ``transfer-leader`` and by a leader that stops (SIGTERM)."""
+        node = self.node
+        raft = node.raft
+        assert raft is not None
         me = node.config.node_id
         sent_term: int | None = None
         sent_at = 0.0
         refusal = "the target is not caught up"
-        deadline = time.monotonic() + TRANSFER_TIMEOUT_S
+        deadline = time.monotonic() + timeout
         while True:
             leader = node.leader_peer()
             if sent_term is not None and raft.term > sent_term and leader is not None and leader.node_id != me:
                 log.warning("leadership handed over to %s (term %d)", leader.node_id, raft.term)
-                return cpb.TransferLeaderResponse(previous_leader_id=me, leader_id=leader.node_id, term=raft.term)
+                return leader.node_id, raft.term, ""
             if time.monotonic() >= deadline:
-                break
+                return None, raft.term, ("no election followed" if sent_term is not None else refusal)
             coord = node.coordinator
             leading = raft.led_term == raft.term and coord is not None and coord.term == raft.term and coord.serving
             # Send TimeoutNow while this node leads: at first, again after a split vote it won
@@ -317,9 +334,6 @@ class NodeAdmin:
                 elif outcome:
                     refusal = outcome[0] or refusal  # e.g. the target is a few entries behind: retry
             await asyncio.sleep(0.02)
-        raise AdminError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                         f"leadership did not move within {TRANSFER_TIMEOUT_S:g} s "
-                         f"({'no election followed' if sent_term is not None else refusal}); retry")
 
     async def save_snapshot(self) -> cpb.Snapshot:
         node = self.node

@@ -101,6 +101,7 @@ class LighthouseNode:
         self.http = None  # http_endpoints.HttpEndpoints when --http-bind is set
         self._schema_checked_at = float("-inf")
         self._schema_task: asyncio.Task[None] | None = None
+        self.admin = NodeAdmin(self)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -115,7 +116,7 @@ class LighthouseNode:
                                               self.router.forwarding.handler()))
         cpb_grpc.add_LighthouseClusterServicer_to_server(ClusterServiceAdapter(self, self.router, cfg.node_id),
                                                          self.server)
-        cpb_grpc.add_LighthouseAdminServicer_to_server(AdminServiceAdapter(NodeAdmin(self), cfg.admin_token),
+        cpb_grpc.add_LighthouseAdminServicer_to_server(AdminServiceAdapter(self.admin, cfg.admin_token),
                                                        self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -165,11 +166,11 @@ class LighthouseNode:
         if self._stopped.is_set():
             return
         if self.raft is not None and self.raft.is_leader and self.other_members:
-            self.raft.transfer_leadership()
-            deadline = time.monotonic() + grace_s
-            while self.raft.is_leader and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
-            log.info("leadership %s before shutdown", "handed over" if not self.raft.is_leader else "not handed over")
+            leader_id, _, why_not = await self.admin.hand_over(None, grace_s)
+            if leader_id is not None:
+                log.info("leadership handed over before shutdown")
+            else:
+                log.warning("leadership not handed over before shutdown: %s", why_not)
         if self._watch_task is not None:
             self._watch_task.cancel()
         if self._schema_task is not None:
