@@ -175,3 +175,9 @@ def test_the_runtime_imports_no_sdk_benchmark_or_training_package() -> None:
     wrong = [f"{name} -> {t}" for name, path in modules().items() for t in imports_of(name, path)
              if t.split(".")[0] in banned]
     assert wrong == []
+
+
+def test_every_module_says_what_it_owns() -> None:
+    missing = [name for name, path in modules().items()
+               if area(name) != "proto" and not ast.get_docstring(ast.parse(path.read_text()))]
+    assert missing == []
