@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from support.waiting import wait_for_async
 from lighthouse_cluster.core.codec import CommitQuorum, ConfirmLeadership, TermStart, decode_command, encode_command
 from lighthouse_cluster.server.coordinator import QuorumCoordinator
 from lighthouse_cluster.core.lease import LeaseSettings, QuorumLease
@@ -108,14 +109,6 @@ def make(lease_ms: int, machine: QuorumStateMachine | None = None) -> tuple[Quor
     return coord, log
 
 
-async def until(cond: Any, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.001)
-
-
 async def rounds(coord: QuorumCoordinator, n: int) -> None:
     for step in range(n):
         await asyncio.gather(*(coord.quorum(Member(r, step=step)) for r in ("a", "b")))
@@ -125,10 +118,11 @@ def test_fast_rounds_go_out_on_the_lease_and_membership_changes_are_committed() 
     async def main() -> None:
         coord, log = make(lease_ms=1000)
         coord.start_leading(1)
-        await until(lambda: coord.serving)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 5.0, interval=0.001)
         await rounds(coord, 1)  # the first quorum: a new member set, committed
         assert log.count(CommitQuorum) == 1
-        await until(lambda: coord.lease.valid(1, time.monotonic()))
+        await wait_for_async("a valid lease for term 1", lambda: coord.lease.valid(1, time.monotonic()),
+                             5.0, interval=0.001)
         await rounds(coord, 20)
         assert log.count(CommitQuorum) == 1, "fast rounds on a valid lease must not be committed"
         assert coord.rounds_on_lease == 20 and coord.rounds_committed == 1
@@ -145,7 +139,7 @@ def test_without_confirmations_every_round_is_committed() -> None:
         coord, log = make(lease_ms=1000)
         log.confirm_error = CommitError("NOT_LEADER", unknown=False)
         coord.start_leading(1)
-        await until(lambda: coord.serving)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 5.0, interval=0.001)
         await rounds(coord, 10)
         assert log.count(CommitQuorum) == 10 and coord.rounds_on_lease == 0
         coord.stop_leading()
@@ -157,10 +151,10 @@ def test_a_confirmation_refused_by_the_state_machine_deposes_the_leader() -> Non
         machine = QuorumStateMachine()
         coord, log = make(lease_ms=1000, machine=machine)
         coord.start_leading(1)
-        await until(lambda: coord.serving)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 5.0, interval=0.001)
         machine.apply(TermStart(term=2, node_id="n2", time_ms=2))  # another leader's term is in force
         waiter = asyncio.ensure_future(coord.quorum(Member("a")))
-        await until(lambda: coord.term is None)
+        await wait_for_async("the coordinator to step down", lambda: coord.term is None, 5.0, interval=0.001)
         assert not coord.serving
         with pytest.raises(Exception, match="stepped down"):
             await waiter
@@ -171,9 +165,10 @@ def test_the_lease_ends_with_the_leadership() -> None:
     async def main() -> None:
         coord, _ = make(lease_ms=1000)
         coord.start_leading(1)
-        await until(lambda: coord.serving)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 5.0, interval=0.001)
         await rounds(coord, 1)
-        await until(lambda: coord.lease.valid(1, time.monotonic()))
+        await wait_for_async("a valid lease for term 1", lambda: coord.lease.valid(1, time.monotonic()),
+                             5.0, interval=0.001)
         coord.stop_leading()
         assert not coord.lease.valid(1, time.monotonic())
     asyncio.run(main())
@@ -187,7 +182,7 @@ def test_a_new_leader_serves_only_after_its_predecessors_lease_ran_out() -> None
         coord, _ = make(lease_ms=0, machine=machine)  # its own lease is off; the predecessor's counts
         started = time.monotonic()
         coord.start_leading(2)
-        await until(lambda: coord.serving)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 5.0, interval=0.001)
         assert time.monotonic() - started >= 0.4
         coord.stop_leading()
     asyncio.run(main())
@@ -197,10 +192,11 @@ def test_an_idle_leader_writes_no_confirmations() -> None:
     async def main() -> None:
         coord, log = make(lease_ms=100)
         coord.start_leading(1)
-        await until(lambda: coord.serving)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 5.0, interval=0.001)
         await asyncio.sleep(0.3)  # three leases long: nobody asked for a quorum
         assert log.count(ConfirmLeadership) == 0
         await rounds(coord, 1)
-        await until(lambda: log.count(ConfirmLeadership) >= 1)
+        await wait_for_async("a ConfirmLeadership entry", lambda: log.count(ConfirmLeadership) >= 1,
+                             5.0, interval=0.001)
         coord.stop_leading()
     asyncio.run(main())

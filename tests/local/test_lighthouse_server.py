@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from support.cluster import wait_for
+from support.waiting import wait_for
 from lighthouse_cluster import LighthouseServer
 from lighthouse_cluster.local.cluster import free_ports
 from lighthouse_cluster.client.admin_client import query_status
@@ -39,10 +39,6 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
     return state != "Z"
-
-
-def _wait(cond, timeout: float, what: str):
-    return wait_for(None, what, cond, timeout)  # admin_support's bounded poll
 
 
 def _node_pids(server: LighthouseServer) -> list[int]:
@@ -162,9 +158,9 @@ def test_nodes_never_outlive_their_owner(how: str) -> None:
     assert res.returncode == expected, res.stderr[-3000:]
     info = json.loads(res.stdout.strip().splitlines()[-1])
     try:
-        _wait(lambda: not any(_alive(p) for p in info["nodes"] + [info["guardian"]]), 15,
-              f"the nodes and the guardian to be gone after the owner's {how}")
-        _wait(lambda: not Path(info["root"]).exists(), 5, "the data directory to be removed")
+        wait_for(f"the nodes and the guardian to be gone after the owner's {how}",
+                 lambda: not any(_alive(p) for p in info["nodes"] + [info["guardian"]]), 15)
+        wait_for("the data directory to be removed", lambda: not Path(info["root"]).exists(), 5)
     finally:
         for pid in info["nodes"]:
             with contextlib.suppress(OSError):
@@ -178,7 +174,7 @@ def test_garbage_collected_server_stops_its_nodes() -> None:
     pids = _node_pids(server)
     del server
     gc.collect()
-    _wait(lambda: not any(_alive(p) for p in pids), 15, "the nodes of a collected server to stop")
+    wait_for("the nodes of a collected server to stop", lambda: not any(_alive(p) for p in pids), 15)
 
 
 def test_up_bind_port_zero_picks_and_prints_free_ports(tmp_path: Path) -> None:
@@ -190,8 +186,8 @@ def test_up_bind_port_zero_picks_and_prints_free_ports(tmp_path: Path) -> None:
                                 stdout=f, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
                                 env={**os.environ, "COLUMNS": "250"})
     try:
-        _wait(lambda: "Ctrl-C stops every node." in out.read_text() or proc.poll() is not None, 40,
-              "up to print its endpoints")
+        wait_for("up to print its endpoints",
+                 lambda: "Ctrl-C stops every node." in out.read_text() or proc.poll() is not None, 40)
         text = out.read_text()
         assert proc.poll() is None, text
         line = next(ln for ln in text.splitlines() if ln.startswith("--bind 127.0.0.1:0: chose client ports "))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from support.cluster import wait_for
+from support.waiting import wait_for
 from lighthouse_cluster.local.cluster import free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.client.admin_client import query_status
@@ -33,10 +33,6 @@ def _pids_of_serve(data_dir: Path) -> list[int]:
         if b"serve" in cmd and str(data_dir).encode() in b" ".join(cmd):
             pids.append(int(entry.name))
     return pids
-
-
-def _wait(cond, timeout: float, what: str):
-    return wait_for(None, what, cond, timeout)  # admin_support's bounded poll
 
 
 def _status(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -61,7 +57,8 @@ def _running_up(tmp_path: Path, *args: str, env: dict[str, str] | None = None, s
              "--data-dir", str(data), *args],
             stdout=f, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
     try:
-        _wait(lambda: "Ctrl-C stops every node." in out.read_text() or proc.poll() is not None, 40, "up to print endpoints")
+        wait_for("up to print endpoints",
+                 lambda: "Ctrl-C stops every node." in out.read_text() or proc.poll() is not None, 40)
         assert proc.poll() is None, out.read_text()
         yield proc, base, out, data
     finally:
@@ -171,7 +168,7 @@ def test_status_exits_1_without_a_leader_and_up_stops_every_node(up_cluster_no_r
         st = query_status(f"127.0.0.1:{ports[0]}", timeout=0.5)
         return st is not None and st.role != cpb.LEADER and not st.leader_id
 
-    _wait(leaderless, 15, "the survivor to lose its leader")
+    wait_for("the survivor to lose its leader", leaderless, 15)
     res = _status("--endpoints", f"127.0.0.1:{ports[0]}", "-o", "json")
     assert res.returncode == 1
     assert "no leader is known" in res.stderr
@@ -182,7 +179,7 @@ def test_status_exits_1_without_a_leader_and_up_stops_every_node(up_cluster_no_r
     # SIGTERM to `up` stops the remaining node and `up` exits.
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
-    _wait(lambda: not _pids_of_serve(data), 15, "every node process to exit")
+    wait_for("every node process to exit", lambda: not _pids_of_serve(data), 15)
 
 
 def test_up_with_mutual_tls_and_an_admin_token(tmp_path: Path) -> None:

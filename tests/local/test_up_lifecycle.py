@@ -30,7 +30,7 @@ from typing import Iterator
 
 import pytest
 
-from support.cluster import wait_for
+from support.waiting import wait_for
 from lighthouse_cluster.local.cluster import can_bind, free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.client.admin_client import query_status
@@ -39,10 +39,6 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 BANNER_END = "Ctrl-C stops every node."
-
-
-def _wait(cond, timeout: float, what: str):
-    return wait_for(None, what, cond, timeout)  # admin_support's bounded poll
 
 
 def _processes_under(path: Path) -> dict[int, list[str]]:
@@ -100,7 +96,7 @@ def _up(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Iterat
                                 stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                                 env=env or _env(tmp_path))
     try:
-        _wait(lambda: BANNER_END in out.read_text() or proc.poll() is not None, 60, "up to print its endpoints")
+        wait_for("up to print its endpoints", lambda: BANNER_END in out.read_text() or proc.poll() is not None, 60)
         assert proc.poll() is None, out.read_text()
         yield proc, out
     finally:
@@ -120,10 +116,10 @@ def _printed(text: str, prefix: str) -> str:
 
 def _assert_all_gone(tmp_path: Path, ports: list[int], data: Path | None, logs: Path) -> None:
     """No process of the cluster left, its ports free, its data dir removed, its logs kept."""
-    _wait(lambda: not _processes_under(tmp_path), 15, "every process of the cluster to exit")
+    wait_for("every process of the cluster to exit", lambda: not _processes_under(tmp_path), 15)
     assert all(can_bind("127.0.0.1", p) for p in ports), [p for p in ports if not can_bind("127.0.0.1", p)]
     if data is not None:
-        _wait(lambda: not data.exists(), 10, f"{data} to be removed")
+        wait_for(f"{data} to be removed", lambda: not data.exists(), 10)
     left = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("lighthouse-cluster-")
                   and p.name != "lighthouse-cluster-logs")
     assert not left, left
@@ -191,12 +187,12 @@ def test_a_killed_node_is_restarted_and_follows_the_leader(tmp_path: Path) -> No
         old = _node_pid(tmp_path, victim)
         assert old is not None
         os.kill(old, signal.SIGKILL)
-        _wait(lambda: f"{victim} exited with -9 (SIGKILL); restarting in 0.5 s" in out.read_text(), 15,
-              "up to report the exit")
-        _wait(lambda: f"{victim} restarted (pid " in out.read_text(), 15, "up to restart the node")
+        wait_for("up to report the exit",
+                 lambda: f"{victim} exited with -9 (SIGKILL); restarting in 0.5 s" in out.read_text(), 15)
+        wait_for("up to restart the node", lambda: f"{victim} restarted (pid " in out.read_text(), 15)
         new = _node_pid(tmp_path, victim)
         assert new is not None and new != old
-        _wait(lambda: _following(port, victim), 30, f"the restarted {victim} to follow the leader")
+        wait_for(f"the restarted {victim} to follow the leader", lambda: _following(port, victim), 30)
         assert proc.poll() is None
 
 
@@ -206,8 +202,8 @@ def test_no_restart_leaves_a_killed_node_dead(tmp_path: Path) -> None:
         pid = _node_pid(tmp_path, "n3")
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        _wait(lambda: "n3 exited with -9 (SIGKILL); not restarting it (--no-restart)" in out.read_text(), 15,
-              "up to report the exit")
+        wait_for("up to report the exit",
+                 lambda: "n3 exited with -9 (SIGKILL); not restarting it (--no-restart)" in out.read_text(), 15)
         # A restart would come 0.5 s after the exit: watch for three times that.
         deadline = time.monotonic() + 1.5
         while time.monotonic() < deadline:
@@ -328,10 +324,10 @@ def test_demo_kills_report_the_quorum_id_and_the_node_comes_back(tmp_path: Path)
              "--demo-kill-every", "1.5") as (_proc, out):
         line = re.compile(r"^killed leader (n\d) \(SIGKILL\); new leader (n\d) after [\d.]+ s; every group had its "
                           r"next quorum after [\d.]+ s; quorum id still (\d+)$", re.M)
-        match = _wait(lambda: line.search(out.read_text()), 60, "a kill line with the quorum id")
+        match = wait_for("a kill line with the quorum id", lambda: line.search(out.read_text()), 60)
         killed, new_leader = match.group(1), match.group(2)
         assert killed != new_leader
-        _wait(lambda: f"{killed} restarted (pid " in out.read_text(), 20, f"{killed} to be restarted")
+        wait_for(f"{killed} to be restarted", lambda: f"{killed} restarted (pid " in out.read_text(), 20)
         assert f"{killed} exited with -9 (SIGKILL); restarting in" in out.read_text()
 
 

@@ -17,7 +17,8 @@ from typing import Iterator
 import grpc
 import pytest
 
-from support.cluster import cli, quorum_call, wait_for
+from support.cluster import cli, quorum_call
+from support.waiting import not_none, wait_for
 from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 
@@ -48,8 +49,9 @@ def env_for(cluster: LocalCluster, token: str | None = TOKEN, only: list[int] | 
 
 def healthy_leader(cluster: LocalCluster, timeout: float = 10.0) -> int:
     """Wait until `health` passes; return the leader's index."""
-    res = wait_for(cluster, "a healthy cluster",
-                   lambda: (r := cli("health", "-o", "json", env=env_for(cluster))).returncode == 0 and r, timeout)
+    res = wait_for("a healthy cluster",
+                   lambda: (r := cli("health", "-o", "json", env=env_for(cluster))).returncode == 0 and r, timeout,
+                   context=cluster)
     leader = json.loads(res.stdout)["leader"]
     return next(i for i, m in enumerate(cluster.members) if m.peer.node_id == leader)
 
@@ -141,16 +143,16 @@ def test_add_a_member_route_through_it_and_remove_it(cluster: LocalCluster) -> N
     try:
         cluster.start_node(i)
         new = cluster.members[i].peer
-        wait_for(cluster, "n4 answering", lambda: cluster.status(i) is not None, 15)
+        wait_for("n4 answering", lambda: cluster.status(i) is not None, 15, context=cluster)
         term = cluster.status(leader).term
         res = cli("members", "add", new.node_id, new.raft_address, new.client_address, "-o", "json",
                   env=env_for(cluster, only=[0, 1, 2]))
         assert res.returncode == 0, res.stderr + cluster.tail_logs()
         assert [m["id"] for m in json.loads(res.stdout)["members"]] == ["n1", "n2", "n3", "n4"]
         # The new member catches up and follows the leader; every node routes with the new table.
-        wait_for(cluster, "n4 following the leader, connected to every member",
+        wait_for("n4 following the leader, connected to every member",
                  lambda: (st := cluster.status(i)) is not None and st.leader_id == cluster.members[leader].peer.node_id
-                 and st.members_version >= 1 and st.ready and all(p.connected for p in st.peers), 10)
+                 and st.members_version >= 1 and st.ready and all(p.connected for p in st.peers), 10, context=cluster)
         for j in range(4):
             assert [m["id"] for m in members_json(cluster, at=j)["members"]] == ["n1", "n2", "n3", "n4"]
         # Waiting to be added, n4 started no election of its own: nobody was deposed.
@@ -169,8 +171,9 @@ def test_add_a_member_route_through_it_and_remove_it(cluster: LocalCluster) -> N
         # The removed node hears nothing more while the others keep committing.
         frozen = cluster.status(i).commit_index
         quorum_call(cluster.client_addresses[1], "after-removal")
-        wait_for(cluster, "the members committing past n4",
-                 lambda: all((st := cluster.status(j)) is not None and st.commit_index > frozen for j in range(3)), 10)
+        wait_for("the members committing past n4",
+                 lambda: all((st := cluster.status(j)) is not None and st.commit_index > frozen for j in range(3)), 10,
+                 context=cluster)
         assert cluster.status(i).commit_index == frozen
     finally:
         cluster.kill(i)
@@ -179,8 +182,9 @@ def test_add_a_member_route_through_it_and_remove_it(cluster: LocalCluster) -> N
     cluster.members.pop()
     cluster.nodes = 3
     cluster.restart(1)
-    wait_for(cluster, "n2 back with member table version 2",
-             lambda: (st := cluster.status(1)) is not None and st.members_version == 2 and st.ready, 15)
+    wait_for("n2 back with member table version 2",
+             lambda: (st := cluster.status(1)) is not None and st.members_version == 2 and st.ready, 15,
+             context=cluster)
     assert healthy_leader(cluster) is not None
 
 
@@ -222,7 +226,7 @@ def test_sigterm_on_the_leader_hands_over_without_failing_clients(cluster: Local
     t = threading.Thread(target=client, daemon=True)
     t.start()
     try:
-        wait_for(cluster, "the client's first quorums", lambda: len(done) >= 3, 10)
+        wait_for("the client's first quorums", lambda: len(done) >= 3, 10, context=cluster)
         before = len(done)
         started = time.monotonic()
         code = cluster.stop(leader, timeout=10)
@@ -231,9 +235,9 @@ def test_sigterm_on_the_leader_hands_over_without_failing_clients(cluster: Local
         log = cluster.members[leader].log_path.read_text()
         assert "leadership handed over before shutdown" in log, log[-2000:]
         # Elected before the old leader exited: a follower already serves in a newer term.
-        new = wait_for(cluster, "a new leader", lambda: (j := cluster.leader_index()) is not None and (j,), 1.0)[0]
+        new = wait_for("a new leader", cluster.leader_index, 1.0, context=cluster, ready=not_none)
         assert cluster.status(new).term > old_term
-        wait_for(cluster, "quorums after the handover", lambda: len(done) >= before + 3, 10)
+        wait_for("quorums after the handover", lambda: len(done) >= before + 3, 10, context=cluster)
     finally:
         stop.set()
         t.join(timeout=10)

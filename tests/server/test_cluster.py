@@ -11,12 +11,12 @@ import asyncio
 import functools
 import threading
 import time
-from typing import Callable
 
 import grpc
 import pytest
 
 from support import cluster as admin_support
+from support.waiting import not_none, wait_for, wait_for_async
 from lighthouse_cluster.local.cluster import LocalCluster, free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
@@ -27,30 +27,9 @@ from lighthouse_cluster.local.simulated_group import RoundResult, SimulatedRepli
 pytestmark = pytest.mark.integration
 
 GROUPS = ("g0", "g1", "g2")
-POLL_S = 0.02
 
 
 # -- helpers ----------------------------------------------------------------------------------------
-
-
-def wait_for(cluster: LocalCluster, what: str, cond: Callable[[], object], timeout: float) -> object:
-    """Poll ``cond`` until it returns something truthy; fail with the nodes' logs at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}\n{cluster.tail_logs()}")
-        time.sleep(POLL_S)
-
-
-async def wait_for_async(cluster: LocalCluster, what: str, cond: Callable[[], bool], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}\n{cluster.tail_logs()}")
-        await asyncio.sleep(POLL_S)
 
 
 def all_status(cluster: LocalCluster) -> list[cpb.NodeStatus | None]:
@@ -75,7 +54,7 @@ def formed(cluster: LocalCluster, connected: bool = False) -> list[cpb.NodeStatu
 
 def leader_status(cluster: LocalCluster, timeout: float = 10.0) -> tuple[int, cpb.NodeStatus]:
     """Wait until every node is up and follows one serving leader; return its index and Status."""
-    sts = wait_for(cluster, "all nodes up, following one serving leader", lambda: formed(cluster), timeout)
+    sts = wait_for("all nodes up, following one serving leader", lambda: formed(cluster), timeout, context=cluster)
     leader = next(i for i, st in enumerate(sts) if st.role == cpb.LEADER)
     return leader, sts[leader]
 
@@ -83,11 +62,6 @@ def leader_status(cluster: LocalCluster, timeout: float = 10.0) -> tuple[int, cp
 # One torchft Quorum call (blocking) from a replica group, without heartbeats: the simulated
 # group's single call (admin_support.quorum_call), with a 5 s deadline.
 quorum_call = functools.partial(admin_support.quorum_call, timeout=5.0, heartbeats=False)
-
-
-def box(value: object) -> tuple[object] | None:
-    """Make a possibly falsy result (node index 0) truthy for ``wait_for``."""
-    return None if value is None else (value,)
 
 
 def ok_rounds(rounds: list[RoundResult]) -> list[RoundResult]:
@@ -135,8 +109,8 @@ async def run_groups(cluster: LocalCluster, groups: list[SimulatedReplicaGroup],
 def test_three_nodes_form_a_cluster_with_one_serving_leader(make_cluster) -> None:
     cluster = make_cluster(min_replicas=1)
     ids = {m.peer.node_id for m in cluster.members}
-    sts = wait_for(cluster, "one serving leader, agreed on by every node, all peers connected",
-                   lambda: formed(cluster, connected=True), 10.0)
+    sts = wait_for("one serving leader, agreed on by every node, all peers connected",
+                   lambda: formed(cluster, connected=True), 10.0, context=cluster)
     leaders = [st for st in sts if st.role == cpb.LEADER]
     followers = [st for st in sts if st.role == cpb.FOLLOWER]
     diag = "\n".join(str(st) for st in sts) + cluster.tail_logs()
@@ -233,13 +207,13 @@ def test_leader_sigkill_mid_loop_fails_over_within_2s(make_cluster) -> None:
         nonlocal t_kill
         tasks = [asyncio.create_task(g.run()) for g in groups]
         try:
-            await wait_for_async(cluster, "3 full quorums in every group before the kill",
-                                 lambda: all(full_rounds(g) >= 3 for g in groups), 15.0)
+            await wait_for_async("3 full quorums in every group before the kill",
+                                 lambda: all(full_rounds(g) >= 3 for g in groups), 15.0, context=cluster)
             t_kill = time.monotonic()
             dead.add(addrs[leader])
             await asyncio.to_thread(cluster.kill, leader)
-            await wait_for_async(cluster, "2 full quorums started after the kill in every group",
-                                 lambda: all(full_rounds(g, after=t_kill) >= 2 for g in groups), 10.0)
+            await wait_for_async("2 full quorums started after the kill in every group",
+                                 lambda: all(full_rounds(g, after=t_kill) >= 2 for g in groups), 10.0, context=cluster)
         finally:
             for t in tasks:
                 t.cancel()
@@ -309,8 +283,9 @@ def test_killed_follower_restarts_and_catches_up(make_cluster) -> None:
     for _ in range(3):
         q = quorum_call(lead_addr, "r0", step=step, commit_failures=1)
         step += 1
-    wait_for(cluster, "the follower to apply the first quorums",
-             lambda: (st := cluster.status(follower)) is not None and st.quorum.quorum_id == q.quorum_id, 5.0)
+    wait_for("the follower to apply the first quorums",
+             lambda: (st := cluster.status(follower)) is not None and st.quorum.quorum_id == q.quorum_id, 5.0,
+             context=cluster)
 
     cluster.kill(follower)
     before_kill_id = q.quorum_id
@@ -334,8 +309,8 @@ def test_killed_follower_restarts_and_catches_up(make_cluster) -> None:
             return None
         return f, ld
 
-    f, ld = wait_for(cluster, "the restarted follower to reach the leader's commit index and quorum",
-                     caught_up, 10.0)
+    f, ld = wait_for("the restarted follower to reach the leader's commit index and quorum",
+                     caught_up, 10.0, context=cluster)
     diag = f"follower:\n{f}\nleader:\n{ld}\n{cluster.tail_logs()}"
     assert ld.role == cpb.LEADER and ld.node.id == cluster.members[leader].peer.node_id, diag
     assert f.role == cpb.FOLLOWER and f.leader_id == ld.node.id and f.term == ld.term, diag
@@ -373,8 +348,8 @@ def test_full_cluster_sigkill_and_restart_keeps_quorum_id_monotonic(make_cluster
         return (s is not None and s.has_quorum and s.quorum.quorum_id == last.quorum_id
                 and [m.replica_id for m in s.quorum.participants] == [m.replica_id for m in last.participants])
     assert same(st), f"{st}\n{cluster.tail_logs()}"
-    wait_for(cluster, "every restarted node to show the pre-restart quorum",
-             lambda: all(same(s) for s in all_status(cluster)), 10.0)
+    wait_for("every restarted node to show the pre-restart quorum",
+             lambda: all(same(s) for s in all_status(cluster)), 10.0, context=cluster)
 
     q = quorum_call(cluster.client_addresses[new_leader], "r0", step=step)
     assert q.quorum_id >= highest.quorum_id, f"quorum id went back: {q.quorum_id} < {highest.quorum_id}\n" \
@@ -514,8 +489,8 @@ def test_graceful_stop_of_the_leader_hands_leadership_over(make_cluster) -> None
     stopper = threading.Thread(target=lambda: exit_code.append(cluster.stop(leader, timeout=10.0)))
     stopper.start()
     try:
-        (new_leader,) = wait_for(cluster, "a new serving leader after SIGTERM of the old one",
-                                 lambda: box(cluster.leader_index(among=others)), 2.5)
+        new_leader = wait_for("a new serving leader after SIGTERM of the old one",
+                              lambda: cluster.leader_index(among=others), 2.5, ready=not_none, context=cluster)
         elapsed = time.monotonic() - t0
     finally:
         stopper.join(timeout=15.0)
@@ -525,8 +500,8 @@ def test_graceful_stop_of_the_leader_hands_leadership_over(make_cluster) -> None
     assert new is not None and new.term > st.term and new.serving, f"{new}\n{cluster.tail_logs()}"
     # the survivor follows the new leader
     other = next(i for i in others if i != new_leader)
-    wait_for(cluster, "the other survivor to follow the new leader",
-             lambda: (s := cluster.status(other)) is not None and s.leader_id == new.node.id, 5.0)
+    wait_for("the other survivor to follow the new leader",
+             lambda: (s := cluster.status(other)) is not None and s.leader_id == new.node.id, 5.0, context=cluster)
     # and the two-node cluster still serves quorums
     q = quorum_call(cluster.client_addresses[other], "after-stop", timeout=5.0)
     assert [m.replica_id for m in q.participants] == ["after-stop"], cluster.tail_logs()
@@ -552,6 +527,7 @@ def test_a_cluster_on_ipv6_addresses_forms_and_serves(make_cluster) -> None:
     """Raft addresses like [::1]:port: pysyncobj would resolve the bracketed host and never dial."""
     ports = _free_v6_ports(6)
     cluster = make_cluster(min_replicas=1, host="[::1]", client_ports=ports[:3], raft_ports=ports[3:])
-    wait_for(cluster, "a serving leader on IPv6, all peers connected", lambda: formed(cluster, connected=True), 10.0)
+    wait_for("a serving leader on IPv6, all peers connected", lambda: formed(cluster, connected=True), 10.0,
+             context=cluster)
     quorum = quorum_call(cluster.client_addresses[0], "v6-replica")
     assert [m.replica_id for m in quorum.participants] == ["v6-replica"], cluster.tail_logs()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from support.waiting import wait_for_async
 from lighthouse_cluster.core.codec import Command, CommitQuorum, TermStart
 from lighthouse_cluster.server.coordinator import NotLeader, QuorumCoordinator
 from lighthouse_cluster.proto import torchft_pb2 as pb
@@ -61,14 +62,6 @@ def make(min_replicas: int = 1, join_timeout_ms: int = 60_000, heartbeat_timeout
     return coord, log, clock
 
 
-async def until(cond: Any, timeout: float = 2.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.001)
-
-
 def decode(raw: bytes) -> pb.Quorum:
     return pb.LighthouseQuorumResponse.FromString(raw).quorum
 
@@ -85,7 +78,7 @@ def test_term_start_is_committed_before_serving() -> None:
     async def main() -> None:
         coord, log, _ = make()
         coord.start_leading(7)
-        await until(lambda: coord.serving)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
         assert log.commands[0] == TermStart(term=7, node_id="n1", time_ms=1_700_000_000_000)
         coord.stop_leading()
     asyncio.run(main())
@@ -95,7 +88,7 @@ def test_one_commit_and_one_encoding_per_round() -> None:
     async def main() -> None:
         coord, log, _ = make(min_replicas=3)
         coord.start_leading(1)
-        await until(lambda: coord.serving)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
         ids = ["a", "b", "c"]
         for _ in range(2):  # first round: membership; second: fast quorum on the same members
             responses = await asyncio.gather(*(coord.quorum(Member(r, step=1)) for r in ids))
@@ -116,7 +109,7 @@ def test_warm_up_seeds_previous_members_so_a_new_leader_waits_for_them() -> None
                                    quorum=Quorum(4, (Member("a"), Member("b"), Member("c")), 1)))
         coord, log, clock = make(min_replicas=1, join_timeout_ms=60_000, machine=machine)
         coord.start_leading(2)
-        await until(lambda: coord.serving)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
         waiting = [asyncio.ensure_future(coord.quorum(Member(r))) for r in ("a", "b")]
         await asyncio.sleep(0.05)  # several ticks pass: nothing may be issued without "c"
         assert not any(w.done() for w in waiting)
@@ -139,7 +132,7 @@ def test_seeded_member_that_is_gone_expires_after_heartbeat_timeout() -> None:
                                    quorum=Quorum(4, (Member("a"), Member("b"), Member("c")), 1)))
         coord, log, clock = make(min_replicas=1, heartbeat_timeout_ms=5_000, machine=machine)
         coord.start_leading(2)
-        await until(lambda: coord.serving)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
         waiting = [asyncio.ensure_future(coord.quorum(Member(r))) for r in ("a", "b")]
         await asyncio.sleep(0.03)
         assert not any(w.done() for w in waiting)
@@ -158,7 +151,7 @@ def test_stepping_down_fails_waiters_promptly() -> None:
     async def main() -> None:
         coord, _, _ = make(min_replicas=2)
         coord.start_leading(1)
-        await until(lambda: coord.serving)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
         waiter = asyncio.ensure_future(coord.quorum(Member("a")))
         await asyncio.sleep(0.01)
         coord.stop_leading()
@@ -171,7 +164,7 @@ def test_failed_commit_is_retried_and_nothing_is_issued_meanwhile() -> None:
     async def main() -> None:
         coord, log, _ = make(min_replicas=1)
         coord.start_leading(1)
-        await until(lambda: coord.serving)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
         log.fail_next = CommitError("LEADER_CHANGED", unknown=True)
         raw = await asyncio.wait_for(coord.quorum(Member("a")), 1.0)
         assert decode(raw).quorum_id == 1
@@ -186,7 +179,7 @@ def test_rejected_compare_and_set_is_not_issued() -> None:
     async def main() -> None:
         coord, log, _ = make(min_replicas=1)
         coord.start_leading(1)
-        await until(lambda: coord.serving)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
         log.machine.apply(CommitQuorum(expected_quorum_id=0, term=1, node_id="ghost",
                                        quorum=Quorum(3, (Member("z"),), 1)))
         raw = await asyncio.wait_for(coord.quorum(Member("a")), 1.0)
@@ -201,7 +194,7 @@ def test_requester_left_out_is_re_registered_for_the_next_round() -> None:
     async def main() -> None:
         coord, log, _ = make(min_replicas=1, join_timeout_ms=50)
         coord.start_leading(1)
-        await until(lambda: coord.serving)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
         await asyncio.wait_for(coord.quorum(Member("a")), 1.0)
         a = asyncio.ensure_future(coord.quorum(Member("a", shrink_only=True)))
         b = asyncio.ensure_future(coord.quorum(Member("b")))
@@ -220,7 +213,7 @@ def test_a_timed_out_call_stays_registered_as_in_torchft() -> None:
     async def main() -> None:
         coord, _, _ = make(min_replicas=2)
         coord.start_leading(1)
-        await until(lambda: coord.serving)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
         with pytest.raises(asyncio.TimeoutError):
             await coord.quorum(Member("a"), 0.05, forget_if_cancelled=True)
         assert [m.replica_id for m, _ in coord.pending()] == ["a"]
@@ -240,7 +233,7 @@ def test_a_cancelled_forwarded_call_withdraws_its_registration() -> None:
                                    quorum=Quorum(4, (Member("a"), Member("b")), 1)))
         coord, log, _ = make(min_replicas=1, machine=machine)
         coord.start_leading(2)
-        await until(lambda: coord.serving)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
         forwarded = asyncio.ensure_future(coord.quorum(Member("a"), forget_if_cancelled=True))
         direct = asyncio.ensure_future(coord.quorum(Member("c")))
         await asyncio.sleep(0.02)
@@ -278,7 +271,7 @@ def test_forwarded_calls_travel_batched_and_keep_their_semantics() -> None:
     async def main() -> None:
         coord, log, _ = make(min_replicas=3)
         coord.start_leading(1)
-        await until(lambda: coord.serving)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
 
         async def answer(request: bytes, timeout: float | None) -> bytes:
             rid = pb.LighthouseQuorumRequest.FromString(request).requester.replica_id
@@ -310,9 +303,10 @@ def test_forwarded_calls_travel_batched_and_keep_their_semantics() -> None:
         try:
             # "c" is forwarded, then its client goes away: withdrawn at the leader.
             gone = asyncio.ensure_future(fwd.forward(leader, raw("c"), 5.0))
-            await until(lambda: [m.replica_id for m, _ in coord.pending()] == ["c"])
+            await wait_for_async("c to be pending", lambda: [m.replica_id for m, _ in coord.pending()] == ["c"],
+                                 2.0, interval=0.001)
             gone.cancel()
-            await until(lambda: coord.pending() == [])
+            await wait_for_async("no pending requester", lambda: coord.pending() == [], 2.0, interval=0.001)
             calls = [asyncio.ensure_future(fwd.forward(leader, raw(r), 5.0)) for r in ("a", "b", "c")]
             results = await asyncio.wait_for(asyncio.gather(*calls), 5.0)
             assert len(set(results)) == 1 and [m.replica_id for m in decode(results[0]).participants] == ["a", "b", "c"]
@@ -332,12 +326,14 @@ def test_forwarded_calls_travel_batched_and_keep_their_semantics() -> None:
 
             # The leader goes away: waiting forwarded calls fail UNAVAILABLE (the node re-routes).
             waiting = asyncio.ensure_future(fwd.forward(leader, raw("d"), 5.0))
-            await until(lambda: [m.replica_id for m, _ in coord.pending()] == ["d"])
+            await wait_for_async("d to be pending", lambda: [m.replica_id for m, _ in coord.pending()] == ["d"],
+                                 2.0, interval=0.001)
             await server.stop(grace=None)
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await asyncio.wait_for(waiting, 5.0)
             assert info.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
-            await until(lambda: coord.pending() == [])  # withdrawn when the stream ended
+            await wait_for_async("d withdrawn when the stream ended", lambda: coord.pending() == [], 2.0,
+                                 interval=0.001)
         finally:
             fwd.close()
             await channels.close()

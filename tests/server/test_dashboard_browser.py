@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from support.waiting import wait_for
 from lighthouse_cluster.local.cluster import LocalCluster, free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 
@@ -98,7 +99,7 @@ class Replica:
 
     @property
     def address(self) -> str:
-        found = eventually(f"{self.replica_id}'s manager address", lambda: self.lines("MANAGER"), 20)
+        found = wait_for(f"{self.replica_id}'s manager address", lambda: self.lines("MANAGER"), 20, interval=0.1)
         return found[0]
 
     def rounds(self) -> list[tuple[int, int, tuple[str, ...]]]:
@@ -109,18 +110,6 @@ class Replica:
             qid, step, parts = ln.split(" ")
             out.append((int(qid), int(step), tuple(sorted(parts.split(",")))))
         return out
-
-
-def eventually(what: str, cond: Callable[[], Any], timeout: float, context: Callable[[], str] = str) -> Any:
-    """Poll ``cond`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = cond()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})\n{context()}")
 
 
 def table(page: Any, table_id: str) -> dict[str, dict[str, Any]]:
@@ -177,9 +166,10 @@ def replicas(tmp_path: Path) -> Iterator[Callable[..., Replica]]:
 
     def start(replica_id: str, endpoint: str, endpoints: list[str], step_time_s: float) -> Replica:
         log = tmp_path / f"{replica_id}.log"
-        root = str(Path(__file__).resolve().parents[2])  # importable without an installed package too
+        # The package importable without an installed package too, and tests/ for ``support``.
+        root, tests = str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])
         env = {**os.environ, "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+               "PYTHONPATH": os.pathsep.join(filter(None, [root, tests, os.environ.get("PYTHONPATH")]))}
         with open(log, "wb") as f:
             proc = subprocess.Popen(
                 [sys.executable, __file__, "replica", replica_id, endpoint, ",".join(endpoints), str(step_time_s)],
@@ -242,8 +232,8 @@ def test_dashboard_shows_cluster_quorum_and_live_heartbeats(make_cluster, browse
     # Two groups train for a few steps, then a third joins at step 0: it must show as recovering.
     g0 = replicas("g0", addrs[0], addrs, 2.0)
     g1 = replicas("g1", addrs[1], addrs, 2.0)
-    eventually("g0 and g1 past step 1", lambda: any(s >= 2 and len(p) == 2 for _, s, p in g0.rounds()),
-               20, cluster.tail_logs)
+    wait_for("g0 and g1 past step 1", lambda: any(s >= 2 and len(p) == 2 for _, s, p in g0.rounds()),
+             20, context=cluster.tail_logs, interval=0.1)
     g2 = replicas("g2", addrs[2], addrs, 2.0)
     managers = {r.replica_id: r.address for r in (g0, g1, g2)}
 
@@ -251,8 +241,8 @@ def test_dashboard_shows_cluster_quorum_and_live_heartbeats(make_cluster, browse
     leader_id = node_id(cluster, leader)
     assert "(this node)" in table(page, "nodes")[leader_id]["node"]
     assert text(page, "ready").startswith("ready")
-    eventually("the Nodes table to match every node's Status", lambda: nodes_shown_correctly(page, cluster, leader),
-               10, cluster.tail_logs)
+    wait_for("the Nodes table to match every node's Status", lambda: nodes_shown_correctly(page, cluster, leader),
+             10, context=cluster.tail_logs, interval=0.1)
 
     # The quorum in which g2 joined: g2 recovering, at the step it sent; g0 and g1 ahead.
     def recovering_shown() -> Any:
@@ -260,7 +250,8 @@ def test_dashboard_shows_cluster_quorum_and_live_heartbeats(make_cluster, browse
         if set(rows) == {"g0", "g1", "g2"} and rows["g2"]["state"].startswith("recovering"):
             return rows, text(page, "qid")
         return None
-    rows, qid = eventually("g2 shown recovering in the current quorum", recovering_shown, 20, cluster.tail_logs)
+    rows, qid = wait_for("g2 shown recovering in the current quorum", recovering_shown, 20, context=cluster.tail_logs,
+                         interval=0.1)
     shot = tmp_path / "dashboard-leader.png"
     page.screenshot(path=str(shot), full_page=True)
     if os.environ.get(SCREENSHOT_ENV):
@@ -269,7 +260,7 @@ def test_dashboard_shows_cluster_quorum_and_live_heartbeats(make_cluster, browse
     for rid, r in (("g0", g0), ("g1", g1), ("g2", g2)):
         # The group itself got this quorum, with the step shown for it.
         shown = (qid_n, int(rows[rid]["step"]), ("g0", "g1", "g2"))
-        eventually(f"{rid}'s own record of round {shown}", lambda r=r, shown=shown: shown in r.rounds(), 10)
+        wait_for(f"{rid}'s own record of round {shown}", lambda r=r, shown=shown: shown in r.rounds(), 10, interval=0.1)
         assert rows[rid]["address"] == managers[rid]
         assert rows[rid]["store address"] == f"sim-store://{rid}"
         assert rows[rid]["world size"] == "1"
@@ -283,28 +274,31 @@ def test_dashboard_shows_cluster_quorum_and_live_heartbeats(make_cluster, browse
         steps = {r["step"] for r in rows.values()}
         ok = set(rows) == {"g0", "g1", "g2"} and {r["state"] for r in rows.values()} == {"up to date"}
         return ok and len(steps) == 1 and steps.pop()
-    step = eventually("every member up to date", all_up_to_date, 20, cluster.tail_logs)
-    eventually("the step to move on", lambda: all_up_to_date() not in (False, step), 10, cluster.tail_logs)
+    step = wait_for("every member up to date", all_up_to_date, 20, context=cluster.tail_logs, interval=0.1)
+    wait_for("the step to move on", lambda: all_up_to_date() not in (False, step), 10, context=cluster.tail_logs,
+             interval=0.1)
 
     # Heartbeat ages are live: the page shows a new age for g0 without being reloaded.
     hb = table(page, "heartbeats")
     assert set(hb) >= {"g0", "g1", "g2"} and all(hb[r]["health"] == "healthy" for r in ("g0", "g1", "g2")), hb
     assert re.fullmatch(r"\d+ ms", hb["g0"]["age"]), hb["g0"]
     first_age, first_update = hb["g0"]["age"], text(page, "updated")
-    eventually("g0's heartbeat age to change on the page",
-               lambda: table(page, "heartbeats")["g0"]["age"] != first_age and text(page, "updated") != first_update, 10)
+    wait_for("g0's heartbeat age to change on the page",
+             lambda: table(page, "heartbeats")["g0"]["age"] != first_age and text(page, "updated") != first_update, 10,
+             interval=0.1)
 
     assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
 
     # A follower's dashboard shows the same cluster, from its own point of view.
     follower = (leader + 1) % 3
     fpage = open_dashboard(browser, cluster, follower)
-    eventually("the follower's Nodes table", lambda: nodes_shown_correctly(fpage, cluster, leader), 10, cluster.tail_logs)
+    wait_for("the follower's Nodes table", lambda: nodes_shown_correctly(fpage, cluster, leader), 10,
+             context=cluster.tail_logs, interval=0.1)
     assert "(this node)" in table(fpage, "nodes")[node_id(cluster, follower)]["node"]
     assert "(this node)" not in table(fpage, "nodes")[leader_id]["node"]
-    eventually("the follower's quorum and heartbeats",
-               lambda: set(table(fpage, "quorum")) == {"g0", "g1", "g2"}
-               and set(table(fpage, "heartbeats")) >= {"g0", "g1", "g2"}, 10)
+    wait_for("the follower's quorum and heartbeats",
+             lambda: set(table(fpage, "quorum")) == {"g0", "g1", "g2"}
+             and set(table(fpage, "heartbeats")) >= {"g0", "g1", "g2"}, 10, interval=0.1)
     fpage.screenshot(path=str(tmp_path / "dashboard-follower.png"), full_page=True)
 
 
@@ -315,35 +309,38 @@ def test_kill_button_and_leader_failover(make_cluster, browser, replicas, tmp_pa
     page = open_dashboard(browser, cluster, leader)
     follower = (leader + 1) % 3
     fpage = open_dashboard(browser, cluster, follower)
-    eventually("all three groups in the quorum on the page", lambda: set(table(page, "quorum")) == {"g0", "g1", "g2"},
-               20, cluster.tail_logs)
+    wait_for("all three groups in the quorum on the page", lambda: set(table(page, "quorum")) == {"g0", "g1", "g2"},
+             20, context=cluster.tail_logs, interval=0.1)
     victim = groups["g1"]
     kill_button = page.locator('#quorum tr[data-key="g1"] button')
     assert kill_button.inner_text() == "kill" and kill_button.is_enabled()
 
     # Without the token, and with a wrong one: refused, and the page says so; g1 lives on.
     kill_button.click()
-    eventually("the refusal on the page", lambda: "refused (401): enter the admin token" in text(page, "kill-result"), 10)
+    wait_for("the refusal on the page", lambda: "refused (401): enter the admin token" in text(page, "kill-result"), 10,
+             interval=0.1)
     assert "Bearer" in text(page, "kill-result")
     page.fill("#token", "not-the-token")
     kill_button.click()
-    eventually("the second refusal", lambda: "refused (401): the admin token was not accepted"
-               in text(page, "kill-result"), 10)
+    wait_for("the second refusal", lambda: "refused (401): the admin token was not accepted"
+             in text(page, "kill-result"), 10, interval=0.1)
     assert victim.process.poll() is None and victim.lines("KILLED") == []
 
     # With the token: the replica group's manager gets the Kill and its process exits.
     page.fill("#token", TOKEN)
     kill_button.click()
-    eventually("the kill confirmed on the page", lambda: text(page, "kill-result") == f"killed g1 at {victim.address}",
-               10, lambda: text(page, "kill-result"))
+    wait_for("the kill confirmed on the page", lambda: text(page, "kill-result") == f"killed g1 at {victim.address}",
+             10, context=lambda: text(page, "kill-result"), interval=0.1)
     assert victim.process.wait(timeout=10) == KILLED_EXIT
     killed_by = victim.lines("KILLED")
     assert len(killed_by) == 1 and f"node {node_id(cluster, leader)}" in killed_by[0], killed_by
     assert all(g.process.poll() is None for rid, g in groups.items() if rid != "g1")
 
     # The dashboard follows: g1's heartbeat goes stale, and the next quorum goes on without it.
-    eventually("g1's heartbeat shown unhealthy", lambda: table(page, "heartbeats")["g1"]["health"] == "unhealthy", 15)
-    eventually("a quorum without g1", lambda: set(table(page, "quorum")) == {"g0", "g2"}, 20, cluster.tail_logs)
+    wait_for("g1's heartbeat shown unhealthy", lambda: table(page, "heartbeats")["g1"]["health"] == "unhealthy", 15,
+             interval=0.1)
+    wait_for("a quorum without g1", lambda: set(table(page, "quorum")) == {"g0", "g2"}, 20, context=cluster.tail_logs,
+             interval=0.1)
     assert table(page, "heartbeats")["g1"]["in quorum"] == "no"
 
     # SIGKILL the leader: its page says its status is unavailable; the follower's page shows the
@@ -354,17 +351,18 @@ def test_kill_button_and_leader_failover(make_cluster, browser, replicas, tmp_pa
     new_leader = cluster.wait_for_leader(timeout=20, exclude_term=old_term)
     new_id = node_id(cluster, new_leader)
     t0 = time.monotonic()
-    eventually("the follower's dashboard to show the new leader",
-               lambda: text(fpage, "leader") == new_id
-               and table(fpage, "nodes")[old_id]["health"] == "unreachable"
-               and table(fpage, "nodes")[new_id]["role"] == "\u2605 leader", 10, cluster.tail_logs)
+    wait_for("the follower's dashboard to show the new leader",
+             lambda: text(fpage, "leader") == new_id
+             and table(fpage, "nodes")[old_id]["health"] == "unreachable"
+             and table(fpage, "nodes")[new_id]["role"] == "\u2605 leader", 10, context=cluster.tail_logs, interval=0.1)
     shown_after = time.monotonic() - t0
     assert shown_after < 5, f"the new leader took {shown_after:.1f}s to appear after it was elected"
     assert int(text(fpage, "term")) > old_term
     assert text(fpage, "nodes-up") == "2 / 3"
-    eventually("the dead leader's page to say so", lambda: "status unavailable" in text(page, "banner"), 10)
+    wait_for("the dead leader's page to say so", lambda: "status unavailable" in text(page, "banner"), 10, interval=0.1)
     # The surviving groups go on through the new leader, and the page shows their rounds.
     steps_before = {r["step"] for r in table(fpage, "quorum").values()}
-    eventually("rounds through the new leader", lambda: set(table(fpage, "quorum")) == {"g0", "g2"}
-               and not {r["step"] for r in table(fpage, "quorum").values()} & steps_before, 20, cluster.tail_logs)
+    wait_for("rounds through the new leader", lambda: set(table(fpage, "quorum")) == {"g0", "g2"}
+             and not {r["step"] for r in table(fpage, "quorum").values()} & steps_before, 20, context=cluster.tail_logs,
+             interval=0.1)
     fpage.screenshot(path=str(tmp_path / "dashboard-after-failover.png"), full_page=True)

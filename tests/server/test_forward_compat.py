@@ -13,7 +13,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from support.cluster import cli, wait_for
+from support.cluster import cli
+from support.waiting import wait_for
 from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import torchft_pb2 as pb
@@ -89,7 +90,7 @@ def test_unknown_member_field_survives_forwarding_failover_replay_and_restore(ma
         assert seen == first, cluster.tail_logs()
     # ... and in every node's replicated state (the Raft log, schema 3).
     for i in range(3):
-        wait_for(cluster, f"node {i} to hold the members as sent", lambda: stored(cluster, i) == first, 10.0)
+        wait_for(f"node {i} to hold the members as sent", lambda: stored(cluster, i) == first, 10.0, context=cluster)
 
     backup = tmp_path / "backup.json"
     res = cli("snapshot", "save", str(backup), env=env(cluster))
@@ -104,15 +105,16 @@ def test_unknown_member_field_survives_forwarding_failover_replay_and_restore(ma
     for seen in round_through(cluster.client_addresses[other], second):
         assert seen == second, cluster.tail_logs()
     # A round on the leader lease reaches the log at most once a second: ask again until it has.
-    wait_for(cluster, "the new leader to hold round 2's members",
+    wait_for("the new leader to hold round 2's members",
              lambda: all(seen == second for seen in round_through(cluster.client_addresses[other], second))
-             and stored(cluster, new_leader) == second, 15.0)
+             and stored(cluster, new_leader) == second, 15.0, context=cluster)
     for i in survivors:
-        wait_for(cluster, f"node {i} to hold round 2's members", lambda: stored(cluster, i) == second, 10.0)
+        wait_for(f"node {i} to hold round 2's members", lambda: stored(cluster, i) == second, 10.0, context=cluster)
 
     # 3. The killed node replays its journal (and catches up): the same whole members.
     cluster.restart(leader)
-    wait_for(cluster, "the restarted node to hold round 2's members", lambda: stored(cluster, leader) == second, 20.0)
+    wait_for("the restarted node to hold round 2's members", lambda: stored(cluster, leader) == second, 20.0,
+             context=cluster)
 
     # 4. The snapshot restored into a cluster rebuilt from empty data directories.
     fresh = make_cluster(nodes=1, admin_token=TOKEN)
@@ -140,8 +142,8 @@ def test_rolling_upgrade_from_schema_2_keeps_whole_members_once_every_node_reads
     assert call_raw(cluster.client_addresses[(leader + 1) % 3], old["a"]) == old, cluster.tail_logs()
     fields_only = {"a": member_bytes("a", step=1)}
     for i in range(3):
-        wait_for(cluster, f"node {i} to hold the member's known fields", lambda: stored(cluster, i) == fields_only,
-                 10.0)
+        wait_for(f"node {i} to hold the member's known fields", lambda: stored(cluster, i) == fields_only,
+                 10.0, context=cluster)
     assert enabled_schemas(cluster) == [2, 2, 2]
 
     cluster.extra_args = []  # this version from now on
@@ -153,20 +155,21 @@ def test_rolling_upgrade_from_schema_2_keeps_whole_members_once_every_node_reads
             mid = {"a": member_bytes("a", step=2, extra=unknown_field(15, b"mid"))}
             assert call_raw(cluster.client_addresses[leader], mid["a"]) == mid, cluster.tail_logs()
             # A round on the leader lease reaches the log at most once a second: ask again until it has.
-            wait_for(cluster, "the leader to hold round 2's known fields",
+            wait_for("the leader to hold round 2's known fields",
                      lambda: call_raw(cluster.client_addresses[leader], mid["a"]) == mid
-                     and stored(cluster, leader) == {"a": member_bytes("a", step=2)}, 15.0)
+                     and stored(cluster, leader) == {"a": member_bytes("a", step=2)}, 15.0, context=cluster)
             assert 2 in enabled_schemas(cluster)
             table = cli("status", env=env(cluster))
             assert table.returncode == 0 and "replicated schema 2 enabled, 3 once the leader sees every node" \
                 in " ".join(table.stdout.split()), table.stdout
             nodes = json.loads(cli("status", "-o", "json", env=env(cluster)).stdout)["nodes"]
             assert sorted(n["schema"]["writes"] for n in nodes) == [2, 3, 3], nodes
-    wait_for(cluster, "schema 3 enabled on every node", lambda: enabled_schemas(cluster) == [3, 3, 3], 15.0)
+    wait_for("schema 3 enabled on every node", lambda: enabled_schemas(cluster) == [3, 3, 3], 15.0, context=cluster)
     assert "rolling upgrade" not in cli("status", env=env(cluster)).stdout
     new = {"a": member_bytes("a", step=3, extra=unknown_field(15, b"new"))}
     assert call_raw(cluster.client_addresses[leader], new["a"]) == new, cluster.tail_logs()
-    wait_for(cluster, "the leader to hold the whole member",
-             lambda: call_raw(cluster.client_addresses[leader], new["a"]) == new and stored(cluster, leader) == new, 15.0)
+    wait_for("the leader to hold the whole member",
+             lambda: call_raw(cluster.client_addresses[leader], new["a"]) == new and stored(cluster, leader) == new,
+             15.0, context=cluster)
     for i in range(3):
-        wait_for(cluster, f"node {i} to hold the whole member", lambda: stored(cluster, i) == new, 10.0)
+        wait_for(f"node {i} to hold the whole member", lambda: stored(cluster, i) == new, 10.0, context=cluster)

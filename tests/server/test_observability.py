@@ -11,7 +11,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from typing import Any, Callable
@@ -22,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from support.waiting import wait_for
 from lighthouse_cluster.server.config import ConfigError, build_node_config
 from lighthouse_cluster.local.cluster import LocalCluster, free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
@@ -47,21 +47,6 @@ def http(cluster: LocalCluster, i: int, path: str, method: str = "GET",
             return resp.status, resp.read(), dict(resp.headers)
     except urllib.error.HTTPError as e:
         return e.code, e.read(), dict(e.headers)
-
-
-def wait_for(cluster: LocalCluster, what: str, cond: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = cond()
-        except (OSError, urllib.error.URLError) as e:  # a port not bound yet
-            last = e
-        else:
-            if last:
-                return last
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})\n{cluster.tail_logs()}")
 
 
 def metrics(cluster: LocalCluster, i: int) -> dict[str, list[Any]]:
@@ -122,7 +107,7 @@ def observed(make_cluster: Callable[..., LocalCluster]) -> Callable[..., LocalCl
         nodes = kwargs.get("nodes", 3)
         cluster = make_cluster(http_ports=free_ports(nodes), **kwargs)
         cluster.wait_for_leader(timeout=20)
-        wait_for(cluster, "a formed cluster", lambda: formed(cluster))
+        wait_for("a formed cluster", lambda: formed(cluster), 15.0, context=cluster, interval=0.05, retry_on=(OSError,))
         return cluster
 
     return make
@@ -134,9 +119,11 @@ def observed(make_cluster: Callable[..., LocalCluster]) -> Callable[..., LocalCl
 def test_metrics_probes_health_and_reflection_on_a_formed_cluster(observed) -> None:
     cluster = observed()
     for i in range(3):
-        wait_for(cluster, f"n{i + 1} /readyz 200", lambda i=i: http(cluster, i, "/readyz")[0] == 200)
+        wait_for(f"n{i + 1} /readyz 200", lambda i=i: http(cluster, i, "/readyz")[0] == 200, 15.0,
+                 context=cluster, interval=0.05, retry_on=(OSError,))
         assert http(cluster, i, "/livez")[:2] == (200, b"ok\n")
-        wait_for(cluster, f"n{i + 1} health SERVING", lambda i=i: health(cluster, i) == health_pb2.HealthCheckResponse.SERVING)
+        wait_for(f"n{i + 1} health SERVING", lambda i=i: health(cluster, i) == health_pb2.HealthCheckResponse.SERVING,
+                 15.0, context=cluster, interval=0.05, retry_on=(OSError,))
         assert health(cluster, i, "torchft.LighthouseService") == health_pb2.HealthCheckResponse.SERVING
 
     run_rounds(cluster, groups=2, rounds=4)
@@ -157,7 +144,8 @@ def test_metrics_probes_health_and_reflection_on_a_formed_cluster(observed) -> N
                 return False
         return True
 
-    wait_for(cluster, "/metrics consistent with Status on every node", consistent)
+    wait_for("/metrics consistent with Status on every node", consistent, 15.0, context=cluster, interval=0.05,
+             retry_on=(OSError,))
     leader = cluster.leader_index()
     assert leader is not None
     fam = metrics(cluster, leader)
@@ -215,7 +203,8 @@ def test_status_json_matches_status_cli(observed) -> None:
             return None
         return mine, theirs
 
-    mine, theirs = wait_for(cluster, "/status.json to match `status -o json`", both)
+    mine, theirs = wait_for("/status.json to match `status -o json`", both, 15.0, context=cluster, interval=0.05,
+                            retry_on=(OSError,))
     assert set(theirs) <= set(mine)
     assert mine["self"]["id"] == "n3" and mine["self"]["ready"] is True
     assert mine["self"]["kill_enabled"] is False
@@ -228,17 +217,20 @@ def test_isolated_survivor_is_not_ready(observed) -> None:
     survivor = 2
     cluster.kill(0)
     cluster.kill(1)
-    wait_for(cluster, "the survivor's /readyz 503", lambda: http(cluster, survivor, "/readyz")[0] == 503, timeout=20)
+    wait_for("the survivor's /readyz 503", lambda: http(cluster, survivor, "/readyz")[0] == 503, 20, context=cluster,
+             interval=0.05, retry_on=(OSError,))
     status, body, _ = http(cluster, survivor, "/readyz")
     assert status == 503 and body.count(b"\n") == 1 and body.strip()
-    wait_for(cluster, "health NOT_SERVING",
-             lambda: health(cluster, survivor) == health_pb2.HealthCheckResponse.NOT_SERVING)
+    wait_for("health NOT_SERVING",
+             lambda: health(cluster, survivor) == health_pb2.HealthCheckResponse.NOT_SERVING, 15.0,
+             context=cluster, interval=0.05, retry_on=(OSError,))
     assert http(cluster, survivor, "/livez")[0] == 200
     assert sample(metrics(cluster, survivor), "lighthouse_cluster_ready") == 0.0
     # /status.json answers despite dead peers; a survivor that led steps down after pysyncobj's
     # leader fallback timeout (until then Status still says leader, as `status` would show).
-    view = wait_for(cluster, "/status.json without a leader",
-                    lambda: (v := json.loads(http(cluster, survivor, "/status.json")[1]))["leader"] is None and v)
+    view = wait_for("/status.json without a leader",
+                    lambda: (v := json.loads(http(cluster, survivor, "/status.json")[1]))["leader"] is None and v,
+                    15.0, context=cluster, interval=0.05, retry_on=(OSError,))
     assert {n["id"]: n["reachable"] for n in view["nodes"]} == {"n1": False, "n2": False, "n3": True}
 
 
@@ -277,7 +269,8 @@ def test_kill_endpoint(observed) -> None:
             def applied() -> bool:
                 st = cluster.status(1)
                 return st is not None and st.has_quorum and st.quorum.participants[0].replica_id == "victim"
-            await asyncio.to_thread(wait_for, cluster, "n2 to apply the quorum", applied)
+            await asyncio.to_thread(wait_for, "n2 to apply the quorum", applied, 15.0, context=cluster, interval=0.05,
+                                    retry_on=(OSError,))
 
             status, body, _ = await asyncio.to_thread(call, open_cluster, 0, "/replica/victim/kill",
                                                       Authorization=f"Bearer {TOKEN}")

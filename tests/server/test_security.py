@@ -16,7 +16,8 @@ from typing import Any, Iterator
 import grpc
 import pytest
 
-from support.cluster import cli, quorum_call, wait_for
+from support.cluster import cli, quorum_call
+from support.waiting import wait_for
 from ftclient.lighthouse_client import LighthouseClient
 from lighthouse_cluster.server.admin import BAD_TOKEN_MESSAGE, NO_TOKEN_MESSAGE
 from lighthouse_cluster.local.cluster import LocalCluster
@@ -105,13 +106,13 @@ def test_a_node_without_the_secret_cannot_join(plain: LocalCluster) -> None:
         shutil.rmtree(plain.members[2].data_dir)  # a stranger: nothing learned from the cluster
         plain.node_secrets[2] = wrong
         plain.start_node(2)
-        wait_for(plain, "n3 answering", lambda: plain.status(2) is not None, 15)
+        wait_for("n3 answering", lambda: plain.status(2) is not None, 15, context=plain)
         leader = plain.wait_for_leader(timeout=10, among=[0, 1])
         for step in range(3):
             quorum_call(plain.client_addresses[leader], "secret-test", step=step)
         committed = max(plain.status(i).commit_index for i in (0, 1))
-        wait_for(plain, "n1 and n2 committing", lambda: min(plain.status(i).commit_index for i in (0, 1)) >= committed,
-                 5)
+        wait_for("n1 and n2 committing", lambda: min(plain.status(i).commit_index for i in (0, 1)) >= committed,
+                 5, context=plain)
         st = plain.status(2)
         # 1 is pysyncobj's own initial no-op entry: nothing of the cluster's log arrived.
         assert st.commit_index <= 1 and st.leader_id == "" and st.role != cpb.LEADER and not st.has_quorum
@@ -121,8 +122,9 @@ def test_a_node_without_the_secret_cannot_join(plain: LocalCluster) -> None:
     plain.kill(2)
     del plain.node_secrets[2]
     plain.start_node(2)
-    wait_for(plain, "n3 joining with the right secret",
-             lambda: (st := plain.status(2)) is not None and st.leader_id != "" and st.commit_index > 0, 15)
+    wait_for("n3 joining with the right secret",
+             lambda: (st := plain.status(2)) is not None and st.leader_id != "" and st.commit_index > 0, 15,
+             context=plain)
 
 
 def test_no_secret_or_token_in_logs_status_or_process_list(plain: LocalCluster, tmp_path: Path) -> None:
@@ -155,7 +157,8 @@ def test_tls_port_refuses_plaintext_and_serves_clients_trusting_the_ca(make_clus
     c = make_cluster(nodes=1, pki=pki)
     address = c.client_addresses[0]
     tls = pki.client_tls(with_cert=False)
-    wait_for(c, "the TLS node serving", lambda: (st := query_status(address, 1.0, tls)) is not None and st.serving, 15)
+    wait_for("the TLS node serving", lambda: (st := query_status(address, 1.0, tls)) is not None and st.serving, 15,
+             context=c)
     assert query_status(address, 1.0) is None  # a plaintext client gets nowhere
     with pytest.raises(grpc.RpcError) as info:
         quorum_call(address, "plain", timeout=2)
@@ -199,7 +202,7 @@ def test_mutual_tls_cluster_requires_client_certificates(make_cluster, pki: PKIF
     res = cli("transfer-leader", "-o", "json", env=env)
     assert res.returncode == 0, res.stderr
     assert cli("health", env=env).returncode == 0 or wait_for(
-        c, "healthy after the transfer", lambda: cli("health", env=env).returncode == 0, 10)
+        "healthy after the transfer", lambda: cli("health", env=env).returncode == 0, 10, context=c)
     # ftclient: https:// endpoints and the TLS variables, as a trainer would set them.
     for k in ("LIGHTHOUSE_CLUSTER_TLS_CA", "LIGHTHOUSE_CLUSTER_TLS_CLIENT_CERT", "LIGHTHOUSE_CLUSTER_TLS_CLIENT_KEY"):
         monkeypatch.setenv(k, env[k])

@@ -1,5 +1,5 @@
-"""Helpers of tests/server/test_admin.py and tests/server/test_security.py: bounded waits, the CLI as a
-subprocess, torchft Quorum calls (plaintext or TLS)."""
+"""Helpers of tests/server/test_admin.py and tests/server/test_security.py: the CLI as a subprocess,
+torchft Quorum calls (plaintext or TLS). Bounded waits are ``support.waiting``'s."""
 
 from __future__ import annotations
 
@@ -7,31 +7,13 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Callable, TypeVar
 
-from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.local.simulated_group import SimulatedReplicaGroup
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.tls import ClientTLS
 
 ROOT = Path(__file__).resolve().parents[2]
-POLL_S = 0.02
-T = TypeVar("T")
-
-
-def wait_for(cluster: LocalCluster | None, what: str, cond: Callable[[], T], timeout: float) -> T:
-    """Poll ``cond`` until it returns something truthy; fail with the nodes' logs at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            logs = cluster.tail_logs() if cluster is not None else ""
-            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}\n{logs}")
-        time.sleep(POLL_S)
 
 
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
