@@ -110,6 +110,7 @@ class QuorumCoordinator:
         self._requested = asyncio.Event()
         self.rounds_on_lease = 0
         self.rounds_committed = 0
+        self.quorums_withheld = 0
         self._recorded_at = float("-inf")
         self._recording = False
 
@@ -200,17 +201,20 @@ class QuorumCoordinator:
     def heartbeat(self, replica_id: str) -> None:
         self._heartbeats[replica_id] = self._clock()
 
-    async def quorum(self, member: Member, timeout: float | None = None, *,
-                     forget_if_cancelled: bool = False) -> bytes:
+    async def quorum(self, member: Member, timeout: float | None = None) -> bytes:
         """Register ``member`` and wait for the first committed quorum that includes it.
 
         Returns the serialized ``LighthouseQuorumResponse``. Raises ``NotLeader`` when this
         node is not (or stops being) the serving leader, ``asyncio.TimeoutError`` after
-        ``timeout`` seconds. As in torchft, a requester whose call times out stays registered
-        for the round. With ``forget_if_cancelled``, a call *cancelled* before an answer (the
-        node that forwarded it went away) withdraws the registration when it was the last call
-        for that replica: nobody is left to receive the quorum, and counting the replica as
-        joined would close the round without the requester's real, re-sent call.
+        ``timeout`` seconds.
+
+        Only live requesters are issued: a call that ends without a quorum (its deadline, a
+        cancellation, the caller or the forwarding node gone) withdraws the registration when it
+        was the last call for that replica. Nobody is left to receive the quorum, and a member
+        that never configures its process group fails the step for every other member (a
+        "ghost"); counting it as joined could also close a round without the requester's real,
+        re-sent call. A quorum whose commit was already under way when a member's call ended is
+        not issued either (``_commit``).
         """
         if self._term is None or self._round is None:
             raise NotLeader("not leader")
@@ -223,22 +227,17 @@ class QuorumCoordinator:
         self._heartbeats[rid] = now
         self._register(member, now)
         self._waiting[rid] = self._waiting.get(rid, 0) + 1
-        settled = False  # answered, timed out, or failed: anything but a cancellation
+        answered = False
         try:
             self._schedule_evaluation()
             while True:
                 current = self._round
                 if current is None:
-                    settled = True
                     raise NotLeader("leader stepped down")
                 left = None if deadline is None else deadline - loop.time()
-                try:
-                    issued = await asyncio.wait_for(asyncio.shield(current), left)
-                except (asyncio.TimeoutError, NotLeader):
-                    settled = True
-                    raise
+                issued = await asyncio.wait_for(asyncio.shield(current), left)
                 if rid in issued.member_ids:
-                    settled = True
+                    answered = True
                     return issued.response
                 # Not included: re-registered at issue time (see _issue); wait for the next one.
         finally:
@@ -247,7 +246,7 @@ class QuorumCoordinator:
                 self._waiting[rid] = remaining
             else:
                 self._waiting.pop(rid, None)
-                if forget_if_cancelled and not settled:
+                if not answered:
                     self._unregister(rid)
 
     def _unregister(self, rid: str) -> None:
@@ -344,6 +343,19 @@ class QuorumCoordinator:
             log.warning("quorum %d rejected: state moved to quorum id %s", quorum.quorum_id,
                         getattr(result, "current_quorum_id", "?"))
             return
+        gone = sorted(m.replica_id for m in quorum.participants if not self._waiting.get(m.replica_id))
+        if gone:
+            # A member's call ended while the commit was under way: issued, the quorum would
+            # hold a member that never configures its process group and every other member's
+            # step would fail. Committed but never issued, its id is skipped: the next round,
+            # without the gone members, gets a new id (a different member set), so no trainer
+            # ever sees two quorums under one id.
+            log.info("quorum %d committed but not issued: %s no longer waiting", quorum.quorum_id,
+                     ", ".join(gone))
+            self.quorums_withheld += 1
+            self._track_previous_quorum()
+            self._schedule_evaluation()
+            return
         self._issue(quorum, self._clock() - started)
 
     def _on_lease(self, prev: Quorum | None, quorum: Quorum) -> bool:
@@ -434,10 +446,13 @@ class QuorumCoordinator:
             self._schedule_evaluation()
 
     def _reset_round_tracking(self) -> None:
+        self._track_previous_quorum()
+        self._round_started = None
+
+    def _track_previous_quorum(self) -> None:
         prev = self.state.quorum
         self._prev_ids = frozenset(m.replica_id for m in prev.participants) if prev else frozenset()
         self._prev_present = sum(1 for r in self._participants if r in self._prev_ids)
-        self._round_started = None
 
     # -- introspection ----------------------------------------------------------------------
 

@@ -255,7 +255,7 @@ class _ForwardStream:
 
 class QuorumForwardingService:
     """Leader side of ``ForwardQuorums``: each forwarded call is answered by ``answer(raw,
-    timeout)`` (``routing.Router.answer_forwarded``: registers with the coordinator, ``forget_if_cancelled``)
+    timeout)`` (``routing.Router.answer_forwarded``: registers with the coordinator, withdrawn if the call ends unanswered)
     in its own task; answers of one round go out in one message; a withdrawn key, or the stream
     ending, cancels the task (which withdraws the registration, as a cancelled forwarded call does).
     ``answer`` raises ``grpc.aio.AioRpcError`` (see :func:`forward_error`) for a failed call."""

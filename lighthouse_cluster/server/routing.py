@@ -146,7 +146,7 @@ class Router:
             coord = self._leading_coordinator()
             if coord is not None:
                 try:
-                    return await coord.quorum(member, left, forget_if_cancelled=forwarded_by is not None)
+                    return await coord.quorum(member, left)
                 except NotLeader:
                     continue
                 except asyncio.TimeoutError:
@@ -214,7 +214,7 @@ class Router:
             if left is not None and left <= 0:
                 raise forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE)
             try:
-                return await coord.quorum(member, left, forget_if_cancelled=True)
+                return await coord.quorum(member, left)
             except asyncio.TimeoutError:
                 raise forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE) from None
             except NotLeader:

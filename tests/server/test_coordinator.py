@@ -209,17 +209,88 @@ def test_requester_left_out_is_re_registered_for_the_next_round() -> None:
     asyncio.run(main())
 
 
-def test_a_timed_out_call_stays_registered_as_in_torchft() -> None:
+def test_a_timed_out_call_is_withdrawn_from_the_round() -> None:
     async def main() -> None:
-        coord, _, _ = make(min_replicas=2)
+        coord, _, clock = make(min_replicas=2, join_timeout_ms=1_000)
         coord.start_leading(1)
         await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
         with pytest.raises(asyncio.TimeoutError):
-            await coord.quorum(Member("a"), 0.05, forget_if_cancelled=True)
-        assert [m.replica_id for m, _ in coord.pending()] == ["a"]
-        # The next requester completes the round with "a" in it.
-        raw = await asyncio.wait_for(coord.quorum(Member("b")), 1.0)
-        assert [m.replica_id for m in decode(raw).participants] == ["a", "b"]
+            await coord.quorum(Member("a"), 0.05)
+        assert coord.pending() == []
+        # "a" is healthy (its call was a heartbeat) but no longer asking: the round waits for it
+        # to join, and after the join timeout goes on without it.
+        b = asyncio.ensure_future(coord.quorum(Member("b")))
+        c = asyncio.ensure_future(coord.quorum(Member("c")))
+        await asyncio.sleep(0.05)
+        assert not c.done()
+        clock.now += 1.5
+        raw = await asyncio.wait_for(c, 1.0)
+        assert [m.replica_id for m in decode(raw).participants] == ["b", "c"]
+        await b
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_a_requester_whose_call_ended_is_never_issued() -> None:
+    """#15 item 4, the sequence reproduced on a node: ``a`` has a quorum and a fresh heartbeat,
+    ``b``'s call waits for ``a`` and ends at its deadline, then ``a``'s heartbeat expires and
+    ``c`` asks. torchft's lighthouse issues ``[c]``; issuing ``[b, c]`` would hand ``c`` a quorum
+    with a member that never configures its process group."""
+    async def main() -> None:
+        coord, _, clock = make(min_replicas=1, heartbeat_timeout_ms=5_000, join_timeout_ms=1_000)
+        coord.start_leading(1)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
+        first = decode(await asyncio.wait_for(coord.quorum(Member("a")), 1.0))
+        assert [m.replica_id for m in first.participants] == ["a"]
+        clock.now += 1.0
+        coord.heartbeat("a")
+        with pytest.raises(asyncio.TimeoutError):  # waits for healthy "a" to join, until its deadline
+            await coord.quorum(Member("b"), 0.1)
+        clock.now += 4.99  # "a" stale, "b"'s registration (4.99 s old) still counts as healthy
+        c = asyncio.ensure_future(coord.quorum(Member("c")))
+        await asyncio.sleep(0.05)
+        assert not c.done()  # [b, c] would have been issued at once
+        clock.now += 1.0  # the join timeout
+        quorum = decode(await asyncio.wait_for(c, 1.0))
+        assert [m.replica_id for m in quorum.participants] == ["c"]
+        assert quorum.quorum_id == first.quorum_id + 1
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_a_quorum_whose_member_left_during_the_commit_is_not_issued() -> None:
+    """The commit of ``[a, b]`` is under way when ``b``'s call ends: ``[a, b]`` is committed but
+    never issued, and ``a`` gets the next quorum, ``[a]``, under a new id (once ``b``, healthy by
+    its last heartbeat, has either asked again or expired: here it expires)."""
+    async def main() -> None:
+        coord, log, clock = make(min_replicas=1, join_timeout_ms=1_000)
+        gate = asyncio.Event()
+        plain_submit = log.submit
+
+        async def slow_submit(command: Command, while_leader_of: int | None = None) -> Any:
+            if isinstance(command, CommitQuorum) and len(command.quorum.participants) == 2:
+                await gate.wait()
+            return await plain_submit(command, while_leader_of)
+
+        coord._submit = slow_submit
+        coord.start_leading(1)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
+        a = asyncio.ensure_future(coord.quorum(Member("a")))
+        b = asyncio.ensure_future(coord.quorum(Member("b")))
+        await wait_for_async("the commit of [a, b] to start", lambda: coord._in_flight, 1.0, interval=0.001)
+        b.cancel()
+        await asyncio.sleep(0)
+        gate.set()
+        await wait_for_async("the commit to apply", lambda: coord.quorums_withheld, 1.0, interval=0.001)
+        assert not a.done()
+        clock.now += 5.5  # past b's heartbeat; a's manager keeps heartbeating
+        coord.heartbeat("a")
+        quorum = decode(await asyncio.wait_for(a, 1.0))
+        assert [m.replica_id for m in quorum.participants] == ["a"]
+        commits = log.commits()
+        assert [[m.replica_id for m in c.quorum.participants] for c in commits] == [["a", "b"], ["a"]]
+        assert quorum.quorum_id == commits[0].quorum.quorum_id + 1
+        assert coord.quorums_withheld == 1
         coord.stop_leading()
     asyncio.run(main())
 
@@ -234,7 +305,7 @@ def test_a_cancelled_forwarded_call_withdraws_its_registration() -> None:
         coord, log, _ = make(min_replicas=1, machine=machine)
         coord.start_leading(2)
         await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
-        forwarded = asyncio.ensure_future(coord.quorum(Member("a"), forget_if_cancelled=True))
+        forwarded = asyncio.ensure_future(coord.quorum(Member("a")))
         direct = asyncio.ensure_future(coord.quorum(Member("c")))
         await asyncio.sleep(0.02)
         forwarded.cancel()
@@ -277,7 +348,7 @@ def test_forwarded_calls_travel_batched_and_keep_their_semantics() -> None:
             rid = pb.LighthouseQuorumRequest.FromString(request).requester.replica_id
             if rid == "late":
                 raise forward_error(grpc.StatusCode.CANCELLED, "Timeout expired")
-            return await coord.quorum(Member(rid), timeout, forget_if_cancelled=True)
+            return await coord.quorum(Member(rid), timeout)
 
         service = QuorumForwardingService(answer)
         server = grpc.aio.server()
