@@ -44,19 +44,9 @@ pytest.importorskip("torch", reason="torch is not installed: the torchft trainin
 pytest.importorskip("torchft", reason="torchft is not installed: the torchft training tests need it")
 
 from lighthouse_cluster.local.cluster import LocalCluster, free_ports, port_is_free  # noqa: E402
-from test_torchft_training import (  # noqa: E402
-    GO_FILE,
-    GROUPS,
-    JOIN_TIMEOUT_MS,
-    MIN_REPLICAS,
-    RESTART_ENV,
-    SLOW_GROUP_S,
-    Harness,
-    Trainer,
-    median,
-    slowest_step_around,
-)
 from support.torchft_lines import LINES, python_for, torchft_version  # noqa: E402
+from support.trainer_process import TORCHFT_RESTART_ENV, TorchftTrainer  # noqa: E402
+from support.training import TrainingRun, median_duration_s, slowest_step_around  # noqa: E402
 
 # The nightly line's first use creates its virtual environment (minutes; bounded by its own pip
 # timeout), inside this test's time limit.
@@ -67,7 +57,10 @@ NODE_HOSTS = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 HOSTS_FILE = Path("/etc/hosts")
 ADMIN_TOKEN = "hosts-ha-test-token"
 
+GROUPS = 3
+MIN_REPLICAS = 2  # the cluster's min_replicas and the trainers' min_replica_size: two groups may go on
 STEPS = 40
+STEP_SLEEP_S = 0.1
 KILL_AT_STEP = 8
 STEPS_AFTER_KILL = 10
 AFTER_KILL_DEADLINE_S = 60.0
@@ -194,25 +187,20 @@ def transfer_leadership(cluster: LocalCluster, to: int) -> None:
 
 
 @dataclass(kw_only=True)
-class NamedTrainer(Trainer):
+class NamedTrainer(TorchftTrainer):
     """A replica group whose TORCHFT_LIGHTHOUSE is ``http://NAME:PORT``, run by ``python`` (the
     torchft line's interpreter) in a mount namespace where ``hosts_file`` is /etc/hosts."""
 
-    python: str
     hosts_file: Path
 
     def command(self) -> list[str]:
-        cmd = super().command()  # [sys.executable, torchft_trainer.py, ...]
-        return namespaced(self.hosts_file, [self.python, *cmd[1:]])
+        return namespaced(self.hosts_file, super().command())
 
 
 @pytest.fixture
-def harness(tmp_path: Path) -> Iterator[Harness]:
-    h = Harness(root=tmp_path)
-    try:
-        yield h
-    finally:
-        h.close()
+def harness(tmp_path: Path) -> Iterator[TrainingRun]:
+    with TrainingRun(tmp_path) as run:
+        yield run
 
 
 @pytest.fixture
@@ -224,8 +212,8 @@ def machine_etc_hosts() -> Iterator[None]:
 
 
 @pytest.mark.parametrize("line", LINES)
-def test_trainers_survive_the_permanent_loss_of_their_node(machine_etc_hosts: None, harness: Harness, tmp_path: Path,
-                                                          line: str) -> None:
+def test_trainers_survive_the_permanent_loss_of_their_node(machine_etc_hosts: None, harness: TrainingRun,
+                                                          tmp_path: Path, line: str) -> None:
     check_namespace_support(tmp_path)
     python = python_for(line)
     version = torchft_version(python)
@@ -239,11 +227,8 @@ def test_trainers_survive_the_permanent_loss_of_their_node(machine_etc_hosts: No
             break
     else:
         pytest.fail("no client port free on all of 127.0.0.2-4")
-    cluster = LocalCluster(root=tmp_path / "cluster", nodes=3, hosts=list(NODE_HOSTS), client_ports=[client] * 3,
-                           raft_ports=raft, min_replicas=MIN_REPLICAS, join_timeout_ms=JOIN_TIMEOUT_MS,
-                           admin_token=ADMIN_TOKEN)
-    harness.cluster = cluster
-    cluster.start()
+    cluster = harness.start_cluster(MIN_REPLICAS, hosts=list(NODE_HOSTS), client_ports=[client] * 3,
+                                    raft_ports=raft, admin_token=ADMIN_TOKEN)
     leader = cluster.wait_for_agreed_leader(timeout=30)
 
     # The name: the leader's address first. The trainers connect to the first address their
@@ -264,17 +249,12 @@ def test_trainers_survive_the_permanent_loss_of_their_node(machine_etc_hosts: No
     harness.note(f"{version}: nodes on {NODE_HOSTS} port {client}; leader n{victim + 1}; {NAME} -> {order}")
 
     # Group 2 is slow: the others' Quorum calls wait at the leader for it every step, so the kill
-    # hits calls in flight.
-    for group in range(GROUPS):
-        args = ["--pre-quorum-sleep", str(SLOW_GROUP_S)] if group == 2 else []
-        t = NamedTrainer(group=group, lighthouse=f"{NAME}:{client}", workdir=tmp_path, extra_env=RESTART_ENV,
-                         steps=STEPS, extra_args=args, python=python, hosts_file=hosts_file)
-        t.start()
-        harness.trainers.append(t)
-    trainers = harness.trainers
-    harness.wait_until(lambda: all(t.ready_path.exists() for t in trainers), 120, "every trainer set up")
-    (tmp_path / GO_FILE).touch()
-    harness.note("start barrier released")
+    # hits calls in flight. Every trainer sets up, then they start together (the start barrier).
+    trainers = harness.start((NamedTrainer(group=group, lighthouse=f"http://{NAME}:{client}", workdir=tmp_path,
+                                           env=TORCHFT_RESTART_ENV, steps=STEPS, step_sleep=STEP_SLEEP_S,
+                                           min_final_participants=GROUPS, min_replica_size=MIN_REPLICAS,
+                                           slow=group == 2, python=python, hosts_file=hosts_file)
+                              for group in range(GROUPS)), barrier_timeout=120)
     harness.wait_all_steps(KILL_AT_STEP)
 
     # Every trainer talks to the victim, and only to it.
@@ -282,22 +262,20 @@ def test_trainers_survive_the_permanent_loss_of_their_node(machine_etc_hosts: No
     harness.check(all(p == {victim_host} for p in peers.values()),
                   f"trainers' connections to port {client} before the kill: {peers}, expected only {victim_host}")
 
-    killed_at, waiting = harness.kill_node_while_calls_wait(victim)
+    kill = harness.kill_while_calls_wait(victim)
+    killed_at, waiting = kill.at, kill.waiting
+    harness.check(kill.leader == victim, f"n{kill.leader + 1}, not n{victim + 1}, led when n{victim + 1} was killed")
     steps_at_kill = [t.step() for t in trainers]
-    harness.note(f"SIGKILLed n{victim + 1} ({victim_host}, leader in term {old_term}) with {waiting} Quorum calls "
-                 f"waiting, at steps {steps_at_kill}; it stays down")
-    try:
-        new_leader = cluster.wait_for_leader(timeout=15, among=others, exclude_term=old_term)
-    except TimeoutError as e:
-        harness.fail(f"no new leader: {e}")
-    failover_s = time.time() - killed_at
-    harness.note(f"new leader n{new_leader + 1} after {failover_s:.2f}s")
+    harness.note(f"n{victim + 1} ({victim_host}, leader in term {old_term}) stays down; steps at the kill: "
+                 f"{steps_at_kill}")
+    _, failover_s = harness.wait_new_leader(kill, among=others)
 
-    def committed_after_kill(t: Trainer) -> int:
+    def committed_after_kill(t: TorchftTrainer) -> int:
         return sum(r["committed"] and r["t_start"] > killed_at for r in t.records())
 
-    harness.wait_until(lambda: all(committed_after_kill(t) >= STEPS_AFTER_KILL for t in trainers),
-                       AFTER_KILL_DEADLINE_S, f"every trainer to commit {STEPS_AFTER_KILL} steps after the kill")
+    harness.wait_until(f"every trainer to commit {STEPS_AFTER_KILL} steps after the kill",
+                       lambda: all(committed_after_kill(t) >= STEPS_AFTER_KILL for t in trainers),
+                       AFTER_KILL_DEADLINE_S)
     resumed_s = time.time() - killed_at
     harness.note(f"{STEPS_AFTER_KILL} steps committed by every trainer {resumed_s:.2f}s after the kill")
 
@@ -307,23 +285,23 @@ def test_trainers_survive_the_permanent_loss_of_their_node(machine_etc_hosts: No
                   f"trainers' connections to port {client} after the kill: {peers}")
 
     results = harness.wait_finished()
-    harness.assert_same_digest(results)
+    harness.assert_identical(results, STEPS)
     slowest = []
     for t in trainers:
-        recs = harness.assert_one_process(t)  # no crash, no restart
-        s = slowest_step_around(recs, killed_at)
+        harness.assert_one_process(t)  # no crash, no restart
+        s = slowest_step_around(t.records(), killed_at)
         slowest.append(s["duration_s"] if s else 0.0)
     retried = sum(t.output().count("lighthouse quorum failed") for t in trainers)
     harness.check(retried > 0, "no lighthouse call failed: the kill did not hit the trainers")
     harness.check(not cluster.members[victim].running, "the killed node was restarted")
     # And the loss is invisible to training: every step committed, nobody left out of a quorum
     # and healed, one quorum id throughout (the new leader re-issues the same quorum).
-    found = sorted(d for t in trainers for d in harness.disruptions(t))
+    found = sorted(d for t in trainers for d in t.disruptions())
     harness.check(not found, "the node loss was not seamless:\n" + "\n".join(what for _, what in found[:20]))
     for t in trainers:
         harness.assert_seamless(t)
 
-    normal = median([r["duration_s"] for t in trainers for r in t.records()])
+    normal = median_duration_s(r for t in trainers for r in t.records())
     print(f"\nhosts HA ({version}): {NAME} -> {order}; leader n{victim + 1}"
           f"{' (leadership handed to it)' if transferred else ''} SIGKILLed for good with {waiting} calls "
           f"waiting at steps {steps_at_kill}; new leader after {failover_s:.2f}s; {STEPS_AFTER_KILL} steps committed "
