@@ -15,9 +15,9 @@ step holding bitwise-identical parameters and optimizer state (the example's sha
 * a quorum that cannot be met ends the process with a TimeoutError within the configured
   ``TORCHFT_QUORUM_TIMEOUT_SEC``;
 * the same example against torchft's Rust ``torchft_lighthouse`` (one URL, no cluster service);
-* the same example on torchft 0.2.0 itself (``--sdk torchft``): two groups, each given one node of
-  the cluster as torchft takes one URL, train to identical parameters; a comma-separated
-  ``TORCHFT_LIGHTHOUSE`` is refused at once with a one-line error.
+* with ``--sdk torchft``, a comma-separated ``TORCHFT_LIGHTHOUSE`` is refused at once with a
+  one-line error (the example on torchft's own SDK trains in
+  ``tests/torchft_interop/test_torchft_training.py``).
 
 Settings: ``join_timeout_ms=1000`` (survivors wait 1 s, not 60 s, for a dead group that is
 still heartbeat-healthy); ``TORCHFT_TIMEOUT_SEC=15`` bounds collectives, commit and checkpoint
@@ -240,40 +240,6 @@ def test_trains_against_torchft_rust_lighthouse(harness: TrainingRun) -> None:
         harness.assert_seamless(t, r)
     print(f"\ntorchft_lighthouse: 2 groups x {steps} steps, identical digests {results[0]['params_sha256'][:12]}, "
           f"median step {median_duration_s(s for r in results for s in r['steps']):.3f}s")
-
-
-def test_torchft_sdk_trains_against_the_cluster(harness: TrainingRun) -> None:
-    """``--sdk torchft``: torchft 0.2.0's own Manager, DDP, Optimizer and sampler, unchanged, each
-    replica group given one node's URL (torchft takes one), so one of them talks to a follower."""
-    import torchft  # noqa: F401 -- the interop extra: a missing torchft fails this test
-    cluster = harness.start_cluster(min_replicas=2)
-    steps = 15
-    urls = [f"http://{a}" for a in cluster.client_addresses[:2]]
-    trainers = harness.start(DdpExampleTrainer.groups(2, harness.root, urls,
-                                                      ["--steps", str(steps), "--step-sleep", "0.05",
-                                                       "--min-replica-size", "2"], sdk="torchft"))
-    results = harness.wait_finished()
-    harness.assert_identical(results, steps)
-    for t, r in zip(trainers, results):
-        harness.check(r["sdk"] == "torchft" and f"sdk=torchft replica_group {t.group}/2" in t.output()
-                      and f"lighthouse={t.lighthouse} " in t.output(), f"{t.name}: not torchft on {t.lighthouse}")
-        harness.assert_seamless(t, r)
-        harness.check(all(s["participants"] == 2 and s["quorum_id"] >= 1 for s in r["steps"]),
-                      f"{t.name}: a step without both groups or without a quorum id: {r['steps'][:3]}")
-        harness.check(r["batches_committed"] == 2 * steps, f"{t.name}: batches_committed {r['batches_committed']}")
-        harness.check("torchft.manager" in t.output(), f"{t.name}: no log line from torchft's Manager")
-    losses = [s["loss"] for s in results[0]["steps"]]
-    first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
-    harness.check(results[0]["test_accuracy"] > 0.5 and last < first,
-                  f"the model did not learn: mean loss {first:.3f} -> {last:.3f}, "
-                  f"accuracy {results[0]['test_accuracy']}")
-    # The cluster issued the quorum: both torchft managers are its members.
-    st = cluster.status(cluster.wait_for_leader())
-    members = sorted(p.replica_id.split(":")[0] for p in st.quorum.participants)
-    harness.check(members == ["train_ddp_0", "train_ddp_1"], f"the cluster's last quorum: {members}")
-    print(f"\ntorchft 0.2.0 on the cluster: 2 groups x {steps} steps via {urls}, mean loss {first:.3f} -> "
-          f"{last:.3f}, test accuracy {results[0]['test_accuracy']:.3f}, identical digests "
-          f"{results[0]['params_sha256'][:12]}")
 
 
 def test_torchft_sdk_refuses_a_url_list(tmp_path: Path) -> None:

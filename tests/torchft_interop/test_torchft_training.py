@@ -18,6 +18,9 @@ joins the first quorum.
   or restarts, the digests agree, and every step commits. (A forwarded call cancelled because its
   node died used to leave the requester registered at the leader, which then closed rounds
   without it; the coordinator now withdraws such registrations.)
+* the ftclient example on torchft's own SDK (``examples/train_ddp.py --sdk torchft``): two groups,
+  each given one node's URL as torchft takes one, train to identical parameters, and the cluster
+  issued their quorum.
 
 Settings and why:
 * cluster ``min_replicas=2`` and trainers' ``min_replica_size=2``: two of three groups may go on
@@ -38,8 +41,8 @@ Settings and why:
 * ``TORCHFT_CONNECT_TIMEOUT_SEC=10``: the trainer passes it to the Manager as ``connect_timeout``
   too; torchft 0.2.0 hands the Rust ManagerServer only the constructor argument.
 
-The harness is ``support.training.TrainingRun`` with ``support.trainer_process.TorchftTrainer``:
-every wait has a deadline; it kills every trainer
+The harness is ``support.training.TrainingRun`` with ``support.trainer_process.TorchftTrainer``
+(and ``DdpExampleTrainer`` for the example): every wait has a deadline; it kills every trainer
 (its whole process group) and every node whatever happens; a failure message carries the events,
 the trainers' output and progress tails and the nodes' logs. Each test prints a one-line summary
 with its timings (``-s``).
@@ -47,6 +50,7 @@ with its timings (``-s``).
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Iterator
@@ -56,7 +60,8 @@ import pytest
 pytest.importorskip("torch", reason="torch is not installed: the torchft training tests need it")
 pytest.importorskip("torchft", reason="torchft is not installed: the torchft training tests need it")
 
-from support.trainer_process import TORCHFT_RESTART_ENV, TorchftTrainer  # noqa: E402
+from support.torchft_lines import torchft_version  # noqa: E402
+from support.trainer_process import TORCHFT_RESTART_ENV, DdpExampleTrainer, TorchftTrainer  # noqa: E402
 from support.training import TrainingRun, median_duration_s, slowest_step_around  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -233,3 +238,41 @@ def test_restarting_the_trainers_node_keeps_training(harness: TrainingRun, role:
     evidence = [what for _, what in found]
     print(f"\n{summary}; NOT seamless: {evidence[:6]}")
     harness.fail("the node restart was not seamless:\n" + "\n".join(evidence[:20]))
+
+
+def test_torchft_sdk_trains_against_the_cluster(harness: TrainingRun) -> None:
+    """``examples/train_ddp.py --sdk torchft``: torchft's own Manager, DDP, Optimizer and sampler,
+    unchanged, each replica group given one node's URL (torchft takes one), so one of them talks to
+    a follower."""
+    # The example's data set (the examples extra); imported here, not at the top, so that a
+    # missing scikit-learn fails this test alone and not the collection of the whole module.
+    import sklearn  # noqa: F401
+
+    cluster = harness.start_cluster(min_replicas=2)
+    steps = 15
+    urls = [f"http://{a}" for a in cluster.client_addresses[:2]]
+    trainers = harness.start(DdpExampleTrainer.groups(2, harness.root, urls,
+                                                      ["--steps", str(steps), "--step-sleep", "0.05",
+                                                       "--min-replica-size", "2"], sdk="torchft"))
+    results = harness.wait_finished(timeout=90)
+    harness.assert_identical(results, steps)
+    for t, r in zip(trainers, results):
+        harness.check(r["sdk"] == "torchft" and f"sdk=torchft replica_group {t.group}/2" in t.output()
+                      and f"lighthouse={t.lighthouse} " in t.output(), f"{t.name}: not torchft on {t.lighthouse}")
+        harness.assert_seamless(t, r)
+        harness.check(all(s["participants"] == 2 and s["quorum_id"] >= 1 for s in r["steps"]),
+                      f"{t.name}: a step without both groups or without a quorum id: {r['steps'][:3]}")
+        harness.check(r["batches_committed"] == 2 * steps, f"{t.name}: batches_committed {r['batches_committed']}")
+        harness.check("torchft.manager" in t.output(), f"{t.name}: no log line from torchft's Manager")
+    losses = [s["loss"] for s in results[0]["steps"]]
+    first, last = sum(losses[:3]) / 3, sum(losses[-3:]) / 3
+    harness.check(results[0]["test_accuracy"] > 0.5 and last < first,
+                  f"the model did not learn: mean loss {first:.3f} -> {last:.3f}, "
+                  f"accuracy {results[0]['test_accuracy']}")
+    # The cluster issued the quorum: both torchft managers are its members.
+    st = cluster.status(cluster.wait_for_leader())
+    members = sorted(p.replica_id.split(":")[0] for p in st.quorum.participants)
+    harness.check(members == ["train_ddp_0", "train_ddp_1"], f"the cluster's last quorum: {members}")
+    print(f"\n{torchft_version(sys.executable)} on the cluster: 2 groups x {steps} steps via {urls}, mean loss "
+          f"{first:.3f} -> {last:.3f}, test accuracy {results[0]['test_accuracy']:.3f}, identical digests "
+          f"{results[0]['params_sha256'][:12]}")
