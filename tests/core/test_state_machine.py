@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.waiting import wait_for_async
 from lighthouse_cluster.core import codec
 from lighthouse_cluster.core.codec import CommitQuorum, EnableSchema, SchemaError, TermStart, UnknownCommand
 from lighthouse_cluster.core.quorum import Member, Quorum
@@ -308,11 +309,7 @@ def test_a_fenced_commit_makes_the_leader_step_down_and_fail_the_round() -> None
         machine = QuorumStateMachine()
         coord = _coordinator(machine)
         coord.start_leading(3)
-        for _ in range(200):
-            if coord.serving:
-                break
-            await asyncio.sleep(0.005)
-        assert coord.serving
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 1.0, interval=0.005)
         # n2 wins term 4 and its TermStart is applied before n1's next commit.
         machine.apply_bytes(codec.encode_command(TermStart(4, "n2", 0)))
         with pytest.raises(NotLeader):

@@ -33,7 +33,7 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -43,6 +43,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from support.waiting import wait_for
 from lighthouse_cluster.cli import commands as cli
 from lighthouse_cluster.server.config import NodeConfig
 from lighthouse_cluster.local.cluster import free_ports
@@ -127,16 +128,6 @@ def distinct_port_blocks(count: int, n: int) -> list[int]:
             if len(bases) == count:
                 return bases
     raise RuntimeError(f"no {count} distinct blocks of {n} free ports")
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def serving_leader(addresses: list[str]) -> str | None:
@@ -305,7 +296,7 @@ def test_http_probes_are_per_node_signals(make_cluster) -> None:
         return kubelet_probe(ports[i], live_path, probe_timeout)
 
     cluster.wait_for_leader(timeout=20)
-    wait_for(lambda: all(ready(i) for i in range(3)), 15, "every node ready", interval=0.1)
+    wait_for("every node ready", lambda: all(ready(i) for i in range(3)), 15, interval=0.1)
     for i in range(3):
         status, body = http_get("127.0.0.1", ports[i], ready_path, probe_timeout)
         assert status == 200 and ("leader in term" in body or "follower of" in body), body
@@ -327,7 +318,7 @@ def test_http_probes_are_per_node_signals(make_cluster) -> None:
         cluster.start_node(0)
     finally:
         cluster.secret = good
-    wait_for(lambda: alive(0), 15, "the cut-off node to answer /livez", interval=0.1)
+    wait_for("the cut-off node to answer /livez", lambda: alive(0), 15, interval=0.1)
     cluster.wait_for_leader(timeout=15, among=[1, 2])
     deadline = time.monotonic() + 1.5  # several election timeouts: it would have found the leader by now
     while time.monotonic() < deadline:
@@ -349,14 +340,14 @@ def test_http_probes_are_per_node_signals(make_cluster) -> None:
     # With the right secret it rejoins and becomes ready again.
     cluster.kill(0)
     cluster.start_node(0)
-    wait_for(lambda: ready(0), 20, "the rejoined node to be ready", interval=0.2)
+    wait_for("the rejoined node to be ready", lambda: ready(0), 20, interval=0.2)
     assert run_compose_healthcheck(compose, ports[0]).returncode == 0
 
     # Liveness does not depend on a leader: with both peers gone the last node is not ready,
     # but alive (the kubelet must not restart it: that would not bring the peers back).
     cluster.kill(1)
     cluster.kill(2)
-    wait_for(lambda: not ready(0), 15, "the last node to be not ready", interval=0.1)
+    wait_for("the last node to be not ready", lambda: not ready(0), 15, interval=0.1)
     for _ in range(5):
         assert alive(0)
         time.sleep(0.2)
@@ -1009,12 +1000,13 @@ def test_systemd_exec_start_lines_run_a_cluster(tmp_path: Path) -> None:
             return "\n".join(f"--- {n}\n{tail(tmp_path / f'{n}.log')}" for n in ids)
 
         try:
-            leader = wait_for(lambda: serving_leader(clients), 25, "a serving leader")
+            leader = wait_for("a serving leader", lambda: serving_leader(clients), 25, interval=0.05)
         except AssertionError:
             raise AssertionError(logs()) from None
         assert (tmp_path / "var/lib/lighthouse-cluster" / ids[clients.index(leader)] / "raft.journal").exists()
         # Every node's HTTP port: ready (a health check of a load balancer or monitoring), metrics.
-        wait_for(lambda: all(kubelet_probe(p, "/readyz") for p in http_ports), 15, "every node's /readyz")
+        wait_for("every node's /readyz", lambda: all(kubelet_probe(p, "/readyz") for p in http_ports), 15,
+                 interval=0.05)
         for node, port in zip(ids, http_ports):
             status, body = http_get("127.0.0.1", port, "/metrics", 3.0)
             assert status == 200 and f'lighthouse_cluster_role{{node="{node}",role=' in body, body[:500]
@@ -1036,7 +1028,7 @@ def test_systemd_exec_start_lines_run_a_cluster(tmp_path: Path) -> None:
         first = clients.index(leader)
         assert stop_gracefully(procs[first]) == 0, logs()
         rest = [a for a in clients if a != leader]
-        wait_for(lambda: serving_leader(rest), 10, "a new leader after the handover")
+        wait_for("a new leader after the handover", lambda: serving_leader(rest), 10, interval=0.05)
         for i, p in enumerate(procs):
             if i != first:
                 assert stop_gracefully(p) == 0, logs()
@@ -1209,7 +1201,7 @@ def test_sbatch_script_runs_a_local_cluster_and_publishes_endpoints(fake_slurm_b
                                    stdin=subprocess.DEVNULL, start_new_session=True)
         procs.append(job)
         try:
-            wait_for(lambda: endpoints_file.exists() or job.poll() is not None, 60, "endpoints.env", interval=0.2)
+            wait_for("endpoints.env", lambda: endpoints_file.exists() or job.poll() is not None, 60, interval=0.2)
         except AssertionError:
             raise AssertionError(tail(log_path, 60)) from None
         assert job.poll() is None, tail(log_path, 60)
@@ -1218,14 +1210,15 @@ def test_sbatch_script_runs_a_local_cluster_and_publishes_endpoints(fake_slurm_b
         assert endpoints == [f"http://127.0.0.1:{client + k}" for k in range(3)]
         assert published["TORCHFT_LIGHTHOUSE"] == endpoints[0]
         addresses = [e.removeprefix("http://") for e in endpoints]
-        assert wait_for(lambda: serving_leader(addresses), 10, "a serving leader")
+        assert wait_for("a serving leader", lambda: serving_leader(addresses), 10, interval=0.05)
         # The secret was created in the state directory, readable by the user only.
         secret = state / "secret"
         assert stat.S_IMODE(secret.stat().st_mode) == 0o600 and len(secret.read_text()) >= 32
         for k in range(3):
             assert (state / "data" / f"lh{k}" / "raft.journal").exists()
         # Every node serves HTTP on its port; the job points at the dashboard.
-        wait_for(lambda: all(kubelet_probe(http + k, "/readyz") for k in range(3)), 15, "every node's /readyz")
+        wait_for("every node's /readyz", lambda: all(kubelet_probe(http + k, "/readyz") for k in range(3)), 15,
+                 interval=0.05)
         dashboards = [f"http://127.0.0.1:{http + k}/" for k in range(3)]
         assert f"# dashboard (any node shows the whole cluster; Prometheus: /metrics): {' '.join(dashboards)}" \
             in endpoints_file.read_text().splitlines()
@@ -1342,11 +1335,12 @@ def test_torchx_launcher_runs_a_local_cluster(tmp_path: Path) -> None:
                                           stdin=subprocess.DEVNULL, start_new_session=True))
             log.close()
         try:
-            wait_for(lambda: serving_leader(addresses), 25, "a serving leader")
+            wait_for("a serving leader", lambda: serving_leader(addresses), 25, interval=0.05)
         except AssertionError:
             raise AssertionError("\n".join(tail(tmp_path / f"lh{i}.log") for i in range(3))) from None
         # Every node serves HTTP on its own port (local: +1 per node), and logs its dashboard.
-        wait_for(lambda: all(kubelet_probe(http + i, "/readyz") for i in range(3)), 15, "every node's /readyz")
+        wait_for("every node's /readyz", lambda: all(kubelet_probe(http + i, "/readyz") for i in range(3)), 15,
+                 interval=0.05)
         for i in range(3):
             assert f"dashboard of node lh{i}: http://127.0.0.1:{http + i}/" in (tmp_path / f"lh{i}.log").read_text()
         # The launcher execs the node: signals reach it directly.
@@ -1417,18 +1411,20 @@ def test_torchx_run_local_cwd_runs_a_cluster(tmp_path: Path) -> None:
                                               stdin=subprocess.DEVNULL, start_new_session=True))
             torchx = procs[0]
             try:
-                wait_for(lambda: serving_leader(addresses) or torchx.poll() is not None, 60, "a serving leader")
+                wait_for("a serving leader", lambda: serving_leader(addresses) or torchx.poll() is not None, 60,
+                         interval=0.05)
             except AssertionError:
                 raise AssertionError(tail(log_path, 60)) from None
             assert torchx.poll() is None, tail(log_path, 60)
-            wait_for(lambda: all(kubelet_probe(http + i, "/readyz") for i in range(3)), 15, "every node's /readyz")
+            wait_for("every node's /readyz", lambda: all(kubelet_probe(http + i, "/readyz") for i in range(3)), 15,
+                     interval=0.05)
             assert len(pids_with_argument(str(data))) >= 3
             for i in range(3):
                 assert (data / f"lh{i}" / "raft.journal").exists()
             # Stopping torchx stops the nodes it started.
             torchx.send_signal(signal.SIGTERM)
             torchx.wait(timeout=30)
-            wait_for(lambda: not pids_with_argument(str(data)), 30, "the nodes to exit")
+            wait_for("the nodes to exit", lambda: not pids_with_argument(str(data)), 30, interval=0.05)
             assert all(query_status(a, 0.3) is None for a in addresses)
         finally:
             for pid in pids_with_argument(str(data)):

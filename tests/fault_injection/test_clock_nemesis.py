@@ -23,7 +23,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-import test_partition as partition_test  # Traffic, journal replay, wait_until
+import test_partition as partition_test  # Traffic, journal replay
+from support.waiting import wait_for
 from jepsen_like import clock
 from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.local.simulated_group import SimulatedReplicaGroup
@@ -118,8 +119,8 @@ def test_fast_clock_node_keeps_quorums_safe(nemesis: clock.ClockNemesis, cluster
     assert nemesis.rate_file(0).read_text().strip() == "+0 x2" and nemesis.rates == [2.0, 1.0, 1.0]
     cluster.start()
     cluster.wait_for_leader(timeout=20)
-    partition_test.wait_until(lambda: all(s is not None for s in partition_test.statuses(cluster)), 20,
-                              "every node answers Status", cluster)
+    wait_for("every node answers Status", lambda: all(s is not None for s in partition_test.statuses(cluster)),
+             20, context=lambda: cluster.tail_logs(25), interval=0.05)
 
     # The skew is real, per node, and can be changed live without the clock going back.
     rates = uptime_rates(cluster, 1.5)
@@ -145,7 +146,8 @@ def test_fast_clock_node_keeps_quorums_safe(nemesis: clock.ClockNemesis, cluster
 
     try:
         t = time.monotonic()
-        partition_test.wait_until(lambda: ok_since(t), 15, "every group gets quorums with n1 at 2x", cluster)
+        wait_for("every group gets quorums with n1 at 2x", lambda: ok_since(t), 15,
+                 context=lambda: cluster.tail_logs(25), interval=0.05)
         time.sleep(1.0)
 
         # Now the leader runs fast and another node slow: leadership may move; safety must hold.
@@ -154,8 +156,8 @@ def test_fast_clock_node_keeps_quorums_safe(nemesis: clock.ClockNemesis, cluster
         nemesis.set_rate(leader, 2.0)
         nemesis.set_rate(slow, 0.5)
         t = time.monotonic()
-        partition_test.wait_until(lambda: ok_since(t), 20, f"quorums with n{leader + 1} at 2x, n{slow + 1} at 0.5x",
-                                  cluster)
+        wait_for(f"quorums with n{leader + 1} at 2x, n{slow + 1} at 0.5x", lambda: ok_since(t), 20,
+                 context=lambda: cluster.tail_logs(25), interval=0.05)
         time.sleep(1.0)
 
         # A slow leader and fast followers: its heartbeats (every 37.5 ms of its time, 375 ms
@@ -168,14 +170,17 @@ def test_fast_clock_node_keeps_quorums_safe(nemesis: clock.ClockNemesis, cluster
             nemesis.set_rate(i, 0.1 if i == leader else 2.0)
         def new_term() -> bool:
             return any(s is not None and s.term > term for s in partition_test.statuses(cluster))
-        partition_test.wait_until(new_term, 10, f"an election after slowing the leader n{leader + 1} down", cluster)
+        wait_for(f"an election after slowing the leader n{leader + 1} down", new_term, 10,
+                 context=lambda: cluster.tail_logs(25), interval=0.05)
         t = time.monotonic()
-        partition_test.wait_until(lambda: ok_since(t), 20, "quorums with a slow former leader", cluster)
+        wait_for("quorums with a slow former leader", lambda: ok_since(t), 20, context=lambda: cluster.tail_logs(25),
+                 interval=0.05)
 
         nemesis.reset()
         assert nemesis.rates == [1.0, 1.0, 1.0]
         t = time.monotonic()
-        partition_test.wait_until(lambda: ok_since(t), 15, "quorums after the reset", cluster)
+        wait_for("quorums after the reset", lambda: ok_since(t), 15, context=lambda: cluster.tail_logs(25),
+                 interval=0.05)
     finally:
         traffic.stop()
     results = traffic.snapshot()
@@ -192,7 +197,8 @@ def _check_history_against_logs(cluster: LocalCluster, results: list) -> None:
             return None
         key = {(s.commit_index, s.last_applied, s.quorum.quorum_id) for s in sts}
         return sts if len(key) == 1 and sts[0].commit_index == sts[0].last_applied else None
-    sts = partition_test.wait_until(converged, 10, "all nodes converge on one commit index", cluster)
+    sts = wait_for("all nodes converge on one commit index", converged, 10, context=lambda: cluster.tail_logs(25),
+                   interval=0.05)
     commit_index = sts[0].commit_index
     cluster.stop_all()
     logs = [partition_test.committed_quorums(m.data_dir / "raft.journal", commit_index) for m in cluster.members]

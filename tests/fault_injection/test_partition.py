@@ -27,6 +27,7 @@ from typing import Callable
 
 import pytest
 
+from support.waiting import wait_for
 from jepsen_like import netns
 from lighthouse_cluster.core import codec
 from lighthouse_cluster.core.codec import CommitQuorum
@@ -134,19 +135,6 @@ def finished(r: RoundResult) -> float:
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def wait_until(cond: Callable[[], object], timeout: float, what: str, cluster: LocalCluster,
-               period: float = 0.05) -> object:
-    """Poll ``cond`` until it returns something truthy; fail with the node logs after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"{what}: not within {timeout:.1f}s\n{cluster.tail_logs(25)}")
-        time.sleep(period)
-
-
 def statuses(cluster: LocalCluster) -> list[cpb.NodeStatus | None]:
     return [cluster.status(i, timeout=0.5) for i in range(cluster.nodes)]
 
@@ -211,8 +199,9 @@ def _run_scenario(net: netns.NetnsNetwork, cluster: LocalCluster, traffic: Traff
                    and r.started >= t and len(r.participants) >= members) >= count
 
     # Warm-up: steady state, every group in several quorums with all four.
-    wait_until(lambda: all(ok_since(g, 0.0, members=len(ALL_GROUPS), count=WARM_UP_ROUNDS) for g in ALL_GROUPS),
-               20, "all four groups in quorums together before the partition", cluster)
+    wait_for("all four groups in quorums together before the partition",
+             lambda: all(ok_since(g, 0.0, members=len(ALL_GROUPS), count=WARM_UP_ROUNDS) for g in ALL_GROUPS), 20,
+             context=lambda: cluster.tail_logs(25), interval=0.05)
 
     old = cluster.status(leader)
     assert old is not None and old.role == cpb.LEADER, explain(f"n{leader + 1} stopped leading before the cut")
@@ -224,20 +213,22 @@ def _run_scenario(net: netns.NetnsNetwork, cluster: LocalCluster, traffic: Traff
     def stepped_down() -> bool:
         st = cluster.status(leader, timeout=0.5)  # through the client port: must stay reachable
         return st is not None and st.role != cpb.LEADER
-    wait_until(stepped_down, 5, f"isolated n{leader + 1} answers Status and reports it no longer leads", cluster)
+    wait_for(f"isolated n{leader + 1} answers Status and reports it no longer leads", stepped_down, 5,
+             context=lambda: cluster.tail_logs(25), interval=0.05)
 
     # (a) The majority elects a new leader and serves the groups on its side.
     new_leader = cluster.wait_for_leader(timeout=10, among=followers, exclude_term=old.term)
-    wait_until(lambda: all(ok_since(g, t_cut1 + CUT_GRACE_S) for g in MAJ_GROUPS), 10,
-               f"majority (new leader n{new_leader + 1}) issues quorums to {MAJ_GROUPS}", cluster)
+    wait_for(f"majority (new leader n{new_leader + 1}) issues quorums to {MAJ_GROUPS}",
+             lambda: all(ok_since(g, t_cut1 + CUT_GRACE_S) for g in MAJ_GROUPS),
+             10, context=lambda: cluster.tail_logs(25), interval=0.05)
 
     # Hold the partition while the iso groups' calls time out and retry on the old leader.
     def iso_failed_and_retried() -> bool:
         rounds = [r for r in traffic.snapshot() if r.replica_id in ISO_GROUPS and r.started >= t_cut1 + CUT_GRACE_S]
         return (time.monotonic() - t_cut1 >= MIN_PARTITION_S
                 and all(sum(1 for r in rounds if r.replica_id == g and r.error) >= 1 for g in ISO_GROUPS))
-    wait_until(iso_failed_and_retried, MIN_PARTITION_S + 3 * ISO_QUORUM_TIMEOUT_S,
-               "iso groups time out and retry against the isolated node", cluster)
+    wait_for("iso groups time out and retry against the isolated node", iso_failed_and_retried,
+             MIN_PARTITION_S + 3 * ISO_QUORUM_TIMEOUT_S, context=lambda: cluster.tail_logs(25), interval=0.05)
 
     t_heal0 = time.monotonic()
     net.heal()
@@ -251,9 +242,10 @@ def _run_scenario(net: netns.NetnsNetwork, cluster: LocalCluster, traffic: Traff
         return (lead is not None and mine is not None and lead.node.id != mine.node.id
                 and mine.role == cpb.FOLLOWER and mine.leader_id == lead.node.id and mine.term == lead.term
                 and mine.last_applied >= lead.commit_index - 1)
-    wait_until(old_leader_follows, 15, f"old leader n{leader + 1} follows the new leader and catches up", cluster)
-    wait_until(lambda: all(ok_since(g, t_heal1) for g in ALL_GROUPS), 15,
-               "every group gets a quorum after the heal", cluster)
+    wait_for(f"old leader n{leader + 1} follows the new leader and catches up", old_leader_follows, 15,
+             context=lambda: cluster.tail_logs(25), interval=0.05)
+    wait_for("every group gets a quorum after the heal", lambda: all(ok_since(g, t_heal1) for g in ALL_GROUPS),
+             15, context=lambda: cluster.tail_logs(25), interval=0.05)
     return {"t_cut0": t_cut0, "t_cut1": t_cut1, "t_heal0": t_heal0, "t_heal1": t_heal1, "old_term": old.term}
 
 
@@ -279,7 +271,8 @@ def _check_logs_and_history(cluster: LocalCluster, results: list[RoundResult], l
             return None
         ci = {(s.commit_index, s.last_applied, s.quorum.quorum_id) for s in sts}
         return sts if len(ci) == 1 and sts[0].commit_index == sts[0].last_applied else None
-    sts = wait_until(converged, 10, "all nodes converge on one commit index", cluster)
+    sts = wait_for("all nodes converge on one commit index", converged, 10, context=lambda: cluster.tail_logs(25),
+                   interval=0.05)
     commit_index = sts[0].commit_index
     cluster.stop_all()
     logs = {}

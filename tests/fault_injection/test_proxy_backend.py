@@ -26,6 +26,7 @@ from typing import Iterator
 import pytest
 
 import test_partition as partition_test  # the netns partition test's scenario and checks
+from support.waiting import wait_for
 from jepsen_like.proxy import ProxyError, ProxyNetwork
 from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
@@ -204,8 +205,9 @@ def test_partitioned_leader_issues_nothing_through_the_proxy(net: ProxyNetwork, 
     leader = cluster.wait_for_leader(timeout=20)
     followers = [i for i in range(cluster.nodes) if i != leader]
     # Every Raft connection goes through the proxy: one per pair, each on the dialer's listener.
-    partition_test.wait_until(lambda: sum(v for k, v in net.stats().items() if k.startswith("accepted")) >= 3,
-                              10, "three proxied Raft connections", cluster)
+    wait_for("three proxied Raft connections",
+             lambda: sum(v for k, v in net.stats().items() if k.startswith("accepted")) >= 3, 10,
+             context=lambda: cluster.tail_logs(25), interval=0.05)
     addr = cluster.client_addresses
     p = partition_test
     groups = [SimulatedReplicaGroup(rid, addr[leader], quorum_timeout_s=p.ISO_QUORUM_TIMEOUT_S,
@@ -254,7 +256,8 @@ def test_delay_on_leader_links_slows_commits_and_one_way_cut_disconnects(net: Pr
     def all_connected() -> bool:
         return all(connected(i, j) for i in range(3) for j in range(3) if i != j)
 
-    partition_test.wait_until(all_connected, 20, "every node up and connected to the others", cluster)
+    wait_for("every node up and connected to the others", all_connected, 20, context=lambda: cluster.tail_logs(25),
+             interval=0.05)
     leader = cluster.wait_for_leader(timeout=10)
     term = cluster.status(leader).term
     f1, f2 = [i for i in range(3) if i != leader]
@@ -296,10 +299,12 @@ def test_delay_on_leader_links_slows_commits_and_one_way_cut_disconnects(net: Pr
     # follower's connection timeout, with the pair disconnected both ways, until the heal.
     net.cut(leader, f1)
     assert net.blocked == {(leader, f1)}
-    partition_test.wait_until(lambda: connected(leader, f1) is False and connected(f1, leader) is False, 5,
-                              "the one-way cut leader -> follower disconnects the pair both ways", cluster)
+    wait_for("the one-way cut leader -> follower disconnects the pair both ways",
+             lambda: connected(leader, f1) is False and connected(f1, leader) is False,
+             5, context=lambda: cluster.tail_logs(25), interval=0.05)
     time.sleep(0.5)
     assert connected(leader, f1) is False and connected(f1, leader) is False, "reconnected under a one-way cut"
     net.heal()
-    partition_test.wait_until(all_connected, 10, "every pair connected again after the heal", cluster)
+    wait_for("every pair connected again after the heal", all_connected, 10, context=lambda: cluster.tail_logs(25),
+             interval=0.05)
     cluster.wait_for_leader(timeout=10)

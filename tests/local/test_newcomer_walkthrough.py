@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 import pytest
 
+from support.waiting import wait_for
 from lighthouse_cluster.cli.commands import main as cli_main
 from lighthouse_cluster.local.cluster import port_is_free
 
@@ -150,11 +151,13 @@ def test_walkthrough_runs_as_written(tmp_path: Path) -> None:
                                 # Ctrl-C must reach it even where this test runs with SIGINT ignored.
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        deadline = time.monotonic() + 40
-        while "Ctrl-C stops every node." not in out_path.read_text() or "quorum " not in out_path.read_text():
-            assert proc.poll() is None, out_path.read_text()
-            assert time.monotonic() < deadline, f"`{up[0]}` did not come up:\n{out_path.read_text()}"
-            time.sleep(0.1)
+        def came_up() -> bool:
+            if "Ctrl-C stops every node." in (text := out_path.read_text()) and "quorum " in text:
+                return True
+            assert proc.poll() is None, text
+            return False
+
+        wait_for(f"`{up[0]}` to come up", came_up, 40, context=out_path.read_text, interval=0.1)
         printed = out_path.read_text()
         # The dashboard URLs it prints are the client port + 200, as the walk-through says.
         urls = re.findall(r"http://127\.0\.0\.1:(\d+)\s", printed)
@@ -166,12 +169,15 @@ def test_walkthrough_runs_as_written(tmp_path: Path) -> None:
         documented = set(re.findall(r"`(lighthouse_cluster_[a-z_]+)", walkthrough()))
         assert len(documented) >= 8
         exposed = ""
-        deadline = time.monotonic() + 20
-        while not all(re.search(rf"^{m}(_count)?[ {{]", exposed, re.M) for m in documented):
-            assert time.monotonic() < deadline, f"missing: {[m for m in documented if m not in exposed]}"
+
+        def all_exposed() -> bool:
+            nonlocal exposed
             # The leader has the quorum commit histogram; any node has the rest.
             exposed = "\n".join(fetch(f"http://127.0.0.1:{base + 200 + i}/metrics")[1] for i in range(3))
-            time.sleep(0.2)
+            return all(re.search(rf"^{m}(_count)?[ {{]", exposed, re.M) for m in documented)
+
+        wait_for("every documented metric on /metrics", all_exposed, 20, interval=0.2,
+                 context=lambda: f"missing: {[m for m in documented if m not in exposed]}")
 
         # Each command of the walk-through (other than install and `up`) succeeds.
         ran = 0

@@ -15,12 +15,12 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from support.import_blocker import HEAVY, ROOT, blocked_attempts, blocking_env
+from support.waiting import wait_for
 
 
 def _run(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -151,20 +151,21 @@ def test_up_and_status_run_without_heavy_packages(tmp_path: Path):
              "--min_replicas", "1", "--data-dir", str(tmp_path / "data"), "--no-restart"],
             cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while "Ctrl-C stops every node." not in out.read_text():
-            assert up.poll() is None and time.monotonic() < deadline, out.read_text()
-            time.sleep(0.1)
+        def banner() -> bool:
+            if "Ctrl-C stops every node." in (text := out.read_text()):
+                return True
+            assert up.poll() is None, text
+            return False
+
+        wait_for("up to print its endpoints", banner, 60, context=out.read_text, interval=0.1)
         endpoints = re.findall(r"export TORCHFT_LIGHTHOUSE=(\S+,\S+)", out.read_text())
         assert endpoints, out.read_text()
-        deadline = time.monotonic() + 30
-        while True:
+        def formed() -> dict | None:
             res = _run(env, "-m", "lighthouse_cluster", "status", "--endpoints", endpoints[0], "--output", "json")
             view = json.loads(res.stdout) if res.returncode == 0 else {}
-            if view.get("leader") and all(n.get("reachable") for n in view["nodes"]):
-                break
-            assert time.monotonic() < deadline, (res.stdout, res.stderr)
-            time.sleep(0.5)
+            return view if view.get("leader") and all(n.get("reachable") for n in view["nodes"]) else None
+
+        view = wait_for("`status` to show a leader and every node reachable", formed, 30, interval=0.5)
         assert sorted(n["id"] for n in view["nodes"]) == ["n1", "n2", "n3"]
     finally:
         if up.poll() is None:

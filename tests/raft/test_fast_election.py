@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 from pysyncobj import SyncObjConf, SyncObjConsumer, replicated
 
+from support.waiting import wait_for
 from lighthouse_cluster.raft.fast_election import FastElectionSyncObj
 from lighthouse_cluster.raft.pysyncobj_internals import CONNECTION_STATE, RAFT_STATE
 from lighthouse_cluster.raft.pysyncobj_internals import monotonic as raft_monotonic
@@ -45,28 +46,20 @@ def nodes() -> Iterator[list[FastElectionSyncObj]]:
         out.append(FastElectionSyncObj(a, [x for x in addrs if x != a], conf=conf, consumers=[counter]))
         out[-1].counter = counter  # type: ignore[attr-defined]
     try:
-        deadline = time.monotonic() + 10
-        while not any(n._isLeader() for n in out):
-            assert time.monotonic() < deadline, "no leader"
-            time.sleep(0.02)
+        wait_for("a leader", lambda: any(n._isLeader() for n in out), 10)
         yield out
     finally:
         for n in out:
             n.destroy()
 
 
-def _wait(cond, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.01)
-
-
 @pytest.mark.timeout(60)
 def test_follower_links_stay_connected_while_idle(nodes: list[FastElectionSyncObj]) -> None:
     leader = next(n for n in nodes if n._isLeader())
     a, b = (n for n in nodes if n is not leader)
-    _wait(lambda: a.isNodeConnected(b.selfNode) and b.isNodeConnected(a.selfNode))
+    wait_for("the followers connected to each other",
+             lambda: a.isNodeConnected(b.selfNode) and b.isNodeConnected(a.selfNode),
+             5.0, interval=0.01)
     # Three connection timeouts without Raft traffic between the followers: pysyncobj alone would
     # time the link out (and drop the first message sent on it).
     states, sent_by_leader = [], leader.keepalives_sent
@@ -85,7 +78,8 @@ def test_refusing_a_candidate_that_is_behind_starts_an_election_soon(nodes: list
     for _ in range(3):
         leader.counter.inc(sync=True, timeout=5)  # type: ignore[attr-defined]
     follower = next(n for n in nodes if n is not leader)
-    _wait(lambda: follower.raftLastApplied >= leader.raftLastApplied)
+    wait_for("the follower to apply the leader's entries", lambda: follower.raftLastApplied >= leader.raftLastApplied,
+             5.0, interval=0.01)
     other = next(n for n in nodes if n not in (leader, follower))
     term = follower.raftCurrentTerm
 
@@ -118,4 +112,6 @@ def test_refusing_a_candidate_that_is_behind_starts_an_election_soon(nodes: list
     follower.on_raft_message(other.selfNode, vote_request(term + 2, my_term, my_index - 1))
     assert follower.early_elections == 1
     # The cluster settles on one leader.
-    _wait(lambda: sum(n._isLeader() for n in nodes) == 1 and all(n._getLeader() is not None for n in nodes))
+    wait_for("one leader, known to every node",
+             lambda: sum(n._isLeader() for n in nodes) == 1 and all(n._getLeader() is not None for n in nodes), 5.0,
+             interval=0.01)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import copy
 import pickle
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
+from support.waiting import wait_for
 from jepsen_like.proxy import ProxyNetwork
 from lighthouse_cluster.cli import commands as cli
 from lighthouse_cluster.raft import replication
@@ -172,14 +172,6 @@ FAST = RaftSettings(election_timeout_min_s=0.15, election_timeout_max_s=0.45, ap
                     tick_period_s=0.01, leader_fallback_s=1.0, reconnect_s=0.1)
 
 
-def wait_for(cond: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout}s")
-        time.sleep(0.02)
-
-
 @pytest.mark.integration
 def test_raft_group_connects_through_overrides_with_identities_intact() -> None:
     addrs = [f"127.0.0.1:{p}" for p in free_ports(3)]
@@ -197,7 +189,7 @@ def test_raft_group_connects_through_overrides_with_identities_intact() -> None:
                 leaders = {n.leader_address for n in nodes}
                 return (len(leaders) == 1 and None not in leaders and all(n.commit_index >= 1 for n in nodes)
                         and all(n.is_connected(a) for n in nodes for a in addrs if a != n.self_address))
-            wait_for(formed, 10, "3 nodes connected to each other by Raft address, one leader, entries committed")
+            wait_for("3 nodes connected to each other by Raft address, one leader, entries committed", formed, 10)
             # Every connection went through the proxy, dialed by the greater address (pysyncobj's
             # rule: identity decides who dials), through the dialer's own listener.
             stats = net.stats()
@@ -208,10 +200,10 @@ def test_raft_group_connects_through_overrides_with_identities_intact() -> None:
 
             # Cutting the proxy disconnects the nodes: nothing reaches a peer's real address.
             net.isolate(0)
-            wait_for(lambda: not any(nodes[0].is_connected(a) for a in addrs[1:])
-                     and not any(n.is_connected(addrs[0]) for n in nodes[1:]), 5, "n1 disconnected from both")
+            wait_for("n1 disconnected from both", lambda: not any(nodes[0].is_connected(a) for a in addrs[1:])
+                     and not any(n.is_connected(addrs[0]) for n in nodes[1:]), 5)
             net.heal()
-            wait_for(formed, 10, "reconnected after heal")
+            wait_for("reconnected after heal", formed, 10)
         finally:
             for n in nodes:
                 n.destroy()

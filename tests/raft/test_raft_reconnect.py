@@ -32,11 +32,12 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Iterator
 
 import grpc
 import pytest
 
+from support.waiting import wait_for
 from jepsen_like import netns
 from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
@@ -48,20 +49,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 REJOIN_BOUND_S = 2.5       # the kernel's next SYN would come ~7.5 s after the heal
 HOLD_AFTER_SYN_S = 7.3     # past the third SYN (+7 s after the first), before the fourth (+15 s)
 NFT_TABLE = "bug1_syn_drop"
-
-T = TypeVar("T")
-
-
-def wait_for(what: str, timeout: float, probe: Callable[[], T | None], period: float = 0.02) -> T:
-    """Poll ``probe`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout}s")
-        time.sleep(period)
 
 
 @pytest.fixture
@@ -141,14 +128,14 @@ def test_node_rejoins_raft_promptly_after_its_peers_connects_were_dropped(
     try:
         cluster.restart(x)  # SIGKILL: the peers see their connections to X close and re-dial it
         # Both peers' re-dials are stuck: SYN sent, dropped, no answer.
-        wait_for("both peers stuck in SYN-SENT towards X", 10,
-                 lambda: all(syn_sent_to(net, i, x_host, int(x_port)) for i in others))
+        wait_for("both peers stuck in SYN-SENT towards X",
+                 lambda: all(syn_sent_to(net, i, x_host, int(x_port)) for i in others), 10)
         t_stuck = time.monotonic()
         leader = cluster.wait_for_leader(timeout=15, among=others)
         qid = commit_a_quorum(peers[leader].client_address)
         assert qid >= 1
         target = cluster.status(leader).commit_index
-        x_view = wait_for("X running again", 15, lambda: cluster.status(x, timeout=0.5))
+        x_view = wait_for("X running again", lambda: cluster.status(x, timeout=0.5), 15)
         # X is cut off from Raft: it knows no leader and has not got the new entries.
         assert x_view.leader_id == "" and x_view.last_applied < target, x_view
         hold = t_stuck + HOLD_AFTER_SYN_S - time.monotonic()
@@ -167,7 +154,7 @@ def test_node_rejoins_raft_promptly_after_its_peers_connects_were_dropped(
             and st.last_applied >= target else None
 
     # Measured up to 12 s so that a failure shows how late X came back.
-    wait_for(f"X ({peers[x].node_id}) following a leader with index {target} applied", 12, rejoined)
+    wait_for(f"X ({peers[x].node_id}) following a leader with index {target} applied", rejoined, 12)
     took = time.monotonic() - t_heal
     print(f"{peers[x].node_id} rejoined {took:.2f}s after the heal")
     assert took < REJOIN_BOUND_S, (

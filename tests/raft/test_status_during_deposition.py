@@ -20,11 +20,11 @@ leader only of the term it won (``RaftNode.led_term``). Without the fix this fai
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
 
+from support.waiting import wait_for
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -66,14 +66,9 @@ def test_a_leader_being_deposed_never_reports_itself_leader_of_the_new_term(make
             assert won is not None and won.term > led.term
         finally:
             cluster.resume(leader)
-        deadline = time.monotonic() + 10
-        while True:  # until the old leader reports its successor's term (or a later one)
-            st = cluster.status(leader, timeout=0.5)
-            if st is not None and st.term == won.term and st.role == cpb.LEADER:
-                torn.append((led.node.id, led.term, st.term))  # the successor leads that term
-                break
-            if st is not None and st.term >= won.term:
-                break
-            assert time.monotonic() < deadline, "the old leader never reported its successor's term"
-            time.sleep(0.005)
+        st = wait_for("the old leader to report its successor's term (or a later one)",
+                      lambda: (s := cluster.status(leader, timeout=0.5)) is not None and s.term >= won.term and s,
+                      10, context=cluster, interval=0.005)
+        if st.term == won.term and st.role == cpb.LEADER:
+            torn.append((led.node.id, led.term, st.term))  # the successor leads that term
     assert not torn, f"Status reported a deposed leader as leader of the new term (node, led, reported): {torn}"

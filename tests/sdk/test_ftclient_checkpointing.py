@@ -36,6 +36,7 @@ import pytest
 import torch
 from torch import nn
 
+from support.waiting import wait_for
 from ftclient.checkpointing import (
     CheckpointStepMismatchError,
     CheckpointTransferError,
@@ -158,9 +159,7 @@ def test_rwlock_prefers_a_waiting_writer_and_releases_across_threads() -> None:
 
     thread = threading.Thread(target=writer)
     thread.start()
-    deadline = time.monotonic() + 5
-    while lock._writers_waiting == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for("the writer to wait", lambda: lock._writers_waiting > 0, 5, interval=0.01)
     with pytest.raises(TimeoutError):  # new readers wait behind the waiting writer
         lock.acquire_read(timeout=0.1)
     lock.release_read()
@@ -303,9 +302,7 @@ def test_disallow_cuts_off_a_stalled_reader_before_weights_change(
     stalled = socket.create_connection((url.hostname, url.port))
     try:
         stalled.sendall(b"GET /checkpoint/5/stream HTTP/1.0\r\n\r\n")
-        deadline = time.monotonic() + 5
-        while src._lock.readers == 0 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for("the stalled download to take the read lock", lambda: src._lock.readers > 0, 5, interval=0.01)
         assert src._lock.readers == 1
 
         start = time.monotonic()

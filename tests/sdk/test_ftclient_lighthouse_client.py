@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from support.waiting import wait_for
 from ftclient.lighthouse_client import LighthouseClient, Probe, Target, choose_target, parse_endpoints
 from lighthouse_cluster.local.cluster import LocalCluster, free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
@@ -53,16 +54,6 @@ def test_no_lighthouse_raises_connection_error_naming_endpoints() -> None:
 
 
 # -- helpers -------------------------------------------------------------------------------------
-
-
-def wait_until(condition: Callable[[], Any], what: str, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}")
 
 
 def url(cluster: LocalCluster, i: int) -> str:
@@ -173,7 +164,7 @@ def test_waiting_quorum_survives_leader_sigkill(make_cluster: Callable[..., Loca
     timeout = 20.0
     started = time.monotonic()
     fa = pool.submit(client_a.quorum, "fo-a", timeout, step=1)
-    wait_until(lambda: "fo-a" in pending_ids(cluster, leader), "fo-a pending at the leader")
+    wait_for("fo-a pending at the leader", lambda: "fo-a" in pending_ids(cluster, leader), 10.0)
     cluster.kill(leader)
     new_leader = cluster.wait_for_leader(exclude_term=term, timeout=15)
 
@@ -200,11 +191,11 @@ def test_waiting_quorum_moves_off_a_hung_leader(make_cluster: Callable[..., Loca
     term = cluster.status(leader).term
     client_a = LighthouseClient(cluster.endpoints, connect_timeout=10, leader_watch_interval=0.5)
     fa = pool.submit(client_a.quorum, "hung-a", 20, step=1)
-    wait_until(lambda: "hung-a" in pending_ids(cluster, leader), "hung-a pending at the leader")
+    wait_for("hung-a pending at the leader", lambda: "hung-a" in pending_ids(cluster, leader), 10.0)
     cluster.pause(leader)
     new_leader = cluster.wait_for_leader(exclude_term=term, timeout=15,
                                          among=[i for i in range(3) if i != leader])
-    wait_until(lambda: "hung-a" in pending_ids(cluster, new_leader), "hung-a re-sent to the new leader")
+    wait_for("hung-a re-sent to the new leader", lambda: "hung-a" in pending_ids(cluster, new_leader), 10.0)
     others = ",".join(url(cluster, i) for i in range(3) if i != leader)
     with LighthouseClient(others, connect_timeout=10) as client_b:
         client_b.quorum("hung-b", timeout=15, step=1)
@@ -234,14 +225,14 @@ def test_heartbeats_follow_the_new_leader(make_cluster: Callable[..., LocalClust
     thread = threading.Thread(target=beat, daemon=True)
     thread.start()
     try:
-        wait_until(lambda: heartbeat_age_ms(cluster, leader, "hb-replica") is not None, "a heartbeat at the leader")
+        wait_for("a heartbeat at the leader", lambda: heartbeat_age_ms(cluster, leader, "hb-replica") is not None, 10.0)
         cluster.kill(leader)
         new_leader = cluster.wait_for_leader(exclude_term=term, timeout=15)
         new_address = cluster.client_addresses[new_leader]
-        wait_until(lambda: client.target is not None and client.target.address == new_address,
-                   "heartbeats sent to the new leader")
-        wait_until(lambda: (heartbeat_age_ms(cluster, new_leader, "hb-replica") or 10_000) < 500,
-                   "a fresh heartbeat at the new leader")
+        wait_for("heartbeats sent to the new leader",
+                 lambda: client.target is not None and client.target.address == new_address, 10.0)
+        wait_for("a fresh heartbeat at the new leader",
+                 lambda: (heartbeat_age_ms(cluster, new_leader, "hb-replica") or 10_000) < 500, 10.0)
     finally:
         stop.set()
         thread.join(timeout=5)

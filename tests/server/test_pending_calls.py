@@ -18,6 +18,7 @@ from collections import Counter
 import grpc
 import pytest
 
+from support.waiting import wait_for_async
 from lighthouse_cluster.server.node import SERVER_OPTIONS
 
 pytestmark = pytest.mark.integration  # real servers on loopback
@@ -59,10 +60,7 @@ async def _burst_while_blocked(options: list[tuple[str, int]]) -> Counter[str]:
     try:
         thread = threading.Thread(target=client, daemon=True)
         thread.start()
-        deadline = time.monotonic() + 60
-        while thread.is_alive() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert not thread.is_alive(), "client did not finish within 60 s"
+        await wait_for_async("the client to finish", lambda: not thread.is_alive(), 60, interval=0.05)
     finally:
         await server.stop(None)
     return outcomes

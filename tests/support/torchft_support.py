@@ -37,6 +37,7 @@ from torchft._torchft import LighthouseClient, LighthouseServer
 from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
+from support.waiting import wait_for
 
 HEARTBEAT_INTERVAL_S = 0.1  # torchft's manager heartbeat period
 CALL_GRACE_S = 5.0  # how long past its own deadline a call thread may take before a test fails
@@ -124,14 +125,6 @@ class Target:
         """How many requesters are registered for the next quorum (healthy or not)."""
         raise NotImplementedError
 
-    def wait_until(self, condition: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if condition():
-                return
-            time.sleep(0.01)
-        raise AssertionError(f"{self.name}: {what} not reached within {timeout:.1f}s\n{self.logs()}")
-
     def wait_heartbeats_seen(self, replica_ids: list[str], timeout: float = 5.0) -> None:
         """Wait until the deciding lighthouse counts every one of ``replica_ids`` as healthy."""
         limit = self.flags.heartbeat_timeout_ms / 1000.0
@@ -140,10 +133,11 @@ class Target:
             ages = self.heartbeat_ages()
             return ages is not None and all(r in ages and ages[r] < limit for r in replica_ids)
 
-        self.wait_until(seen, f"heartbeats of {replica_ids} seen", timeout)
+        wait_for(f"{self.name}: heartbeats of {replica_ids} seen", seen, timeout, context=self.logs, interval=0.01)
 
     def wait_pending(self, n: int, timeout: float = 5.0) -> None:
-        self.wait_until(lambda: self.pending_count() == n, f"{n} pending requester(s)", timeout)
+        wait_for(f"{self.name}: {n} pending requester(s)", lambda: self.pending_count() == n, timeout,
+                 context=self.logs, interval=0.01)
 
     def wait_all_expired(self, timeout: float = 10.0) -> None:
         """Wait until no replica is healthy any more (nothing left over from an earlier test)."""
@@ -153,7 +147,7 @@ class Target:
             ages = self.heartbeat_ages()
             return ages is not None and all(a >= limit for a in ages.values())
 
-        self.wait_until(expired, "every heartbeat expired", timeout)
+        wait_for(f"{self.name}: every heartbeat expired", expired, timeout, context=self.logs, interval=0.01)
 
 
 class TorchftTarget(Target):
