@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import skip_reason
+from benchmarks import INSTALL_HINT, skip_reason
 from benchmarks.loadgen import analyze_rounds, first_answers_after
 from benchmarks.profile import top_functions
 from benchmarks.report import _plain_png, evaluate_targets, markdown
@@ -140,7 +140,8 @@ def test_py_spy_raw_profiles_are_summarized(tmp_path: Path):
 def test_only_a_missing_optional_package_is_a_skip_reason():
     assert skip_reason(ModuleNotFoundError("No module named 'torchft'", name="torchft")).startswith(
         "torchft is not installed")
-    assert skip_reason(ModuleNotFoundError("No module named 'torch'", name="torch"))
+    assert skip_reason(ModuleNotFoundError("No module named 'torch'", name="torch")) == \
+        f"torch is not installed ({INSTALL_HINT})"
     # This repository's SDK, a broken install of an optional package, any other failure: errors.
     assert skip_reason(ModuleNotFoundError("No module named 'ftclient'", name="ftclient")) is None
     assert skip_reason(ModuleNotFoundError("No module named 'torchft._torchft'", name="torchft._torchft")) is None
@@ -327,7 +328,9 @@ def test_python_grpc_floor_answers_a_full_round_once_every_requester_is_in(tmp_p
     with GrpcFloor(min_replicas=3, log_path=tmp_path / "floor.log") as floor, \
             grpc.insecure_channel(floor.address) as ch:
         stub = pb_grpc.LighthouseServiceStub(ch)
-        assert stub.Heartbeat(pb.LighthouseHeartbeatRequest(replica_id="a"), timeout=10) is not None
+        # The response has no fields: the call succeeding is the whole answer.
+        assert stub.Heartbeat(pb.LighthouseHeartbeatRequest(replica_id="a"), timeout=10) == \
+            pb.LighthouseHeartbeatResponse()
 
         def ask(rid: str) -> pb.Quorum:
             req = pb.LighthouseQuorumRequest(requester=pb.QuorumMember(replica_id=rid, step=1))

@@ -1210,7 +1210,7 @@ def test_sbatch_script_runs_a_local_cluster_and_publishes_endpoints(fake_slurm_b
         assert endpoints == [f"http://127.0.0.1:{client + k}" for k in range(3)]
         assert published["TORCHFT_LIGHTHOUSE"] == endpoints[0]
         addresses = [e.removeprefix("http://") for e in endpoints]
-        assert wait_for("a serving leader", lambda: serving_leader(addresses), 10, interval=0.05)
+        assert wait_for("a serving leader", lambda: serving_leader(addresses), 10, interval=0.05) in addresses
         # The secret was created in the state directory, readable by the user only.
         secret = state / "secret"
         assert stat.S_IMODE(secret.stat().st_mode) == 0o600 and len(secret.read_text()) >= 32

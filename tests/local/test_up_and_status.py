@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -115,27 +116,35 @@ def test_status_shows_quorum_and_heartbeats(up_cluster) -> None:
     from lighthouse_cluster.local.simulated_group import SimulatedReplicaGroup
 
     proc, ports, out, data = up_cluster
+    steps = {"replica_0": 7, "replica_1": 8}
 
-    async def one_round() -> None:
-        groups = [SimulatedReplicaGroup(f"replica_{i}", f"127.0.0.1:{ports[i]}", quorum_timeout_s=10) for i in range(2)]
+    async def one_round() -> list[SimulatedReplicaGroup]:
+        groups = [SimulatedReplicaGroup(rid, f"127.0.0.1:{ports[i]}", quorum_timeout_s=10)
+                  for i, rid in enumerate(steps)]
         for g in groups:
-            g.step = 7 + groups.index(g)
+            g.step = steps[g.replica_id]
         await asyncio.gather(*(g.run(rounds=1) for g in groups))
         await asyncio.gather(*(g.close() for g in groups))
         assert all(g.rounds[0].quorum_id for g in groups), [g.rounds for g in groups]
+        return groups
 
-    asyncio.run(one_round())
+    started = time.monotonic()
+    rounds = [g.rounds[0] for g in asyncio.run(one_round())]
     res = _status("--endpoints", f"127.0.0.1:{ports[2]}", "-o", "json")
+    elapsed_ms = (time.monotonic() - started) * 1000
     assert res.returncode == 0, res.stderr
     view = json.loads(res.stdout)
+    # The quorum shown is the last one issued (both groups in one, or each in its own), with the
+    # steps its members sent.
+    last = max(rounds, key=lambda r: r.quorum_id)
     q = view["quorum"]
-    assert q is not None and q["quorum_id"] >= 1
-    members = {p["replica_id"]: p["step"] for p in q["participants"]}
-    assert set(members) <= {"replica_0", "replica_1"} and members
+    assert q is not None and q["quorum_id"] == last.quorum_id, (q, rounds)
+    assert {p["replica_id"]: p["step"] for p in q["participants"]} == {r: steps[r] for r in last.participants}
     assert {h["replica_id"] for h in view["heartbeats"]} == {"replica_0", "replica_1"}
-    assert all(h["age_ms"] >= 0 for h in view["heartbeats"])
-    # The first quorum of a member set is always committed; the lease is on by default.
-    assert view["rounds"]["commit"] >= 1 and view["rounds"]["lease"] >= 0, view["rounds"]
+    assert all(0 <= h["age_ms"] <= elapsed_ms for h in view["heartbeats"]), (view["heartbeats"], elapsed_ms)
+    # The first quorum of a member set is always committed, so each group's one round was a
+    # commit (one per distinct quorum) and none went out on the lease.
+    assert view["rounds"] == {"commit": len({r.quorum_id for r in rounds}), "lease": 0}, (view["rounds"], rounds)
     assert view["settings"]["quorum_lease_ms"] == 100
     res = _status("--endpoints", f"127.0.0.1:{ports[2]}", env={"COLUMNS": "200"})
     assert f"quorum {q['quorum_id']}" in res.stdout and "replica_0" in res.stdout and "heartbeat: replica_id=replica_0 age_ms=" in res.stdout

@@ -315,7 +315,8 @@ def test_a_wildcard_bind_is_printed_as_bound(tmp_path: Path) -> None:
         assert "listening: client on [::] (every interface; reached here at 127.0.0.1), raft on 127.0.0.1 " \
                "(this host only), http on [::] (every interface; reached here at 127.0.0.1)" in text
         assert f"export TORCHFT_LIGHTHOUSE=http://127.0.0.1:{base}" in text
-        assert query_status(f"127.0.0.1:{base}", 2.0) is not None
+        st = query_status(f"127.0.0.1:{base}", 2.0)  # reached at the printed address
+        assert st is not None and st.node.id == "n1" and st.leader_id in {"n1", "n2", "n3"}, st
 
 
 def test_demo_kills_report_the_quorum_id_and_the_node_comes_back(tmp_path: Path) -> None:

@@ -113,7 +113,7 @@ def test_snapshot_save_then_restore_into_a_fresh_cluster(cluster: LocalCluster, 
     leader = healthy_leader(cluster)
     address = cluster.client_addresses[(leader + 1) % 3]
     second = quorum_call(address, "snap-a")
-    assert second.quorum_id > 0
+    assert [m.replica_id for m in second.participants] == ["snap-a"] and second.quorum_id > 0
     file = tmp_path / "backup.json"
     res = cli("snapshot", "save", str(file), "-o", "json", env=env_for(cluster))
     assert res.returncode == 0, res.stderr
@@ -161,7 +161,10 @@ def test_add_a_member_route_through_it_and_remove_it(cluster: LocalCluster) -> N
         # n4 leads: the old members learn its client address from the table and forward to it.
         res = cli("transfer-leader", "--to", "n4", env=env_for(cluster))
         assert res.returncode == 0, res.stderr + cluster.tail_logs()
-        assert quorum_call(cluster.client_addresses[0], "via-n1").quorum_id > 0
+        before = cluster.status(0).quorum.quorum_id
+        q = quorum_call(cluster.client_addresses[0], "via-n1")
+        assert [m.replica_id for m in q.participants] == ["via-n1"] and q.quorum_id > before
+        assert cluster.status(i).quorum.quorum_id == q.quorum_id  # issued by n4, the leader
         res = cli("members", "remove", "n4", env=env_for(cluster))
         assert res.returncode == 1 and "transfer-leader" in res.stderr
         assert cli("transfer-leader", "--to", "n1", env=env_for(cluster)).returncode == 0
@@ -185,7 +188,8 @@ def test_add_a_member_route_through_it_and_remove_it(cluster: LocalCluster) -> N
     wait_for("n2 back with member table version 2",
              lambda: (st := cluster.status(1)) is not None and st.members_version == 2 and st.ready, 15,
              context=cluster)
-    assert healthy_leader(cluster) is not None
+    st = cluster.status(healthy_leader(cluster))
+    assert st.role == cpb.LEADER and st.members_version == 2, st
 
 
 def test_health_fails_while_a_node_is_down(cluster: LocalCluster) -> None:

@@ -165,7 +165,8 @@ def test_tls_port_refuses_plaintext_and_serves_clients_trusting_the_ca(make_clus
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     with pytest.raises(grpc.RpcError):  # TLS without our CA: the certificate is not trusted
         quorum_call(address, "untrusting", timeout=2, tls=ClientTLS())
-    assert quorum_call(address, "trusting", tls=tls).quorum_id > 0
+    q = quorum_call(address, "trusting", tls=tls)  # the first quorum: neither refused call reached the node
+    assert (q.quorum_id, [m.replica_id for m in q.participants]) == (1, ["trusting"])
     assert query_status(address, 1.0, tls).tls
     with pytest.raises(grpc.RpcError) as info:
         admin_call(address, "TransferLeader", cpb.TransferLeaderRequest(), (("authorization", "Bearer x"),), tls=tls)
@@ -190,7 +191,8 @@ def test_mutual_tls_cluster_requires_client_certificates(make_cluster, pki: PKIF
     assert query_status(follower, 1.0, without_cert) is None
     assert query_status(follower, 1.0) is None
     # Forwarded by a follower to the leader: the node-to-node channel presents the node's cert.
-    assert quorum_call(follower, "with-cert", tls=with_cert).quorum_id > 0
+    q = quorum_call(follower, "with-cert", tls=with_cert)
+    assert (q.quorum_id, [m.replica_id for m in q.participants]) == (1, ["with-cert"])
     env = {"LIGHTHOUSE_CLUSTER_ENDPOINTS": c.endpoints, "LIGHTHOUSE_CLUSTER_TLS_CA": str(pki.ca_cert),
            "LIGHTHOUSE_CLUSTER_ADMIN_TOKEN": TOKEN}
     assert c.endpoints.startswith("https://")
@@ -207,6 +209,9 @@ def test_mutual_tls_cluster_requires_client_certificates(make_cluster, pki: PKIF
     for k in ("LIGHTHOUSE_CLUSTER_TLS_CA", "LIGHTHOUSE_CLUSTER_TLS_CLIENT_CERT", "LIGHTHOUSE_CLUSTER_TLS_CLIENT_KEY"):
         monkeypatch.setenv(k, env[k])
     with LighthouseClient(c.endpoints, connect_timeout=10) as client:
-        assert client.target is not None
         assert client.describe().startswith("https://")
-        assert client.quorum("ftclient-over-mtls", timeout=10).quorum_id > 0
+        q = client.quorum("ftclient-over-mtls", timeout=10)
+        # A new member set after "with-cert"'s quorum: a new quorum id.
+        assert (q.quorum_id, [m.replica_id for m in q.participants]) == (2, ["ftclient-over-mtls"])
+        leader = c.leader_index()
+        assert client.target is not None and client.target.address == c.client_addresses[leader]
