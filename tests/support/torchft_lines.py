@@ -37,7 +37,7 @@ LINES = ("0.2.0", "nightly")
 ROOT = Path(__file__).resolve().parents[2]
 VENVS = ROOT / ".venvs"
 NIGHTLY_VENV = VENVS / "torchft-nightly"
-EXTRAS = "test,interop-nightly,torchft-tests"
+EXTRAS = "test,interop-nightly,torchft-tests,examples"  # examples: scikit-learn for the drop-in training tests
 MARKER = ".lighthouse-cluster-ready"
 
 PIP_TIMEOUT_S = 1200.0  # a cold install downloads ~50 MB of wheels and copies torch (~1 GB)
