@@ -1,5 +1,5 @@
 """What the tests share: bounded waits (``waiting``), cluster helpers (``cluster``), trainer
-processes (``trainer_process``, ``torchft_trainer``), the torchft lines (``torchft_lines``,
+processes and the training harness (``trainer_process``, ``torchft_trainer``, ``training``), the torchft lines (``torchft_lines``,
 ``torchft_support``), an import blocker (``import_blocker``) and the skip policy (``skips``).
 
 ``tests`` is on ``sys.path`` (pyproject's pytest ``pythonpath``), so a test imports
