@@ -1,0 +1,78 @@
+"""core.liveness: liveness streams to deaths, with time as an argument."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lighthouse_cluster.core.liveness import STREAM_CLOSED, Death, Liveness
+
+
+def test_a_closed_stream_is_a_death_at_once() -> None:
+    live = Liveness(0.5)
+    live.opened("a", 1, now=10.0)
+    assert live.watching("a")
+    assert live.closed("a", 1) == Death("a", STREAM_CLOSED)
+    assert not live.watching("a")
+    assert live.closed("a", 1) is None  # reported once
+
+
+def test_keepalives_keep_a_stream_alive_and_their_absence_kills_it() -> None:
+    live = Liveness(0.5)
+    live.opened("a", 1, now=10.0)
+    live.opened("b", 2, now=10.0)
+    for t in (10.3, 10.6, 10.9):
+        live.keepalive("a", 1, now=t)
+        assert [d.replica_id for d in live.expire(now=t)] == (["b"] if t == 10.6 else [])
+    assert live.expire(now=11.39) == []
+    assert live.expire(now=11.4) == [Death("a", "keep-alives stopped for 500 ms")]
+    assert live.watched() == []
+
+
+def test_a_replaced_stream_neither_kills_nor_keeps_alive() -> None:
+    """The manager reconnected (a leader change, a network blip): the old stream's close comes
+    after the new stream opened and must not declare the replica dead."""
+    live = Liveness(0.5)
+    live.opened("a", 1, now=10.0)
+    live.opened("a", 2, now=10.2)
+    assert live.closed("a", 1) is None
+    live.keepalive("a", 1, now=10.6)  # a late keep-alive of the old stream
+    assert live.expire(now=10.7) == [Death("a", "keep-alives stopped for 500 ms")]
+
+
+def test_the_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        Liveness(0)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["open", "keep", "close", "tick"]), st.sampled_from("abc"),
+                          st.integers(0, 3), st.floats(0, 0.4)), max_size=60))
+def test_a_replica_is_declared_dead_once_per_stream_and_only_for_its_current_one(
+        ops: list[tuple[str, str, int, float]]) -> None:
+    live = Liveness(0.5)
+    now = 0.0
+    opened: dict[str, list[int]] = {}  # every stream id each replica opened, oldest first
+    current: dict[str, int] = {}
+    deaths: list[tuple[str, int]] = []
+    next_id = 0
+    for op, rid, pick, dt in ops:
+        now += dt
+        ids = opened.get(rid, [])
+        sid = ids[-1 - pick % len(ids)] if ids else -1  # the newest, or an older one
+        if op == "open":
+            next_id += 1
+            live.opened(rid, next_id, now)
+            opened.setdefault(rid, []).append(next_id)
+            current[rid] = next_id
+        elif op == "keep":
+            live.keepalive(rid, sid, now)
+        elif op == "close":
+            if live.closed(rid, sid) is not None:
+                assert current.get(rid) == sid  # only the current stream's close counts
+                deaths.append((rid, current.pop(rid)))
+        else:
+            for d in live.expire(now):
+                deaths.append((d.replica_id, current.pop(d.replica_id)))
+        assert set(live.watched()) == set(current)
+    assert len(deaths) == len(set(deaths))
