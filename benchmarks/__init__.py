@@ -8,7 +8,8 @@ py-spy). The results live beside it (``bench.json``, ``bench.md``, ``bench.png``
 Sections (each launches the systems it measures and always cleans them up):
 ``rounds`` (quorum rounds with N simulated replica groups), ``failover`` (leader SIGKILL vs
 torchft_lighthouse kill + restart), ``sdk`` (ftclient vs torchft Manager step time), ``recovery``
-(live recovery over HTTP, ftclient vs torchft transport), ``footprint`` (idle CPU and memory).
+(live recovery over HTTP, ftclient vs torchft transport), ``footprint`` (idle CPU and memory),
+``goodput`` (replica groups SIGKILLed and restarted while the others train: what it costs them).
 Entry point: the ``bench`` click group in :mod:`benchmarks.cli`.
 """
 

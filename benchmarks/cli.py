@@ -53,6 +53,10 @@ def bench() -> None:
 @click.option("--recovery-sizes", help="State dict sizes in MB (default 100,1024; quick 64).")
 @click.option("--recovery-trials", type=int, help="Transfers per size and implementation (default 3; quick 1).")
 @click.option("--footprint-seconds", "footprint_s", type=float, help="Idle CPU window (default 15; quick 2).")
+@click.option("--goodput-groups", help="Replica groups per goodput run (default 3,8; quick 3).")
+@click.option("--goodput-kills", type=int, help="Group kills per goodput run (default 10; quick 2).")
+@click.option("--goodput-kill-every", "goodput_kill_every_s", type=float,
+              help="Seconds between group kills; the no-failure window is kills x this (default 15; quick 6).")
 @click.option("--profile-ns", help="After the rounds section, re-run the cluster at these N with py-spy "
                                    "attached to every node and summarize the profiles (e.g. 256,1024).")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
@@ -60,7 +64,8 @@ def bench() -> None:
 def run(quick: bool, out_dir: Path, name: str | None, sections: str, ns: str | None, duration_s: float | None,
         repeats: int | None, workers: int, failover_ns: str | None, failover_trials: int | None,
         restart_trials: int | None, sdk_steps: int | None, recovery_sizes: str | None,
-        recovery_trials: int | None, footprint_s: float | None, profile_ns: str | None,
+        recovery_trials: int | None, footprint_s: float | None, goodput_groups: str | None,
+        goodput_kills: int | None, goodput_kill_every_s: float | None, profile_ns: str | None,
         workdir: Path | None) -> None:
     """Start every system under test, measure, write <out>/<name>.{json,md,png}."""
     from . import INSTALL_HINT, missing_modules
@@ -79,7 +84,8 @@ def run(quick: bool, out_dir: Path, name: str | None, sections: str, ns: str | N
                         repeats=repeats, workers=workers, failover_ns=_ints(failover_ns),
                         failover_trials=failover_trials, restart_trials=restart_trials, sdk_steps=sdk_steps,
                         recovery_sizes_mb=_ints(recovery_sizes), recovery_trials=recovery_trials,
-                        footprint_s=footprint_s, profile_ns=_ints(profile_ns) or (), workdir=workdir,
+                        footprint_s=footprint_s, goodput_groups=_ints(goodput_groups), goodput_kills=goodput_kills,
+                        goodput_kill_every_s=goodput_kill_every_s, profile_ns=_ints(profile_ns) or (), workdir=workdir,
                         keep_workdir=workdir is not None)
     res = run_bench(opts, say=lambda s: click.echo(s))
     stem = opts.name or ("bench-quick" if quick else "bench")

@@ -1,6 +1,6 @@
 """Results -> targets, a markdown table and a PNG plot.
 
-``evaluate_targets`` checks issue 6's targets against one run's JSON; ``markdown`` renders every
+``evaluate_targets`` checks issue 6's targets (and issue 15's goodput targets) against one run's JSON; ``markdown`` renders every
 section as tables; ``plot`` draws the figures with matplotlib (the ``bench`` extra) or, without it,
 a plain bar chart of rounds/s with a minimal PNG writer.
 """
@@ -58,6 +58,38 @@ def evaluate_targets(res: dict) -> list[dict]:
         r = row.get("throughput_ratio")
         out.append({"name": f"recovery throughput ftclient / torchft, {row['size_mb']} MB", "target": ">= 1.0x",
                     "value": r, "met": None if r is None else r >= 1.0})
+    out += _goodput_targets(sec.get("goodput", {}))
+    return out
+
+
+GOODPUT_KILL_EVERY_S = 15.0  # issue 15's goodput target is for a kill every 15 s
+
+
+def _goodput_targets(s: dict) -> list[dict]:
+    """Issue 15's targets: ftclient on the cluster recovers from a group's SIGKILL in <= 0.5 s
+    median and <= 1.0 s max, >= 5x faster than torchft on the same cluster, and keeps >= 0.9 of
+    its goodput under a kill every 15 s (not evaluated with other kill intervals)."""
+    out: list[dict] = []
+    every = s.get("config", {}).get("kill_every_s")
+    runs = {(r["system"], r["groups"]): r.get("summary", {}) for r in s.get("runs", []) if "error" not in r}
+    for g in s.get("config", {}).get("groups", []):
+        f = runs.get(("ftclient-cluster", g))
+        if f is None:
+            continue
+        med, mx = f.get("recovery_median_s"), f.get("recovery_max_s")
+        out.append({"name": f"goodput: kill -> every survivor commits, median, G={g} (ftclient, cluster)",
+                    "target": "<= 0.5 s", "value": med, "unit": " s", "met": None if med is None else med <= 0.5})
+        out.append({"name": f"goodput: kill -> every survivor commits, max, G={g} (ftclient, cluster)",
+                    "target": "<= 1.0 s", "value": mx, "unit": " s", "met": None if mx is None else mx <= 1.0})
+        t = runs.get(("torchft-cluster", g), {}).get("recovery_median_s")
+        ratio = round(t / med, 3) if t is not None and med else None
+        out.append({"name": f"goodput: recovery median torchft / ftclient on the cluster, G={g}",
+                    "target": ">= 5x", "value": ratio, "met": None if ratio is None else ratio >= 5.0})
+        gr = f.get("goodput_ratio")
+        measured = every is not None and every >= GOODPUT_KILL_EVERY_S
+        out.append({"name": f"goodput with a kill every {_fmt(every, 0)} s / without, G={g} (ftclient, cluster)",
+                    "target": f">= 0.9 (at a kill every {GOODPUT_KILL_EVERY_S:.0f} s)", "value": gr,
+                    "met": None if gr is None or not measured else gr >= 0.9})
     return out
 
 
@@ -84,12 +116,12 @@ def markdown(res: dict, png_name: str | None = None) -> str:
         for t in targets:
             met = {True: "yes", False: "**no**", None: "n/a"}[t["met"]]
             v = t["value"]
-            unit = " s" if "failover" in t["name"] else "x"
+            unit = t.get("unit") or (" s" if "failover" in t["name"] else "x")
             lines.append(f"| {t['name']} | {t['target']} | {_fmt(v, 3 if unit == 'x' else 3, unit)} | {met} |")
         lines.append("")
     sec = res.get("sections", {})
     for name, render in (("rounds", _md_rounds), ("failover", _md_failover), ("sdk", _md_sdk),
-                         ("recovery", _md_recovery), ("footprint", _md_footprint)):
+                         ("recovery", _md_recovery), ("footprint", _md_footprint), ("goodput", _md_goodput)):
         s = sec.get(name)
         if s is None:
             continue
@@ -222,6 +254,44 @@ def _md_footprint(s: dict) -> list[str]:
     return out
 
 
+GOODPUT_LABEL = {"ftclient-cluster": "ftclient, cluster", "torchft-cluster": "torchft, cluster",
+                 "torchft-lighthouse": "torchft, torchft_lighthouse"}
+
+
+def _md_goodput(s: dict) -> list[str]:
+    c = s.get("config", {})
+    out = ["## Goodput (a replica group SIGKILLed and restarted)", "",
+           f"G replica groups train ({c.get('model')}, {_fmt(c.get('compute_s'), 2)} s of simulated compute per "
+           f"step); lighthouse heartbeat timeout {c.get('heartbeat_timeout_ms')} ms, join timeout "
+           f"{c.get('join_timeout_ms')} ms, min_replicas {c.get('min_replicas')}. After a "
+           f"{_fmt(c.get('window_s'), 0)} s window without failures, one group is SIGKILLed every "
+           f"{_fmt(c.get('kill_every_s'), 0)} s ({c.get('kills')} kills, round robin) and restarted at once. "
+           "Recovery = kill -> every survivor has committed a step on a new quorum; goodput = committed steps/s "
+           "with kills / without (batches: participants summed); rejoin = restart -> the new process's first "
+           "committed step (ready: its manager set up).", "",
+           "| system | G | kills | recovery median | max | per kill | goodput (steps/s with / without) "
+           "| batches ratio | rejoin median | max | ready median |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in s.get("runs", []):
+        label = GOODPUT_LABEL.get(r["system"], r["system"])
+        if "skipped" in r:
+            out.append(f"| {label} | {r['groups']} | skipped: {r['skipped']} |" + " |" * 8)
+            continue
+        sm = r.get("summary")
+        if sm is None:
+            out.append(f"| {label} | {r['groups']} | error (below) |" + " |" * 8)
+            continue
+        per = ", ".join(_fmt(k.get("recovery_s"), 2) for k in r.get("kills", []))
+        gp = (f"{_fmt(sm.get('goodput_ratio'), 3)} ({_fmt(sm.get('steps_per_s_failures'), 1)} / "
+              f"{_fmt(sm.get('steps_per_s_baseline'), 1)})")
+        out.append(f"| {label} | {r['groups']} | {sm.get('recovered')}/{sm.get('kills')} | "
+                   f"{_fmt(sm.get('recovery_median_s'), 3, ' s')} | {_fmt(sm.get('recovery_max_s'), 3, ' s')} | "
+                   f"{per} | {gp} | {_fmt(sm.get('batches_ratio'), 3)} | {_fmt(sm.get('rejoin_median_s'), 2, ' s')} | "
+                   f"{_fmt(sm.get('rejoin_max_s'), 2, ' s')} | {_fmt(sm.get('ready_median_s'), 2, ' s')} |")
+    out.append("")
+    return out
+
+
 # -- plot ------------------------------------------------------------------------------------------
 
 
@@ -236,7 +306,8 @@ def plot(res: dict, path: Path) -> str:
         _plain_png(res, path)
         return "plain"
     sec = res.get("sections", {})
-    fig, axes = plt.subplots(2, 2, figsize=(12, 9))
+    goodput = [r for r in sec.get("goodput", {}).get("runs", []) if r.get("summary")]
+    fig, axes = plt.subplots(3 if goodput else 2, 2, figsize=(12, 13.5 if goodput else 9))
     rounds = sec.get("rounds", {}).get("summary", [])
     colors = {"torchft": "tab:orange", "leader": "tab:blue", "followers": "tab:green", "pyfloor": "tab:gray"}
     ax = axes[0][0]
@@ -317,6 +388,8 @@ def plot(res: dict, path: Path) -> str:
         ax.legend(fontsize=8)
     ax.set_title("Ratios vs torchft (green: target met)")
     ax.grid(True, axis="y", alpha=0.3)
+    if goodput:
+        _plot_goodput(axes[2], goodput)
     m = res.get("machine", {})
     fig.suptitle(f"lighthouse-cluster vs torchft ({res.get('mode')} run, {m.get('cpus')} CPUs, "
                  f"{m.get('cpu_model', '')[:40]}; load avg {res.get('loadavg', {}).get('start')})", fontsize=10)
@@ -324,6 +397,42 @@ def plot(res: dict, path: Path) -> str:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return "matplotlib"
+
+
+def _plot_goodput(axes: Any, runs: list[dict]) -> None:
+    """Recovery and rejoin times per kill (left), goodput ratios (right)."""
+    ax = axes[0]
+    labels = []
+    for i, r in enumerate(runs):
+        rec = [k["recovery_s"] for k in r.get("kills", []) if k.get("recovery_s") is not None]
+        rej = [x["rejoin_s"] for x in r.get("restarts", []) if x.get("rejoin_s") is not None]
+        if rec:
+            ax.scatter([i - 0.1] * len(rec), rec, alpha=0.7, color="tab:blue",
+                       label="kill -> every survivor commits" if i == 0 else None)
+            ax.hlines(statistics.median(rec), i - 0.35, i + 0.15, color="k")
+        if rej:
+            ax.scatter([i + 0.1] * len(rej), rej, alpha=0.7, marker="x", color="tab:gray",
+                       label="restart -> first commit (rejoin)" if i == 0 else None)
+        labels.append(f"{GOODPUT_LABEL.get(r['system'], r['system'])}\nG={r['groups']}")
+    ax.axhline(0.5, color="tab:red", linestyle=":", label="target median 0.5 s (ftclient)")
+    ax.axhline(1.0, color="tab:red", linestyle="--", label="target max 1.0 s (ftclient)")
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("seconds")
+    ax.set_title("A replica group SIGKILLed (dots: kills, bar: median)")
+    ax.legend(fontsize=7)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax = axes[1]
+    vals = [r["summary"].get("goodput_ratio") or 0.0 for r in runs]
+    ax.bar(range(len(runs)), vals, color=["tab:green" if v >= 0.9 else "tab:red" for v in vals])
+    ax.axhline(0.9, color="k", linestyle=":", label="target 0.9 (ftclient, a kill every 15 s)")
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylim(0, 1.1)
+    ax.set_ylabel("committed steps/s with kills / without")
+    ax.set_title("Goodput under failures")
+    ax.legend(fontsize=7)
+    ax.grid(True, axis="y", alpha=0.3)
 
 
 def _plain_png(res: dict, path: Path, width: int = 640, height: int = 320) -> None:

@@ -30,7 +30,7 @@ def _command_line() -> str:
     return " ".join(argv)
 
 
-SECTIONS = ("rounds", "failover", "sdk", "recovery", "footprint")
+SECTIONS = ("rounds", "failover", "sdk", "recovery", "footprint", "goodput")
 SCHEMA = 1
 
 
@@ -52,6 +52,9 @@ class BenchOptions:
     recovery_sizes_mb: tuple[int, ...] | None = None
     recovery_trials: int | None = None
     footprint_s: float | None = None
+    goodput_groups: tuple[int, ...] | None = None
+    goodput_kills: int | None = None
+    goodput_kill_every_s: float | None = None
     profile_ns: tuple[int, ...] = ()
     workdir: Path | None = None
     keep_workdir: bool = False
@@ -72,6 +75,9 @@ class BenchOptions:
             recovery_sizes_mb=(64,) if q else (100, 1024),
             recovery_trials=1 if q else 3,
             footprint_s=2.0 if q else 15.0,
+            goodput_groups=(3,) if q else (3, 8),
+            goodput_kills=2 if q else 10,
+            goodput_kill_every_s=6.0 if q else 15.0,
             name="bench-quick" if q else "bench",
         )
         values = asdict(self)
@@ -179,6 +185,10 @@ def _run_section(section: str, opts: BenchOptions, workdir: Path, say: Callable[
         from .footprint import run_footprint
 
         return run_footprint(opts.footprint_s, workdir, say)
+    if section == "goodput":
+        from .goodput import run_goodput
+
+        return run_goodput(list(opts.goodput_groups), opts.goodput_kills, opts.goodput_kill_every_s, workdir, say)
     raise ValueError(section)
 
 

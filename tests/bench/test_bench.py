@@ -134,6 +134,114 @@ def test_py_spy_raw_profiles_are_summarized(tmp_path: Path):
     assert ("run (a/b.py:1)", 100.0) in t["total"]
 
 
+# -- unit: the goodput figures ------------------------------------------------------------------------
+
+
+def _steps(t0: float, n: int, first_step: int, quorum_id: int, participants: int,
+           every: float = 0.125) -> list[dict]:
+    """``n`` committed steps back to back from ``t0`` (times multiples of 1/8: exact floats)."""
+    return [{"event": "step", "t_start": t0 + i * every, "t_end": t0 + (i + 1) * every, "step": first_step + i,
+             "step_after": first_step + i + 1, "committed": True, "participants": participants,
+             "quorum_id": quorum_id} for i in range(n)]
+
+
+def _goodput_run() -> tuple[list[dict], list[dict]]:
+    """3 groups, 8 steps/s on quorum 1 from t=0; g0 is killed at t=10.0 and restarted at once.
+    The survivors commit one more step of quorum 1 at 10.125 (its allreduce was done: not a
+    recovery), then wait; g1 commits on quorum 2 at 15.0, g2 at 15.25; the new g0 (ready at 12.0)
+    heals and commits step 82 with both at 15.375 (quorum 3); then all three go on at 8 steps/s."""
+    incs = [{"group": 0, "index": 0, "started": -5.0, "killed_at": 10.0, "steps": _steps(0.0, 79, 0, 1, 3),
+             "events": [{"event": "ready", "t": -1.0}]}]
+    for g, recovered in ((1, 15.0), (2, 15.25)):
+        steps = _steps(0.0, 79, 0, 1, 3) + [
+            {**_steps(9.875, 1, 79, 1, 3)[0], "t_end": 10.125},
+            {**_steps(10.125, 1, 80, 2, 2)[0], "t_end": recovered}] + _steps(15.25, 118, 81, 3, 3)
+        incs.append({"group": g, "index": 0, "started": -5.0, "killed_at": None, "steps": steps,
+                     "events": [{"event": "ready", "t": -1.0}]})
+    healed = {**_steps(15.25, 1, 0, 3, 3)[0], "step_after": 82}
+    incs.append({"group": 0, "index": 1, "started": 10.0, "killed_at": None,
+                 "steps": [healed] + _steps(15.375, 117, 82, 3, 3), "events": [{"event": "ready", "t": 12.0}]})
+    return incs, [{"t": 10.0, "group": 0, "incarnation": 0}]
+
+
+def test_goodput_recovery_is_the_slowest_survivors_first_commit_on_a_new_quorum():
+    from benchmarks.goodput import analyze
+
+    incs, kills = _goodput_run()
+    out = analyze(incs, kills, baseline=(0.0, 10.0), failures=(10.0, 20.0))
+    assert out["errors"] == []
+    trial = out["kills"][0]
+    # The steps of the old quorum that commit at 10.125 do not count; g2 is the slowest survivor.
+    assert trial["survivors"] == {"g1.0": 5.0, "g2.0": 5.25} and trial["recovery_s"] == 5.25
+    assert out["restarts"] == [{"group": 0, "incarnation": 1, "ready_s": 2.0, "rejoin_s": 5.375, "first_step": 82}]
+    sm = out["summary"]
+    assert sm["recovery_median_s"] == sm["recovery_max_s"] == 5.25
+    # Each step counted once, however many groups commit it: 79 steps in the 10 s without
+    # failures; with the kill, steps 80 (10.125), 81 (15.0) and 82-118 (15.375-19.875).
+    assert out["baseline"] == {"steps": 79, "steps_per_s": 7.9, "batches_per_s": 23.7}
+    assert out["failures"] == {"steps": 39, "steps_per_s": 3.9, "batches_per_s": 11.6}
+    assert sm["goodput_ratio"] == 0.494 and sm["batches_ratio"] == 0.489  # step 81 had 2 participants
+
+
+def test_goodput_survivor_that_never_recovers_and_a_restart_that_never_rejoins_are_errors():
+    from benchmarks.goodput import analyze
+
+    incs, kills = _goodput_run()
+    incs[2]["steps"] = [r for r in incs[2]["steps"] if r["t_end"] <= 10.0]  # g2 stalls for good
+    incs[3]["steps"] = []  # the new g0 never commits
+    out = analyze(incs, kills, baseline=(0.0, 10.0), failures=(10.0, 20.0))
+    assert out["kills"][0]["not_recovered"] == ["g2.0"] and out["kills"][0]["recovery_s"] is None
+    assert out["summary"]["recovered"] == 0 and out["summary"]["rejoined"] == 0
+    assert len(out["errors"]) == 2
+    assert "g2.0 never committed again" in out["errors"][0] and "g0.1 never committed" in out["errors"][1]
+
+
+def test_goodput_survivors_are_only_groups_that_were_training_at_the_kill():
+    from benchmarks.goodput import recovery
+
+    incs, _ = _goodput_run()
+    # A second kill (g1 at 12.0) while the new g0 is still starting: g0.1 is not a survivor yet.
+    got = recovery({"t": 12.0, "group": 1, "incarnation": 0}, incs)
+    assert set(got["survivors"]) == {"g2.0"} and got["not_yet_training"] == ["g0.1"]
+
+
+def _goodput_section() -> dict:
+    from benchmarks.goodput import analyze
+
+    incs, kills = _goodput_run()
+    runs = []
+    for system, scale in (("ftclient-cluster", 0.08), ("torchft-cluster", 1.0), ("torchft-lighthouse", 1.0)):
+        r = analyze(incs, kills, baseline=(0.0, 10.0), failures=(10.0, 20.0))
+        r["summary"]["recovery_median_s"] *= scale
+        r["summary"]["recovery_max_s"] *= scale
+        runs.append({"system": system, "groups": 3, **r})
+    return {"config": {"groups": [3], "kills": 1, "kill_every_s": 15.0, "window_s": 15.0, "model": "m",
+                       "compute_s": 0.05, "heartbeat_timeout_ms": 5000, "join_timeout_ms": 10000, "min_replicas": 1},
+            "runs": runs, "errors": []}
+
+
+@pytest.mark.filterwarnings("ignore:No artists with labels found")  # the empty panels of the other sections
+def test_goodput_targets_table_and_plot(tmp_path: Path):
+    pytest.importorskip("matplotlib")
+    from benchmarks.report import plot
+
+    res = {"mode": "full", "sections": {"goodput": _goodput_section()}}
+    targets = {t["name"]: t for t in evaluate_targets(res)}
+    med = targets["goodput: kill -> every survivor commits, median, G=3 (ftclient, cluster)"]
+    assert med["value"] == pytest.approx(0.42) and med["met"] is True
+    assert targets["goodput: kill -> every survivor commits, max, G=3 (ftclient, cluster)"]["met"] is True
+    assert targets["goodput: recovery median torchft / ftclient on the cluster, G=3"]["value"] == 12.5
+    assert targets["goodput with a kill every 15 s / without, G=3 (ftclient, cluster)"]["met"] is False  # 0.51
+    # Another kill interval: the goodput target is not evaluated.
+    res["sections"]["goodput"]["config"]["kill_every_s"] = 6.0
+    assert next(t for t in evaluate_targets(res) if t["name"].startswith("goodput with"))["met"] is None
+    text = markdown(res)
+    assert "## Goodput (a replica group SIGKILLed and restarted)" in text
+    assert "| torchft, torchft_lighthouse | 3 | 1/1 | 5.250 s | 5.250 s | 5.25 | 0.494 (3.9 / 7.9) |" in text
+    assert plot(res, tmp_path / "g.png") == "matplotlib"
+    assert (tmp_path / "g.png").read_bytes().startswith(PNG_MAGIC)
+
+
 # -- unit: a failed measurement is an error, only a missing optional package a skip -------------------
 
 
@@ -216,7 +324,7 @@ def test_a_failed_recovery_transfer_is_an_error(monkeypatch: pytest.MonkeyPatch,
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("worker", ["sdk_worker", "recovery_worker"])
+@pytest.mark.parametrize("worker", ["sdk_worker", "recovery_worker", "goodput_worker"])
 def test_workers_skip_only_when_an_optional_package_is_missing(tmp_path: Path, worker: str):
     """The real worker processes: ftclient that cannot be imported is an error (exit 1); torchft
     not installed is a skip (exit 3). Both exit before torch is imported."""
@@ -228,13 +336,21 @@ def test_workers_skip_only_when_an_optional_package_is_missing(tmp_path: Path, w
         if worker == "sdk_worker":
             args = ["--sdk", impl, "--group", "0", "--out", str(d / "recv.json"), "--ready-file", str(d / "ready"),
                     "--go-file", str(d / "go")]
+        elif worker == "goodput_worker":
+            args = ["--sdk", impl, "--group", "0", "--progress", str(d / "progress.jsonl")]
         else:
             args = ["--impl", impl, "--role", "recv", "--size-mb", "1", "--dir", str(d)]
         env = blocking_env(d, (blocked,))
         proc = subprocess.run([sys.executable, "-m", f"benchmarks.{worker}", *args], cwd=ROOT, env=env,
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == code, (impl, proc.stdout, proc.stderr)
-        result = json.loads((d / "recv.json").read_text())
+        if worker == "goodput_worker":  # one progress line: {"event": "skipped" | "error", ...}
+            (line,) = (d / "progress.jsonl").read_text().splitlines()
+            result = json.loads(line)
+            assert result["event"] == key
+            result = {key: result["reason" if key == "skipped" else "error"]}
+        else:
+            result = json.loads((d / "recv.json").read_text())
         assert list(result) == [key], result
         assert blocked in result[key]
 
@@ -263,7 +379,7 @@ def test_quick_bench_writes_every_section(tmp_path: Path):
     assert res["mode"] == "quick" and res["duration_s"] > 0
     assert len(res["loadavg"]["start"]) == 3 and res["machine"]["cpus"] >= 1
     sections = res["sections"]
-    assert set(sections) == {"rounds", "failover", "sdk", "recovery", "footprint"}
+    assert set(sections) == {"rounds", "failover", "sdk", "recovery", "footprint", "goodput"}
     for name, sec in sections.items():
         assert "error" not in sec, f"section {name} failed: {sec.get('error')}\n{sec.get('traceback', '')}"
         assert not sec.get("errors"), f"section {name} had failed runs: {sec['errors']}"
@@ -309,6 +425,19 @@ def test_quick_bench_writes_every_section(tmp_path: Path):
     fp = sections["footprint"]
     assert len(fp["cluster"]["rss_mb"]) == 3 and all(v > 10 for v in fp["cluster"]["rss_mb"].values())
     assert fp["torchft"]["rss_mb"] > 1
+
+    # 6. goodput: every system measured at G=3, with figures for every kill and restart
+    gp = sections["goodput"]
+    assert [(r["system"], r["groups"]) for r in gp["runs"]] == [
+        ("ftclient-cluster", 3), ("torchft-cluster", 3), ("torchft-lighthouse", 3)]
+    for run in gp["runs"]:
+        assert "skipped" not in run and "error" not in run and not run["errors"], run.get("error") or run
+        sm = run["summary"]
+        assert sm["kills"] == sm["recovered"] == gp["config"]["kills"] >= 2, sm
+        assert sm["restarts"] == sm["rejoined"] == sm["kills"], sm
+        assert 0 < sm["recovery_median_s"] <= sm["recovery_max_s"] < 60, sm
+        assert 0 < sm["rejoin_median_s"] <= sm["rejoin_max_s"] < 120, sm
+        assert sm["steps_per_s_baseline"] > 0 and sm["goodput_ratio"] is not None and sm["goodput_ratio"] >= 0, sm
 
     assert res["targets"], "targets are evaluated"
 
