@@ -4,11 +4,12 @@ This module owns the collective-communication layer a replica group uses to talk
 replica groups of the quorum:
 
 - :class:`ProcessGroup`: the reconfigurable process-group API the Manager drives
-  (``configure`` on every new quorum, ``allreduce``, ``size``, ``errored``, ``shutdown``).
+  (``configure`` on every new quorum, ``allreduce``, ``size``, ``errored``, ``abort``,
+  ``shutdown``).
 - :class:`ProcessGroupGloo`: a fresh torch Gloo process group per quorum, rendezvoused over a
   TCPStore client + PrefixStore built from ``"host:port/prefix"``. Every operation carries a
   deadline: its work and future fail with :class:`TimeoutError` once the configured timeout has
-  passed, even when Gloo itself is stuck.
+  passed, even when Gloo itself is stuck, and ``abort`` fails them at once (a peer died).
 - :class:`ErrorSwallowingProcessGroupWrapper`: records the first error and returns completed
   dummy work afterwards, so model code never sees a failure; the error surfaces through
   ``errored()`` (the Manager votes against committing) and is cleared by ``configure``.
@@ -50,6 +51,7 @@ __all__ = [
     "ProcessGroup",
     "ProcessGroupDummy",
     "ProcessGroupGloo",
+    "abort_process_group",
     "create_store_client",
     "parse_store_addr",
 ]
@@ -153,8 +155,13 @@ def _wait_future(fut: Future[Any], timeout: timedelta | None) -> None:
 
 class _DeadlineWork(dist._Work):
     """Wraps a Gloo work: its future completes with the Gloo result, or fails with the Gloo
-    error, or fails with TimeoutError when the deadline passes first. Errors are reported to
-    ``on_error`` (the owning process group's error record)."""
+    error, or fails with TimeoutError when the deadline passes first, or fails with the error
+    given to :meth:`abort`. Whichever comes first settles it; the others are no-ops. Errors are
+    reported to ``on_error`` (the owning process group's error record).
+
+    ``post`` (e.g. copying a staged result into the caller's tensors) runs under the same lock
+    that settles the work, only when the Gloo work completed first: once a timeout or an abort
+    settled the work, a late completion never touches the caller's tensors."""
 
     def __init__(
         self,
@@ -165,12 +172,14 @@ class _DeadlineWork(dist._Work):
         on_error: Callable[[Exception], None],
         post: Callable[[], None] | None = None,
         on_inner_done: Callable[[], None] | None = None,
+        on_settled: Callable[["_DeadlineWork"], None] | None = None,
     ) -> None:
         super().__init__()
         self._fut: Future[Any] = Future()
         self._lock = threading.Lock()
         self._done = False
         self._on_error = on_error
+        self._on_settled = on_settled
         timeout_s = timeout.total_seconds()
 
         def on_timeout() -> None:
@@ -190,13 +199,7 @@ class _DeadlineWork(dist._Work):
                 except Exception as e:
                     self._finish(RuntimeError(f"{op_name} failed: {e}"))
                     return
-                if post is not None and not self._done:
-                    try:
-                        post()
-                    except Exception as e:
-                        self._finish(e)
-                        return
-                self._finish(None, result)
+                self._finish(None, result, post)
             finally:
                 if on_inner_done is not None:
                     on_inner_done()
@@ -204,10 +207,24 @@ class _DeadlineWork(dist._Work):
         # Registered last: the inner future may already be complete and call back at once.
         inner.get_future().add_done_callback(inner_done)
 
-    def _finish(self, error: Exception | None, result: object = None) -> None:
+    def abort(self, error: Exception) -> bool:
+        """Fail the work with ``error`` unless it is already settled; True if it was not."""
+        return self._finish(error)
+
+    @property
+    def settled(self) -> bool:
+        return self._done
+
+    def _finish(self, error: Exception | None, result: object = None,
+                post: Callable[[], None] | None = None) -> bool:
         with self._lock:
             if self._done:
-                return
+                return False
+            if error is None and post is not None:
+                try:
+                    post()
+                except Exception as e:
+                    error = e
             self._done = True
         self._timer.cancel()
         if error is not None:
@@ -215,6 +232,9 @@ class _DeadlineWork(dist._Work):
             self._fut.set_exception(error)
         else:
             self._fut.set_result(result)
+        if self._on_settled is not None:
+            self._on_settled(self)
+        return True
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         _wait_future(self._fut, timeout)
@@ -244,6 +264,17 @@ def _reduce_op(opts: object) -> ReduceOp:
 
 def _same_op(a: ReduceOp, b: ReduceOp.RedOpType) -> bool:
     return a == b  # ReduceOp compares equal to its RedOpType
+
+
+def abort_process_group(pg: object, error: Exception) -> None:
+    """``pg.abort(error)`` for ftclient's process groups, ``pg.abort()`` for others (torchft's
+    take no argument); a group without ``abort`` is left alone."""
+    if isinstance(pg, ProcessGroup):
+        pg.abort(error)
+        return
+    abort = getattr(pg, "abort", None)
+    if callable(abort):
+        abort()
 
 
 class ProcessGroup(dist.ProcessGroup):
@@ -290,6 +321,12 @@ class ProcessGroup(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """Release the current group; further operations need a new configure."""
+
+    def abort(self, error: Exception | None = None) -> None:
+        """Fail the current configuration's pending operations at once with ``error`` (a peer
+        of the quorum is known to be gone: they cannot complete), and fail later operations at
+        once until the next :meth:`configure`. A no-op here; torchft calls it without
+        arguments. (torch's own ``ProcessGroup.abort`` does nothing for Gloo.)"""
 
     def set_timeout(self, timeout: timedelta) -> None:
         """Change the timeout of subsequent configures and operations."""
@@ -413,6 +450,15 @@ class ProcessGroupGloo(ProcessGroup):
     returned work and future with :class:`TimeoutError` at the deadline in any case (e.g. when
     the operation is queued behind a stuck one). The first error is kept for :meth:`errored`.
 
+    :meth:`abort` (the Manager calls it when the lighthouse says a peer of the quorum died) fails
+    every pending operation of the current configuration at once, and every later one until the
+    next :meth:`configure`. Gloo cannot cancel an operation: its threads stay blocked until
+    Gloo's own timeout, when the reaper destroys the group. Allreduces therefore run on a staged
+    copy of their tensors, copied back only when the operation completes before any timeout or
+    abort: an operation that completes after it was aborted (the peer was merely slow, a false
+    death) never writes into tensors the trainer has moved on with (DDP reuses its gradient
+    buckets every step). The copy costs one memcpy of the tensors each way.
+
     Args:
         timeout: bound on configure (store connection and rendezvous) and on each operation.
     """
@@ -428,6 +474,8 @@ class ProcessGroupGloo(ProcessGroup):
         self._error: Exception | None = None
         self._error_lock = threading.Lock()
         self._generation = 0  # errors of works from an older configure are not recorded
+        self._aborted: Exception | None = None  # set by abort() until the next configure
+        self._pending: set[_DeadlineWork] = set()  # this configuration's unsettled works
 
     # configuration --------------------------------------------------------------------------
 
@@ -448,6 +496,8 @@ class ProcessGroupGloo(ProcessGroup):
         with self._error_lock:
             self._generation += 1
             self._error = None
+            self._aborted = None
+            self._pending = set()
         self._replica_id = replica_id
         self._quorum_id = quorum_id
         store = create_store_client(store_addr, self._timeout)
@@ -526,6 +576,20 @@ class ProcessGroupGloo(ProcessGroup):
 
         return record
 
+    def abort(self, error: Exception | None = None) -> None:
+        """See :meth:`ProcessGroup.abort`. Safe against a racing completion: each operation is
+        settled once, by whichever of completion, timeout or abort comes first."""
+        error = error if error is not None else RuntimeError("process group aborted")
+        with self._error_lock:
+            if self._error is None:
+                self._error = error
+            if self._aborted is None:
+                self._aborted = error
+            pending, self._pending = list(self._pending), set()
+        aborted = sum(work.abort(error) for work in pending)
+        logger.warning("process group aborted (quorum %s, %d operation(s) in flight failed): %s",
+                       self._quorum_id, aborted, error)
+
     def _require_backend(self, op_name: str) -> _Backend:
         backend = self._backend
         if backend is None or backend.pg is None:
@@ -546,6 +610,11 @@ class ProcessGroupGloo(ProcessGroup):
         pg = backend.pg
         assert pg is not None
         record = self._error_recorder()
+        aborted = self._aborted
+        if aborted is not None:
+            fut: Future[Any] = Future()
+            fut.set_exception(RuntimeError(f"{op_name} not started: the process group was aborted ({aborted})"))
+            return _FutureWork(fut)
         backend.op_started()
         try:
             inner = launch(pg)
@@ -553,29 +622,47 @@ class ProcessGroupGloo(ProcessGroup):
             backend.op_finished()
             record(e)
             raise
-        return _DeadlineWork(
-            inner, result, op_name, self._timeout, record, post, on_inner_done=backend.op_finished
+        generation = self._generation
+        work = _DeadlineWork(
+            inner, result, op_name, self._timeout, record, post, on_inner_done=backend.op_finished,
+            on_settled=self._settled,
         )
+        with self._error_lock:
+            if self._generation == generation and not work.settled:
+                self._pending.add(work)
+            abort_now = self._aborted if self._generation == generation else None
+        if abort_now is not None:  # aborted while launching
+            work.abort(abort_now)
+        return work
+
+    def _settled(self, work: _DeadlineWork) -> None:
+        with self._error_lock:
+            self._pending.discard(work)
 
     # collectives ----------------------------------------------------------------------------
 
     def allreduce(self, tensors: list[torch.Tensor], opts: object = ReduceOp.SUM) -> dist._Work:
         op = _reduce_op(opts)
-        post: Callable[[], None] | None = None
+        divide_by: int | None = None
         if _same_op(op, ReduceOp.AVG):  # Gloo has no AVG: sum, then divide
             if not all(torch.is_floating_point(t) for t in tensors):
                 raise ValueError("ReduceOp.AVG needs floating point tensors")
             op = ReduceOp(ReduceOp.SUM)
-            world_size = self.size()
+            divide_by = self.size()
+        # Gloo reduces a staged copy; the result is copied back only if the operation settles by
+        # completing (see the class docstring).
+        staged = [t.detach().clone() for t in tensors]
 
-            def post() -> None:
-                for t in tensors:
-                    t.div_(world_size)
+        def post() -> None:
+            for t, s in zip(tensors, staged):
+                if divide_by is not None:
+                    s.div_(divide_by)
+                t.copy_(s)
 
         gloo_opts = AllreduceOptions()
         gloo_opts.reduceOp = op
         gloo_opts.timeout = self._timeout
-        return self._run("allreduce", lambda b: b.allreduce(tensors, gloo_opts), tensors, post)
+        return self._run("allreduce", lambda b: b.allreduce(staged, gloo_opts), tensors, post)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: object = 0) -> dist._Work:
         """Broadcast ``tensors`` from ``opts`` (a root rank or BroadcastOptions)."""
@@ -751,6 +838,13 @@ class ErrorSwallowingProcessGroupWrapper(ProcessGroup):
             if self._error is None:
                 self._error = e
                 logger.warning("swallowed process group error: %s", e)
+
+    def abort(self, error: Exception | None = None) -> None:
+        """Record ``error`` (operations are skipped until the next configure) and abort the
+        wrapped group's pending operations (their works complete with their inputs)."""
+        error = error if error is not None else RuntimeError("process group aborted")
+        self.report_error(error)
+        abort_process_group(self._pg, error)
 
     def errored(self) -> Exception | None:
         return self._error or self._pg.errored()

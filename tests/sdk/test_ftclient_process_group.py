@@ -14,6 +14,7 @@ import os
 import queue
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -269,6 +270,116 @@ def test_dummy_process_group() -> None:
     assert torch.equal(out[0][0], t) and pg.size() == 1
     with pytest.raises(ValueError, match="single-rank"):
         ProcessGroupDummy(1, 2)
+
+
+def test_deadline_work_abort_settles_once_and_skips_post() -> None:
+    errors: list[Exception] = []
+    posted: list[bool] = []
+    inner = _NeverWork()
+    work = _DeadlineWork(inner, ["t"], "allreduce", timedelta(seconds=5), errors.append,
+                         post=lambda: posted.append(True))
+    assert work.abort(RuntimeError("peer died")) is True
+    with pytest.raises(RuntimeError, match="peer died"):
+        work.wait()
+    assert work.abort(RuntimeError("again")) is False  # settled once
+    inner.fut.set_result(None)  # the backend completes after the abort: post never runs
+    assert posted == [] and len(errors) == 1
+
+    done = _NeverWork()
+    work = _DeadlineWork(done, ["t"], "allreduce", timedelta(seconds=5), errors.append,
+                         post=lambda: posted.append(True))
+    done.fut.set_result(None)
+    assert work.abort(RuntimeError("too late")) is False  # completion won: the result stands
+    assert work.get_future().wait() == ["t"] and posted == [True]
+
+
+def _two_ranks(store: dist.TCPStore, quorum_id: int, timeout_s: float = 10.0) -> list[ProcessGroupGloo]:
+    """Two ProcessGroupGloo ranks of one quorum, in this process (configure blocks until both joined)."""
+    pgs = [ProcessGroupGloo(timeout=timedelta(seconds=timeout_s)) for _ in range(2)]
+    errors: list[BaseException] = []
+
+    def configure(rank: int) -> None:
+        try:
+            pgs[rank].configure(f"127.0.0.1:{store.port}/torchft/{quorum_id}/0", f"r{rank}", rank, 2,
+                                quorum_id=quorum_id)
+        except BaseException as e:  # noqa: BLE001 -- re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=configure, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert not errors and all(not t.is_alive() for t in threads), errors
+    return pgs
+
+
+def test_gloo_abort_fails_a_pending_allreduce_at_once_and_later_ones_until_configure(
+    store: dist.TCPStore,
+) -> None:
+    pgs = _two_ranks(store, 1)
+    t = torch.tensor([1.0, 2.0])
+    work = pgs[0].allreduce([t], ReduceOp.SUM)  # rank 1 never joins it: pending until the timeout
+    time.sleep(0.1)
+    assert not work.get_future().done()
+    started = time.monotonic()
+    pgs[0].abort(RuntimeError("peer r1 of quorum 1 died"))
+    with pytest.raises(RuntimeError, match="peer r1 of quorum 1 died"):
+        work.wait()
+    assert time.monotonic() - started < 1.0
+    assert "peer r1 of quorum 1 died" in str(pgs[0].errored())
+    with pytest.raises(RuntimeError, match="not started: the process group was aborted"):
+        pgs[0].allreduce([torch.ones(1)], ReduceOp.SUM).wait()
+
+    # Rank 1 turns out to be alive (a false death): the aborted allreduce completes in Gloo
+    # after all, but the caller's tensor keeps its input (Gloo reduced a staged copy).
+    pgs[1].allreduce([torch.tensor([10.0, 20.0])], ReduceOp.SUM).wait()
+    assert t.tolist() == [1.0, 2.0]
+
+    # A new configuration works again.
+    for pg in pgs:
+        pg.shutdown()
+    pgs = _two_ranks(store, 2)
+    a, b = torch.tensor([1.0, 3.0]), torch.tensor([3.0, 5.0])
+    works = [pgs[0].allreduce([a], ReduceOp.AVG), pgs[1].allreduce([b], ReduceOp.AVG)]
+    for w in works:
+        w.wait()
+    assert a.tolist() == b.tolist() == [2.0, 4.0]
+    assert pgs[0].errored() is None
+    for pg in pgs:
+        pg.shutdown()
+
+
+def test_gloo_abort_after_completion_changes_nothing(store: dist.TCPStore) -> None:
+    pgs = _two_ranks(store, 1)
+    a, b = torch.tensor([1.0]), torch.tensor([2.0])
+    works = [pgs[0].allreduce([a], ReduceOp.SUM), pgs[1].allreduce([b], ReduceOp.SUM)]
+    for w in works:
+        w.wait()
+    pgs[0].abort(RuntimeError("late notice"))
+    assert works[0].get_future().value() == [a] and a.tolist() == [3.0]
+    assert "late notice" in str(pgs[0].errored())  # the step still must not commit
+    for pg in pgs:
+        pg.shutdown()
+
+
+def test_error_swallowing_wrapper_abort_records_and_forwards() -> None:
+    class Aborting(_FlakyPG):
+        def __init__(self) -> None:
+            super().__init__()
+            self.aborted: list[Exception | None] = []
+
+        def abort(self, error: Exception | None = None) -> None:
+            self.aborted.append(error)
+
+    inner = Aborting()
+    pg = ErrorSwallowingProcessGroupWrapper(inner)
+    err = RuntimeError("peer died")
+    pg.abort(err)
+    assert inner.aborted == [err] and pg.errored() is err
+    t = torch.ones(1)
+    assert pg.allreduce([t], ReduceOp.SUM).get_future().wait() == [t] and inner.calls == 0
+    ProcessGroupDummy().abort(err)  # the base class's abort is a no-op
 
 
 # ---------------------------------------------------------------------------------------------
