@@ -4,6 +4,8 @@ torchft's names and precedence are kept: the timeout variables beat the Manager'
 ``TORCHFT_QUORUM_RETRIES`` beats ``quorum_retries``, ``TORCHFT_MANAGER_PORT`` is used only
 when no ``port`` is passed, ``TORCHFT_LIGHTHOUSE`` only when no ``lighthouse_addr`` is passed.
 ``REPLICA_GROUP_ID`` / ``NUM_REPLICA_GROUPS`` are what torchft's launch scripts (torchx) set.
+``FTCLIENT_LIVENESS_INTERVAL_MS`` (ftclient's own) beats ``liveness_interval``; 0 turns the liveness
+stream off.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ TIMEOUT_SEC_ENV = "TORCHFT_TIMEOUT_SEC"
 QUORUM_TIMEOUT_SEC_ENV = "TORCHFT_QUORUM_TIMEOUT_SEC"
 CONNECT_TIMEOUT_SEC_ENV = "TORCHFT_CONNECT_TIMEOUT_SEC"
 QUORUM_RETRIES_ENV = "TORCHFT_QUORUM_RETRIES"
+LIVENESS_INTERVAL_MS_ENV = "FTCLIENT_LIVENESS_INTERVAL_MS"
 REPLICA_GROUP_ID_ENV = "REPLICA_GROUP_ID"
 NUM_REPLICA_GROUPS_ENV = "NUM_REPLICA_GROUPS"
 
@@ -77,3 +80,14 @@ def replica_group_id(environ: Mapping[str, str] | None = None) -> int | None:
 def num_replica_groups(environ: Mapping[str, str] | None = None) -> int | None:
     """``NUM_REPLICA_GROUPS`` as set by torchft's launchers, or None."""
     return env_int(NUM_REPLICA_GROUPS_ENV, None, environ)
+
+
+def liveness_interval(default: timedelta | None, environ: Mapping[str, str] | None = None) -> timedelta | None:
+    """The liveness stream's keep-alive period: ``FTCLIENT_LIVENESS_INTERVAL_MS`` when set (0: no
+    stream), else ``default``."""
+    value = env_int(LIVENESS_INTERVAL_MS_ENV, None, environ)
+    if value is None:
+        return default
+    if value < 0:
+        raise ValueError(f"{LIVENESS_INTERVAL_MS_ENV} must be >= 0 (0: no liveness stream), got {value}")
+    return None if value == 0 else timedelta(milliseconds=value)

@@ -15,6 +15,16 @@ Per step, every rank of every replica group:
    step; False counts a commit failure (reported to the lighthouse with the next quorum) and
    raises after ``max_retries`` consecutive ones.
 
+Liveness (a lighthouse cluster with ``Watch``; :mod:`ftclient.liveness`): the manager server
+keeps a liveness stream to the leader, and the leader pushes a notice when a member of a quorum
+this replica group belongs to dies. A notice for the quorum of the current step fails the step at
+once: the process group's pending collectives are aborted (they cannot complete), the error is
+recorded (``should_commit()`` is False), and the next ``start_quorum()`` gets the next quorum
+without waiting for any timeout. A notice for a quorum whose result has not arrived yet is kept:
+should that quorum come back, its step fails the same way. A notice for an older quorum is
+ignored. Group rank 0 receives the notices; it hands them to the group's other ranks through the
+replica group's TCPStore (``ftclient/liveness/...`` keys).
+
 The constructor takes torchft's arguments and environment variables (``TORCHFT_LIGHTHOUSE``,
 ``TORCHFT_MANAGER_PORT``, ``TORCHFT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_TIMEOUT_SEC``,
 ``TORCHFT_CONNECT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_RETRIES``; ``MASTER_ADDR``/``MASTER_PORT``,
@@ -24,6 +34,7 @@ changing one import. ``lighthouse_addr``/``TORCHFT_LIGHTHOUSE`` may list every l
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
@@ -43,7 +54,9 @@ from torch.distributed import ReduceOp, TCPStore
 from . import _env
 from ._timeouts import future_timeout
 from .checkpointing import HTTPTransport
+from .liveness import DEFAULT_KEEPALIVE_INTERVAL, PeerDied, PeerDiedError
 from .manager_server import LocalManagerClient, ManagerClient, ManagerServer
+from .process_group import abort_process_group
 from .quorum_results import QuorumResult
 
 __all__ = ["ExceptionWithTraceback", "Manager", "WorldSizeMode"]
@@ -52,6 +65,11 @@ T = TypeVar("T")
 
 MANAGER_ADDR_KEY = "manager_addr"
 REPLICA_ID_KEY = "replica_id"
+# Liveness notices from group rank 0 to the group's other ranks: ``NOTICE_SEQ_KEY`` counts them,
+# ``{NOTICE_KEY}/{n}`` holds the n-th (JSON; ``NOTICE_WAKE`` wakes a watcher that is closing).
+NOTICE_SEQ_KEY = "ftclient/liveness/seq"
+NOTICE_KEY = "ftclient/liveness/notice"
+NOTICE_WAKE = b"wake"
 
 
 class WorldSizeMode(Enum):
@@ -158,6 +176,8 @@ class Manager:
         init_sync: on step 0, make every group load the primary's weights.
         max_retries: consecutive failed commits tolerated before ``should_commit`` raises.
         quorum_retries: extra lighthouse attempts per quorum (``TORCHFT_QUORUM_RETRIES`` wins).
+        liveness_interval: group rank 0 only: keep-alive period of the liveness stream; None
+            turns it off (unary heartbeats only). ``FTCLIENT_LIVENESS_INTERVAL_MS`` wins (0: off).
     """
 
     def __init__(
@@ -184,6 +204,7 @@ class Manager:
         init_sync: bool = True,
         max_retries: int | None = None,
         quorum_retries: int = 0,
+        liveness_interval: timedelta | None = DEFAULT_KEEPALIVE_INTERVAL,
     ) -> None:
         self.quorum_logger = logging.getLogger("torchft_quorums")
         self.commits_logger = logging.getLogger("torchft_commits")
@@ -224,6 +245,25 @@ class Manager:
             replica_id = str(group_id)
         self._replica_id = replica_id
 
+        self._step = 0
+        self._quorum_id = -1
+        self._errored: ExceptionWithTraceback | None = None
+        self._healing = False
+        self._pending_state_dict: dict[str, Any] | None = None
+        self._batches_committed = 0
+        self._participating_replica_rank: int | None = None
+        self._participating_replica_world_size = 0
+        self._last_quorum: QuorumResult | None = None
+        # Liveness notices (see the module docstring). The lock orders a notice against the
+        # start of a step and the arrival of its quorum: exactly one of them fails the step.
+        self._liveness_lock = threading.Lock()
+        self._step_quorum_id: int | None = None  # the current step's quorum, once it is known
+        self._dead_quorums: dict[int, PeerDied] = {}
+        self.peer_died_notices = 0  # notices received (for tests and logs)
+        self._closing = threading.Event()
+        self._notice_thread: threading.Thread | None = None
+        self._full_replica_id = replica_id or "?"
+
         self._pg = pg
         self._manager: ManagerServer | None = None
         self._client: ManagerClient | LocalManagerClient | None = None
@@ -239,33 +279,29 @@ class Manager:
                     port = _env.env_int(_env.MANAGER_PORT_ENV, 0)
                 # A restarted replica group must not be mistaken for its previous incarnation.
                 full_id = str(uuid.uuid4()) if not replica_id else f"{replica_id}:{uuid.uuid4()}"
+                self._full_replica_id = full_id
                 self._manager = ManagerServer(
                     replica_id=full_id, lighthouse_addr=_env.lighthouse_addr(lighthouse_addr), hostname=hostname,
                     bind=f"[::]:{port}", store_addr=f"{store_addr}:{store_port}", world_size=self._group_world_size,
                     heartbeat_interval=heartbeat_interval, connect_timeout=self._connect_timeout,
-                    quorum_retries=self._quorum_retries)
+                    quorum_retries=self._quorum_retries, liveness_interval=_env.liveness_interval(liveness_interval),
+                    on_peer_died=self._on_lighthouse_notice)
                 self._store.set(MANAGER_ADDR_KEY, self._manager.address())
                 self._store.set(REPLICA_ID_KEY, full_id)
-                self._full_replica_id = full_id
                 # Rank 0 hosts the manager server: it calls it directly; other ranks use gRPC.
                 self._client = LocalManagerClient(self._manager)
             else:
                 manager_addr = self._store.get(MANAGER_ADDR_KEY).decode()
                 self._full_replica_id = self._store.get(REPLICA_ID_KEY).decode()
                 self._client = ManagerClient(manager_addr, connect_timeout=self._connect_timeout)
+                if self._group_world_size > 1:
+                    self._notice_thread = threading.Thread(
+                        target=self._watch_group_notices, args=(store_addr, store_port), daemon=True,
+                        name=f"ftclient-notices-{self._full_replica_id}/{self._group_rank}")
+                    self._notice_thread.start()
         except BaseException:
             self.shutdown(wait=False)
             raise
-
-        self._step = 0
-        self._quorum_id = -1
-        self._errored: ExceptionWithTraceback | None = None
-        self._healing = False
-        self._pending_state_dict: dict[str, Any] | None = None
-        self._batches_committed = 0
-        self._participating_replica_rank: int | None = None
-        self._participating_replica_world_size = 0
-        self._last_quorum: QuorumResult | None = None
 
     # -- logging ---------------------------------------------------------------------------------
 
@@ -321,11 +357,20 @@ class Manager:
 
     def shutdown(self, wait: bool = True) -> None:
         """Stop the checkpoint transport, the manager server (rank 0) and the quorum thread."""
+        self._closing.set()
         self._checkpoint_transport.shutdown(wait=wait)
         if self._manager is not None:
             self._manager.shutdown()
         if self._client is not None:
             self._client.close()
+        if self._notice_thread is not None and self._notice_thread.is_alive():
+            try:  # wake the notice watcher out of its store wait
+                seq = self._store.add(NOTICE_SEQ_KEY, 1)
+                self._store.set(f"{NOTICE_KEY}/{seq}", NOTICE_WAKE)
+            except Exception:  # noqa: BLE001 -- the store is gone: so is the watcher's wait
+                pass
+            if wait:
+                self._notice_thread.join(timeout=2)
         self._executor.shutdown(wait=wait)
 
     # -- errors ----------------------------------------------------------------------------------
@@ -350,13 +395,104 @@ class Manager:
             try:
                 value = f.value()
             except Exception as e:  # noqa: BLE001 -- recorded, never raised
-                self._exception(f"got exception in future -- skipping remaining: {e}")
-                self.report_error(e)
+                current = self._errored
+                if current is not None and isinstance(current.original_exception, PeerDiedError):
+                    # Aborted because a peer died: that is the error to report, not its echo.
+                    self._log.debug("%s collective aborted: %s", self._prefix(), e)
+                else:
+                    self._exception(f"got exception in future -- skipping remaining: {e}")
+                    self.report_error(e)
                 value = default
             out.set_result(value)
 
         timed.add_done_callback(settle)
         return out
+
+    # -- liveness notices --------------------------------------------------------------------------
+
+    def _on_lighthouse_notice(self, notice: PeerDied) -> None:
+        """Group rank 0, on the liveness stream's thread: act, then tell the group's other ranks."""
+        self._peer_died(notice)
+        if self._group_world_size > 1:
+            try:
+                seq = self._store.add(NOTICE_SEQ_KEY, 1)
+                self._store.set(f"{NOTICE_KEY}/{seq}", json.dumps(
+                    {"quorum_id": notice.quorum_id, "replica_ids": list(notice.replica_ids), "reason": notice.reason}))
+            except Exception as e:  # noqa: BLE001 -- the other ranks then fail at their timeout
+                self._log.warning("%s could not pass the liveness notice to the group's other ranks: %s",
+                                  self._prefix(), e)
+
+    def _watch_group_notices(self, store_addr: str, store_port: int) -> None:
+        """Group ranks > 0: wait for the notices rank 0 publishes in the group's store."""
+        try:
+            store = TCPStore(host_name=store_addr, port=store_port, is_master=False, wait_for_workers=False,
+                             timeout=self._connect_timeout)
+            seq = int(store.add(NOTICE_SEQ_KEY, 0))
+        except Exception as e:  # noqa: BLE001 -- notices then never reach this rank: it fails at timeouts
+            self._log.warning("%s no liveness notices for this rank: %s", self._prefix(), e)
+            return
+        while not self._closing.is_set():
+            key = f"{NOTICE_KEY}/{seq + 1}"
+            try:
+                store.wait([key], timedelta(hours=1))
+                payload = store.get(key)
+            except Exception:  # noqa: BLE001 -- the hour passed, or the store went away
+                if self._closing.wait(1.0):
+                    return
+                continue
+            seq += 1
+            if payload == NOTICE_WAKE:
+                continue
+            try:
+                fields = json.loads(payload)
+                notice = PeerDied(quorum_id=int(fields["quorum_id"]), replica_ids=tuple(fields["replica_ids"]),
+                                  reason=str(fields["reason"]))
+            except (ValueError, KeyError, TypeError) as e:
+                self._log.warning("%s malformed liveness notice %r: %s", self._prefix(), payload[:200], e)
+                continue
+            self._peer_died(notice)
+
+    def _peer_died(self, notice: PeerDied) -> None:
+        """A member of quorum ``notice.quorum_id`` died: fail the step if it runs on that quorum,
+        else remember it for when that quorum comes (an older quorum's notice is ignored)."""
+        q = notice.quorum_id
+        with self._liveness_lock:
+            self.peer_died_notices += 1
+            current = self._quorum_id
+            if q < current:
+                self._info(f"liveness notice ignored: {notice.describe()}, older than quorum {current}")
+                return
+            self._dead_quorums[q] = notice
+            if self._step_quorum_id != q:
+                self._info(f"liveness notice: {notice.describe()}: kept (this step's quorum is not known yet)")
+                return
+            self._info(f"liveness notice: {notice.describe()}: aborting this step's collectives; "
+                       f"the step will not commit")
+            self._fail_step(notice)
+
+    def _fail_step(self, notice: PeerDied) -> None:
+        """Abort the step's collectives and record why; called with ``_liveness_lock`` held, so
+        the step (and its process group's configuration) cannot change meanwhile."""
+        error = PeerDiedError(notice)
+        # Before the abort: the failures of the aborted collectives keep this cause (wrap_future).
+        self._errored = ExceptionWithTraceback(error)
+        try:
+            abort_process_group(self._pg, error)
+        except Exception as e:  # noqa: BLE001 -- the collectives then fail at their timeout
+            self._log.warning("%s aborting the process group failed: %s", self._prefix(), e)
+
+    def _quorum_known(self, quorum_id: int) -> None:
+        """The current step runs on ``quorum_id``: fail it at once if a notice already said a
+        member of that quorum died."""
+        with self._liveness_lock:
+            self._step_quorum_id = quorum_id
+            for old in [k for k in self._dead_quorums if k < quorum_id]:
+                del self._dead_quorums[old]
+            notice = self._dead_quorums.get(quorum_id)
+            if notice is not None:
+                self._info(f"quorum {quorum_id} is already known to have lost a member ({notice.describe()}): "
+                           "the step will not commit")
+                self._fail_step(notice)
 
     # -- quorum ----------------------------------------------------------------------------------
 
@@ -370,7 +506,9 @@ class Manager:
         if self._quorum_future is not None:
             # The previous step's quorum must be over; its error, if any, was raised there.
             wait_futures([self._quorum_future])
-        self._errored = None
+        with self._liveness_lock:
+            self._errored = None
+            self._step_quorum_id = None
         self._healing = False
         self._quorum_future = self._executor.submit(self._async_quorum, allow_heal, shrink_only,
                                                     timeout or self._quorum_timeout)
@@ -421,6 +559,7 @@ class Manager:
                 self._exception(f"got exception in pg configure: {e}")
                 self.report_error(e)
                 return
+        self._quorum_known(quorum.quorum_id)
 
         if not allow_heal:
             return

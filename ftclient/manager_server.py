@@ -14,7 +14,11 @@ One :class:`ManagerServer` runs per replica group, on group rank 0 (torchft's Ru
 * **CheckpointMetadata**: what each group rank last sent with its Quorum request (its
   checkpoint transport's address), for replica groups healing from this one.
 * **Kill**: answers, then ends the process (exit status 1).
-* **Heartbeats** to the lighthouse every ``heartbeat_interval``, following the leader.
+* **Liveness** (:mod:`ftclient.liveness`): a Watch stream to the leader of a lighthouse cluster
+  that has them; it carries ``peer_died`` notices to ``on_peer_died`` (the Manager).
+* **Heartbeats** to the lighthouse every ``heartbeat_interval``, following the leader -- paused
+  while the liveness stream is accepted (the stream is then the heartbeat), resumed the moment it
+  is down.
 
 :class:`ManagerClient` is torchft's ``ManagerClient``: what every rank (and a healing replica
 group) uses to talk to a manager server. Deadline errors raise ``TimeoutError``, others
@@ -42,6 +46,7 @@ from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
 
 from ._timeouts import Deadline, stop_at, to_seconds, wait_within
 from .lighthouse_client import LighthouseClient
+from .liveness import DEFAULT_KEEPALIVE_INTERVAL, LivenessStream, PeerDied
 from .quorum_results import QuorumResult, ReplicaNotInQuorum, compute_quorum_results
 
 __all__ = ["LocalManagerClient", "ManagerClient", "ManagerError", "ManagerServer", "result_from_response",
@@ -170,12 +175,17 @@ class ManagerServer:
         quorum_retries: extra lighthouse Quorum attempts after a failed one.
         on_kill: what Kill does after answering (default: exit the process with status 1).
         lighthouse: a ready client (tests); by default one is made from ``lighthouse_addr``.
+        liveness_interval: keep-alive period of the liveness stream (None: no stream, unary
+            heartbeats only).
+        on_peer_died: called with every ``peer_died`` notice of the liveness stream.
     """
 
     def __init__(self, replica_id: str, lighthouse_addr: str, hostname: str, bind: str, store_addr: str,
                  world_size: int, heartbeat_interval: timedelta | float = timedelta(milliseconds=100),
                  connect_timeout: timedelta | float = timedelta(seconds=60), quorum_retries: int = 0, *,
-                 on_kill: Callable[[str], None] | None = None, lighthouse: LighthouseClient | None = None) -> None:
+                 on_kill: Callable[[str], None] | None = None, lighthouse: LighthouseClient | None = None,
+                 liveness_interval: timedelta | float | None = DEFAULT_KEEPALIVE_INTERVAL,
+                 on_peer_died: Callable[[PeerDied], None] | None = None) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if quorum_retries < 0:
@@ -205,6 +215,10 @@ class ManagerServer:
         self._server.start()
 
         self._stop = threading.Event()
+        self._liveness: LivenessStream | None = None
+        if liveness_interval is not None:
+            self._liveness = LivenessStream(self._lighthouse, replica_id, keepalive_interval=liveness_interval,
+                                            on_peer_died=on_peer_died).start()
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                                   name=f"ftclient-heartbeat-{replica_id}")
         self._heartbeat_thread.start()
@@ -233,6 +247,11 @@ class ManagerServer:
     def lighthouse(self) -> LighthouseClient:
         return self._lighthouse
 
+    @property
+    def liveness(self) -> LivenessStream | None:
+        """The liveness stream (None when disabled)."""
+        return self._liveness
+
     def address(self) -> str:
         """``http://hostname:port``: what other ranks and replica groups connect to."""
         return f"http://{self._hostname}:{self._port}"
@@ -240,6 +259,8 @@ class ManagerServer:
     def shutdown(self) -> None:
         """Stop heartbeats and the server (idempotent). Waiting calls fail with CANCELLED."""
         self._stop.set()
+        if self._liveness is not None:
+            self._liveness.close()
         self._server.stop(grace=None)
         self._heartbeat_thread.join(timeout=5)
         self._lighthouse.close()
@@ -248,6 +269,12 @@ class ManagerServer:
 
     def _heartbeat_loop(self) -> None:
         while not self._stop.is_set():
+            live = self._liveness
+            if live is not None and live.accepted:
+                # The stream is the heartbeat. A unary one now could reach the leader after this
+                # process died and the stream's close was seen, making it alive again.
+                live.wait_down(timeout=1.0)
+                continue
             try:
                 self._lighthouse.heartbeat(self._replica_id, timeout=HEARTBEAT_TIMEOUT_S)
                 self.heartbeats_sent += 1
