@@ -15,6 +15,8 @@ node's committed log, replayed after the run; see ``jepsen_like.journal.summariz
   (``TermStart`` and ``CommitQuorum`` carry the writer's term and id) nor as observed.
 * ``recovery_after_heal``: after each ``recover`` (the cluster healthy again) held for at least
   ``bound_s``, every client that keeps asking gets a quorum within ``bound_s``.
+* ``survivor_wait``: after each client kill (``kill-client``), every surviving client gets a
+  quorum without the killed one within ``bound_s``; reports how long (median and max per run).
 * ``durable_after_restart_all``: after every node is killed and restarted, quorum ids are at
   least the highest acknowledged before.
 * ``logs_agree``: nodes' committed logs are identical where they overlap (digests).
@@ -22,15 +24,29 @@ node's committed log, replayed after the run; see ``jepsen_like.journal.summariz
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from .history import JOURNAL, MONITOR, NEMESIS, OK, Event, is_client, pair_operations
-from .schedule import RESTORING
+from .schedule import CLIENT_FAULTS, RESTORING
 
 MAX_OFFENDING = 20
 DEFAULT_RECOVERY_BOUND_S = 10.0
+SURVIVOR_WAIT_MARGIN_S = 2.0
+
+
+def survivor_wait_bound(heartbeat_timeout_ms: int, join_timeout_ms: int, margin_s: float = SURVIVOR_WAIT_MARGIN_S) -> float:
+    """The default bound on a survivor's wait after a client kill: the nodes' heartbeat timeout
+    (until then the dead group still counts as healthy, so the quorum waits for it) plus the join
+    timeout plus a margin. Generous on purpose while deaths are learnt from heartbeats going
+    stale; liveness streams (issue #15) should let it come down to about a second."""
+    return round(heartbeat_timeout_ms / 1000 + join_timeout_ms / 1000 + margin_s, 3)
+
+
+# The harness's node settings (``cluster.ClusterSettings``: 500 ms heartbeat timeout, 1 s join).
+DEFAULT_SURVIVOR_WAIT_BOUND_S = survivor_wait_bound(500, 1000)
 
 
 @dataclass
@@ -40,14 +56,18 @@ class CheckResult:
     summary: str
     offending: list[Any] = field(default_factory=list)
     count: int = 0          # how many offences in all (offending is truncated)
+    figures: dict[str, Any] = field(default_factory=dict)   # measurements a checker reports
 
     @property
     def status(self) -> str:
         return "PASS" if self.valid else "FAIL"
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "status": self.status, "valid": self.valid, "summary": self.summary,
-                "count": self.count, "offending": self.offending}
+        d = {"name": self.name, "status": self.status, "valid": self.valid, "summary": self.summary,
+             "count": self.count, "offending": self.offending}
+        if self.figures:
+            d["figures"] = self.figures
+        return d
 
 
 def _result(name: str, offending: list[Any], ok_summary: str, fail_summary: str) -> CheckResult:
@@ -248,13 +268,98 @@ def recovery_after_heal(history: Sequence[Event], bound_s: float = DEFAULT_RECOV
                    f"{{n}} times a client got no quorum within {bound_s:g}s of a heal{note}")
 
 
+def survivor_wait(history: Sequence[Event], bound_s: float = DEFAULT_SURVIVOR_WAIT_BOUND_S) -> CheckResult:
+    """For each client kill (a ``kill-client`` that succeeded, at its invocation): how long each
+    survivor waited until it completed a quorum round whose members exclude the killed client.
+
+    Survivors are the other clients that were running at the kill (not in its ``clients_down``)
+    and kept asking (a quorum call of theirs overlaps the window). The window runs from the kill
+    to the next fault (any nemesis action but a restoring one) or the end of the run. Once the
+    killed client is back (its first quorum call after the kill completed), a quorum naming it is
+    legitimate again and ends a wait too (counted as ``rejoined``). A wait over ``bound_s``, or no
+    such quorum in a window at least ``bound_s`` long, fails; a window shorter than that with no
+    quorum yet is inconclusive. Figures, per kill: each survivor's wait and the time until every
+    survivor had its quorum; per run: the median and max of the latter. No kill: passes."""
+    bound = int(bound_s * 1e9)
+    nemesis_ops = [op for op in pair_operations(history) if op.process == NEMESIS]
+    faults = sorted(op.start_ns for op in nemesis_ops if op.f not in RESTORING and op.f != "wait")
+    kills = [op for op in nemesis_ops if op.f in CLIENT_FAULTS and op.type == OK]
+    client_end = max((e["time_ns"] for e in history if is_client(e["process"])), default=0)
+    quorum_ops = [op for op in pair_operations(history, "quorum") if is_client(op.process)]
+    offending: list[Any] = []
+    per_kill: list[dict[str, Any]] = []
+    waits_all: list[float] = []
+    inconclusive = 0
+    for k in kills:
+        value = k.value if isinstance(k.value, dict) else {}
+        victim = value.get("client") or (k.invoke.get("value") or {}).get("client")
+        t0 = k.start_ns
+        window_end = min(next((t for t in faults if t > t0), client_end), client_end)
+        down_before = set(value.get("clients_down") or ()) - {victim}
+        back = min((op.start_ns for op in quorum_ops if op.process == victim and k.end_ns is not None
+                    and op.start_ns > k.end_ns), default=None)
+        survivors = sorted({op.process for op in quorum_ops if op.process != victim and op.process not in down_before
+                            and op.start_ns <= window_end and (op.end_ns is None or op.end_ns > t0)})
+        waits: dict[str, float] = {}
+        rejoined: list[str] = []
+        pending: list[str] = []
+        for proc in survivors:
+            done = next((op for op in sorted((o for o in quorum_ops if o.process == proc and o.type == OK
+                                              and o.end_ns is not None and t0 < o.end_ns <= window_end),
+                                             key=lambda o: o.end_ns)
+                         if victim not in (op.value or {}).get("participants", ())
+                         or (back is not None and op.end_ns > back)), None)
+            if done is None:
+                if window_end - t0 >= bound:
+                    offending.append({"kill": k.complete, "client": victim, "survivor": proc, "bound_s": bound_s,
+                                      "problem": f"no quorum without {victim} within {bound_s:g}s",
+                                      "ops": [op.complete or op.invoke for op in quorum_ops if op.process == proc
+                                              and op.start_ns <= window_end
+                                              and (op.end_ns is None or op.end_ns > t0)][:5]})
+                else:
+                    pending.append(proc)
+                continue
+            wait = (done.end_ns - t0) / 1e9
+            waits[proc] = round(wait, 3)
+            waits_all.append(wait)
+            if victim in (done.value or {}).get("participants", ()):
+                rejoined.append(proc)
+            if done.end_ns - t0 > bound:
+                offending.append({"kill": k.complete, "client": victim, "survivor": proc, "bound_s": bound_s,
+                                  "wait_s": round(wait, 3), "problem": f"waited {wait:.2f}s > {bound_s:g}s",
+                                  "quorum": done.complete})
+        inconclusive += len(pending)
+        resolved = not pending and len(waits) == len(survivors)
+        per_kill.append({"client": victim, "at_s": round(t0 / 1e9, 3), "survivors": survivors, "waits_s": waits,
+                         "rejoined": rejoined, "inconclusive": pending,
+                         "all_survivors_s": (max(waits.values()) if waits else 0.0) if resolved else None})
+    totals = [p["all_survivors_s"] for p in per_kill if p["all_survivors_s"] is not None]
+    figures = {"kills": len(kills), "bound_s": bound_s,
+               "median_s": round(statistics.median(totals), 3) if totals else None,
+               "max_s": round(max(totals), 3) if totals else None,
+               "survivor_waits": len(waits_all), "inconclusive": inconclusive, "per_kill": per_kill}
+    note = f" ({inconclusive} survivor waits cut short by the next fault or the end)" if inconclusive else ""
+    if not kills:
+        result = CheckResult("survivor-wait", True, "no client kills in the history")
+    else:
+        figs = (f"until every survivor had one: median {figures['median_s']:.2f}s, max {figures['max_s']:.2f}s"
+                if totals else "no kill had all its survivors' waits resolved")
+        result = _result("survivor-wait", offending,
+                         f"{len(kills)} client kills, {len(waits_all)} survivor waits, each within {bound_s:g}s; "
+                         f"{figs}{note}",
+                         f"{{n}} survivor waits longer than {bound_s:g}s after a client kill; {figs}{note}")
+    result.figures = figures
+    return result
+
+
 CHEAP: dict[str, Callable[[Sequence[Event]], CheckResult]] = {
     "no-split-brain": no_split_brain,
     "monotonic-quorum-ids": monotonic_quorum_ids,
 }
 
 
-def check_all(history: Sequence[Event], recovery_bound_s: float = DEFAULT_RECOVERY_BOUND_S) -> list[CheckResult]:
+def check_all(history: Sequence[Event], recovery_bound_s: float = DEFAULT_RECOVERY_BOUND_S,
+              survivor_wait_bound_s: float = DEFAULT_SURVIVOR_WAIT_BOUND_S) -> list[CheckResult]:
     """Every checker, in report order."""
     return [
         no_split_brain(history),
@@ -262,6 +367,7 @@ def check_all(history: Sequence[Event], recovery_bound_s: float = DEFAULT_RECOVE
         acknowledged_committed(history),
         one_leader_per_term(history),
         recovery_after_heal(history, recovery_bound_s),
+        survivor_wait(history, survivor_wait_bound_s),
         durable_after_restart_all(history),
         logs_agree(history),
     ]

@@ -1,6 +1,7 @@
 """``python -m jepsen_like``: run, check and replay fault-injection scenarios.
 
     python -m jepsen_like run --time-limit 60 --nodes 3 --nemesis halves,kill --seed 7
+    python -m jepsen_like run --time-limit 60 --nemesis kill-client     # kill and restart replica groups
     python -m jepsen_like check jepsen-runs/<run>        # exit status 1 if any checker fails
     python -m jepsen_like replay jepsen-runs/<run>       # the same schedule, again
 """
@@ -42,11 +43,14 @@ def _out_dir(out: Path | None, seed: int, tag: str = "") -> Path:
 
 
 def _parse_nemeses(values: tuple[str, ...]) -> list[str]:
+    """Comma-separated names; ``all`` (alone or in a list) stands for the default set."""
     names: list[str] = []
     for v in values:
-        names += [n.strip() for n in v.split(",") if n.strip()]
-    if not names or names == ["all"]:
+        for n in (n.strip() for n in v.split(",") if n.strip()):
+            names += list(DEFAULT_FAULTS) if n == "all" else [n]
+    if not names:
         return list(DEFAULT_FAULTS)
+    names = list(dict.fromkeys(names))
     unknown = [n for n in names if n not in ALL_FAULTS]
     if unknown:
         raise click.BadParameter(f"unknown nemesis {unknown}; choose from {', '.join(ALL_FAULTS)} or all")
@@ -108,7 +112,8 @@ def main() -> None:
 @click.option("--nodes", type=click.Choice(["3", "5"]), default="3", show_default=True)
 @click.option("--clients", type=int, default=4, show_default=True, help="simulated replica groups")
 @click.option("--nemesis", "nemeses", multiple=True,
-              help=f"comma-separated faults (default all but clock): {', '.join(ALL_FAULTS)}")
+              help=f"comma-separated faults (default all but clock and kill-client; 'all,kill-client' adds "
+                   f"client kills to the default set): {', '.join(ALL_FAULTS)}")
 @click.option("--seed", type=int, default=None, help="random seed (default: random, printed)")
 @click.option("--backend", type=click.Choice(["auto", *BACKENDS]), default="auto", show_default=True,
               help="network faults: netns (root), proxy, none")
@@ -118,10 +123,13 @@ def main() -> None:
               help="healthy time after each fault (min max)")
 @click.option("--recovery-bound", type=float, default=checkers.DEFAULT_RECOVERY_BOUND_S, show_default=True,
               help="seconds within which every client must get a quorum after a heal")
+@click.option("--survivor-wait-bound", type=float, default=None,
+              help="seconds within which every surviving client must get a quorum without a killed one "
+                   "(default: the nodes' heartbeat timeout + join timeout + 2 s)")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="run directory")
 def run(time_limit: float, nodes: str, clients: int, nemeses: tuple[str, ...], seed: int | None, backend: str,
         fault_seconds: tuple[float, float], quiet_seconds: tuple[float, float], recovery_bound: float,
-        out: Path | None) -> None:
+        survivor_wait_bound: float | None, out: Path | None) -> None:
     """Start a cluster, inject faults while clients run, check the history."""
     seed = seed if seed is not None else random.randrange(2**31)
     chosen = _parse_nemeses(nemeses)
@@ -136,7 +144,8 @@ def run(time_limit: float, nodes: str, clients: int, nemeses: tuple[str, ...], s
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
     options = RunOptions(backend=backend, recovery_bound_s=recovery_bound,
-                         cluster=ClusterSettings(nodes=int(nodes)), clients=ClientSettings(clients=clients))
+                         cluster=ClusterSettings(nodes=int(nodes)), clients=ClientSettings(clients=clients),
+                         survivor_wait_bound_s=survivor_wait_bound)
     try:
         result = _run(_out_dir(out, seed), schedule, options)
     except BackendUnavailable as e:
@@ -148,9 +157,10 @@ def run(time_limit: float, nodes: str, clients: int, nemeses: tuple[str, ...], s
 @main.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--recovery-bound", type=float, default=None, help="override the run's recovery bound")
-def check(directory: Path, recovery_bound: float | None) -> None:
+@click.option("--survivor-wait-bound", type=float, default=None, help="override the run's survivor-wait bound")
+def check(directory: Path, recovery_bound: float | None, survivor_wait_bound: float | None) -> None:
     """Re-check a stored run; exit status 1 when any checker fails."""
-    result = check_directory(directory, recovery_bound)
+    result = check_directory(directory, recovery_bound, survivor_wait_bound)
     report(result)
     sys.exit(0 if all(c.valid for c in result.checks) else 1)
 

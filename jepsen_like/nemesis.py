@@ -3,15 +3,24 @@
 Every action is an ``invoke`` then an ``ok`` (done; ``value`` says exactly what was done, with
 leader-relative targets resolved and the cluster's state afterwards) or ``info`` (it failed
 half-way, ``error`` says why). Process ``nemesis``, ``f`` the action's name.
+
+Client actions act on the replica groups (``clients``, a ``ProcessClientPool``): ``kill-client``
+SIGKILLs one (its ``ok`` comes once the process is reaped and its open calls are completed as
+``info`` in the history), ``restart-client`` starts it again, and ``recover`` also restarts
+every killed one (``clients_restarted`` in its value). Every completion's value lists
+``clients_down`` (the clients not running after the action) when there is a pool.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .cluster import HarnessCluster
 from .history import INFO, INVOKE, NEMESIS, OK, HistoryWriter
 from .schedule import FaultOp
+
+if TYPE_CHECKING:
+    from .clients import ClientPool, ProcessClientPool
 
 LEADER = "leader"
 FOLLOWER = "follower"
@@ -23,10 +32,25 @@ class NemesisError(RuntimeError):
 
 class Nemesis:
     def __init__(self, cluster: HarnessCluster, history: HistoryWriter,
-                 on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_event: Callable[[dict[str, Any]], None] | None = None,
+                 clients: "ClientPool | ProcessClientPool | None" = None) -> None:
         self.cluster = cluster
         self.history = history
         self.on_event = on_event
+        self.clients = clients      # set once the clients run (the session starts them after the nemesis)
+
+    def _client(self, arg: Any) -> str:
+        if self.clients is None:
+            raise NemesisError("no clients to act on")
+        if not isinstance(arg, str) or arg not in self.clients.replica_ids:
+            raise NemesisError(f"no client {arg!r}; clients: {', '.join(self.clients.replica_ids)}")
+        return arg
+
+    def _describe(self) -> dict[str, Any]:
+        d = self.cluster.describe()
+        if self.clients is not None:
+            d["clients_down"] = list(self.clients.down)
+        return d
 
     def _node(self, arg: Any) -> int:
         if arg in (LEADER, FOLLOWER):
@@ -85,16 +109,27 @@ class Nemesis:
                 node, done = c.node_id(i), {"node": i, "rate": op.args.get("rate", 2.0)}
             elif op.f == "heal":
                 c.net.heal()
+            elif op.f == "kill-client":
+                client = self._client(op.args.get("client"))
+                self.clients.kill(client)
+                done = {"client": client}
+            elif op.f == "restart-client":
+                client = self._client(op.args.get("client"))
+                self.clients.restart(client)
+                done = {"client": client, "clients_restarted": [client]}
             elif op.f == "recover":
                 c.recover()
+                if self.clients is not None:
+                    done = {"clients_restarted": self.clients.restart_down()}
             elif op.f == "wait":
                 pass
             else:
                 raise NemesisError(f"unknown nemesis action {op.f!r}")
         except Exception as e:
-            event = self.history.append(NEMESIS, INFO, op.f, {**done, **c.describe()}, node, f"{type(e).__name__}: {e}")
+            event = self.history.append(NEMESIS, INFO, op.f, {**done, **self._describe()}, node,
+                                        f"{type(e).__name__}: {e}")
         else:
-            event = self.history.append(NEMESIS, OK, op.f, {**done, **c.describe(), "healthy": c.healthy}, node)
+            event = self.history.append(NEMESIS, OK, op.f, {**done, **self._describe(), "healthy": c.healthy}, node)
         if self.on_event is not None:
             self.on_event(event)
         return event

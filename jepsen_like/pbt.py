@@ -6,6 +6,10 @@ restart-all, wait), each applied to the live cluster and held for ``dwell_s`` wh
 keep going. After every step the cheap invariants (no split brain, monotonic quorum ids) are
 checked over the history so far; at teardown the cluster is recovered and every checker runs.
 
+With ``client_faults=True`` the clients run as processes and two more rules kill a replica
+group (SIGKILL; at least one client always survives) and restart one; ``recover`` restarts them
+all. Off by default: an extra rule would change the examples a given seed draws.
+
 Every example writes a normal run directory (``<base>/example-<k>``) whose ``schedule.json``
 is the sequence of actions it executed: ``python -m jepsen_like replay <dir>`` runs it again.
 The hypothesis seed is fixed by the caller (``seed``) and printed, so an example sequence is
@@ -26,7 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test, invariant, precondition, rule
 
 from .runner import Printer, RunOptions, RunResult, Session
-from .schedule import FaultOp, Schedule, fault_op
+from .schedule import FaultOp, Schedule, client_name, fault_op
 
 PARTITION_KINDS = ("isolate", "isolate-leader", "isolate-follower", "halves", "bridge", "ring", "oneway")
 # hypothesis tries rules with fewer arguments first, by name: the simplest example is then a
@@ -39,7 +43,8 @@ class PropertyFailure(AssertionError):
 
 def make_machine(base_dir: Path, options: RunOptions, nodes: int = 3, clients: int = 3, dwell_s: float = 1.5,
                  printer: Printer | None = None, results: list[RunResult] | None = None,
-                 pulse_partitions: bool = False, tolerate_known_bugs: bool = False) -> type[RuleBasedStateMachine]:
+                 pulse_partitions: bool = False, tolerate_known_bugs: bool = False,
+                 client_faults: bool = False) -> type[RuleBasedStateMachine]:
     """A state machine class bound to a base directory and run options (hypothesis builds one
     instance per example). With ``tolerate_known_bugs`` a failure that a known, still open bug
     explains (``known_bugs``) does not fail the example. By default partitions pile up until a
@@ -56,9 +61,12 @@ def make_machine(base_dir: Path, options: RunOptions, nodes: int = 3, clients: i
             self.schedule = Schedule(seed=k, nodes=nodes, clients=clients, time_limit_s=0.0, nemeses=[],
                                      name=f"pbt-example-{k}")
             run_options = RunOptions.from_json(options.to_json())
+            if client_faults:
+                run_options.clients.processes = True
             self.session = Session(base_dir / f"example-{k}", self.schedule, run_options, printer).start()
             self.down: set[int] = set()
             self.paused: set[int] = set()
+            self.clients_down: set[str] = set()
 
         def _do(self, op: FaultOp) -> None:
             event = self.session.apply(op)
@@ -74,10 +82,15 @@ def make_machine(base_dir: Path, options: RunOptions, nodes: int = 3, clients: i
                 self.paused.add(event["value"]["node"])
             elif op.f == "resume":
                 self.paused.discard(op.args["node"])
+            elif op.f == "kill-client" and event["type"] == "ok":
+                self.clients_down.add(op.args["client"])
+            elif op.f == "restart-client":
+                self.clients_down.discard(op.args["client"])
             elif op.f in ("restart-all", "recover"):
                 self.down.clear()
                 if op.f == "recover":
                     self.paused.clear()
+                    self.clients_down.clear()
             self.session.wait(dwell_s)
 
         @rule(kind=st.sampled_from(PARTITION_KINDS), shape_seed=st.integers(0, 2**16))
@@ -144,7 +157,23 @@ def make_machine(base_dir: Path, options: RunOptions, nodes: int = 3, clients: i
                 raise PropertyFailure(_explain(self.session, [c for c in result.checks if not c.valid],
                                                result.errors))
 
-    return ClusterUnderFaults
+    if not client_faults:
+        return ClusterUnderFaults
+
+    class ClusterAndClientsUnderFaults(ClusterUnderFaults):
+        @precondition(lambda self: clients - len(self.clients_down) > 1)
+        @rule(k=st.integers(0, clients - 1))
+        def kill_client(self, k: int) -> None:
+            if client_name(k) not in self.clients_down:
+                self._do(FaultOp(0.0, "kill-client", {"client": client_name(k)}))
+
+        @precondition(lambda self: bool(self.clients_down))
+        @rule(data=st.data())
+        def restart_client(self, data: st.DataObject) -> None:
+            client = data.draw(st.sampled_from(sorted(self.clients_down)))
+            self._do(FaultOp(0.0, "restart-client", {"client": client}))
+
+    return ClusterAndClientsUnderFaults
 
 
 def _explain(session: Session, failed: list[Any], errors: list[str] = ()) -> str:
@@ -157,13 +186,13 @@ def _explain(session: Session, failed: list[Any], errors: list[str] = ()) -> str
 def run_property_test(base_dir: Path, options: RunOptions, *, seed: int, examples: int = 2, steps: int = 6,
                       nodes: int = 3, clients: int = 3, dwell_s: float = 1.5, shrink: bool = False,
                       pulse_partitions: bool = False, tolerate_known_bugs: bool = False,
-                      printer: Printer | None = None) -> list[RunResult]:
+                      client_faults: bool = False, printer: Printer | None = None) -> list[RunResult]:
     """Run the state machine for ``examples`` examples of up to ``steps`` steps with hypothesis seed
     ``seed``; raises (hypothesis's error, with the failing run directory) on a violation."""
     results: list[RunResult] = []
     machine = make_machine(base_dir, options, nodes=nodes, clients=clients, dwell_s=dwell_s, printer=printer,
                            results=results, pulse_partitions=pulse_partitions,
-                           tolerate_known_bugs=tolerate_known_bugs)
+                           tolerate_known_bugs=tolerate_known_bugs, client_faults=client_faults)
     phases = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if shrink else [])
     test = get_state_machine_test(machine, settings=settings(
         max_examples=examples, stateful_step_count=steps, deadline=None, phases=phases, database=None,

@@ -28,12 +28,12 @@ from typing import Any, Callable
 from . import checkers, known_bugs, stats, timeline
 from .checkers import CheckResult
 from .cluster import ClusterSettings, HarnessCluster
-from .clients import ClientPool, ClientSettings
+from .clients import ClientPool, ClientSettings, ProcessClientPool, make_pool
 from .history import INFO, JOURNAL, MONITOR, OK, Event, HistoryWriter, read_history
 from .journal import parse_journal, read_meta_commit_index, summarize
 from .monitor import Monitor
 from .nemesis import Nemesis
-from .schedule import FaultOp, Schedule
+from .schedule import FaultOp, Schedule, uses_client_faults
 
 WARMUP_TIMEOUT_S = 20.0
 CONVERGE_TIMEOUT_S = 15.0
@@ -45,18 +45,30 @@ class RunOptions:
     recovery_bound_s: float = checkers.DEFAULT_RECOVERY_BOUND_S
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     clients: ClientSettings = field(default_factory=ClientSettings)
+    # None: the nodes' heartbeat timeout + join timeout + 2 s (checkers.survivor_wait_bound)
+    survivor_wait_bound_s: float | None = None
+
+    @property
+    def survivor_bound_s(self) -> float:
+        """The bound ``survivor-wait`` checks against."""
+        if self.survivor_wait_bound_s is not None:
+            return self.survivor_wait_bound_s
+        return checkers.survivor_wait_bound(self.cluster.heartbeat_timeout_ms, self.cluster.join_timeout_ms)
 
     def to_json(self) -> dict[str, Any]:
         return {"backend": self.backend, "recovery_bound_s": self.recovery_bound_s,
+                "survivor_wait_bound_s": self.survivor_wait_bound_s,
                 "cluster": asdict(self.cluster), "clients": asdict(self.clients)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any], backend: str | None = None) -> "RunOptions":
         cs = d.get("clients", {})
+        sw = d.get("survivor_wait_bound_s")
         return cls(backend=backend or d.get("backend", "auto"),
                    recovery_bound_s=float(d.get("recovery_bound_s", checkers.DEFAULT_RECOVERY_BOUND_S)),
                    cluster=ClusterSettings.from_json(d.get("cluster", {})),
-                   clients=ClientSettings(**{k: v for k, v in cs.items() if k in ClientSettings.__dataclass_fields__}))
+                   clients=ClientSettings(**{k: v for k, v in cs.items() if k in ClientSettings.__dataclass_fields__}),
+                   survivor_wait_bound_s=None if sw is None else float(sw))
 
 
 @dataclass
@@ -96,7 +108,7 @@ class Session:
         self.cluster: HarnessCluster | None = None
         self.history: HistoryWriter | None = None
         self.monitor: Monitor | None = None
-        self.clients: ClientPool | None = None
+        self.clients: ClientPool | ProcessClientPool | None = None
         self.nemesis: Nemesis | None = None
         self.t_clients = 0.0
         self.executed: list[FaultOp] = []
@@ -117,6 +129,9 @@ class Session:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.options.cluster.nodes = self.schedule.nodes
         self.options.clients.clients = self.schedule.clients
+        if self.options.clients.processes is None:
+            # Client faults need real processes to kill; otherwise the cheaper in-process pool.
+            self.options.clients.processes = uses_client_faults(self.schedule)
         self.schedule.settings = self.options.to_json()
         self._save_schedule(self.schedule.ops)
         wants_clock = any(op.f == "clock" for op in self.schedule.ops) or "clock" in self.schedule.nemeses
@@ -129,8 +144,10 @@ class Session:
             self.nemesis = Nemesis(self.cluster, self.history, on_event=self._print_nemesis)
             self.monitor = Monitor(self.cluster, self.history).start()
             c = self.cluster.cluster
-            self.clients = ClientPool(c.client_addresses, [self.cluster.node_id(i) for i in range(c.nodes)],
-                                      self.history, self.options.clients).start()
+            self.clients = make_pool(c.client_addresses, [self.cluster.node_id(i) for i in range(c.nodes)],
+                                     self.history, self.options.clients, bool(self.options.clients.processes),
+                                     log_dir=self.dir / "clients").start()
+            self.nemesis.clients = self.clients
             self.t_clients = time.monotonic()
             self._wait_clients_ok(since_ns=0, timeout=WARMUP_TIMEOUT_S, what="warm-up")
         except BaseException:
@@ -214,7 +231,8 @@ class Session:
         history.close()
         self._save_schedule(self.executed)
         self.result = write_results(self.dir, history.snapshot(), self.options.recovery_bound_s, self.errors,
-                                    title=f"{self.schedule.name or 'run'} seed {self.schedule.seed}")
+                                    title=f"{self.schedule.name or 'run'} seed {self.schedule.seed}",
+                                    survivor_wait_bound_s=self.options.survivor_bound_s)
         return self.result
 
     def _converge(self) -> list[Any]:
@@ -262,8 +280,8 @@ class Session:
 
 
 def write_results(directory: Path, history: list[Event], recovery_bound_s: float, errors: list[str] | None = None,
-                  title: str = "run") -> RunResult:
-    checks = checkers.check_all(history, recovery_bound_s)
+                  title: str = "run", survivor_wait_bound_s: float = checkers.DEFAULT_SURVIVOR_WAIT_BOUND_S) -> RunResult:
+    checks = checkers.check_all(history, recovery_bound_s, survivor_wait_bound_s)
     counts = stats.operation_counts(history)
     windows = stats.fault_windows(history)
     by_kind = stats.unavailability_by_kind(windows)
@@ -294,17 +312,19 @@ def run_schedule(directory: Path, schedule: Schedule, options: RunOptions, print
         return s.finish()
 
 
-def check_directory(directory: Path, recovery_bound_s: float | None = None) -> RunResult:
-    """Re-run every checker over a stored run (rewrites results.json and timeline.html)."""
+def check_directory(directory: Path, recovery_bound_s: float | None = None,
+                    survivor_wait_bound_s: float | None = None) -> RunResult:
+    """Re-run every checker over a stored run (rewrites results.json and timeline.html); the
+    bounds default to the run's own (its ``schedule.json`` settings)."""
     history = read_history(directory / "history.jsonl")
-    bound = recovery_bound_s
-    if bound is None:
-        try:
-            sched = Schedule.loads((directory / "schedule.json").read_text())
-            bound = float(sched.settings.get("recovery_bound_s", checkers.DEFAULT_RECOVERY_BOUND_S))
-        except FileNotFoundError:
-            bound = checkers.DEFAULT_RECOVERY_BOUND_S
-    return write_results(directory, history, bound, title=f"check of {directory.name}")
+    try:
+        recorded = RunOptions.from_json(Schedule.loads((directory / "schedule.json").read_text()).settings)
+    except FileNotFoundError:
+        recorded = RunOptions()
+    bound = recorded.recovery_bound_s if recovery_bound_s is None else recovery_bound_s
+    survivor = recorded.survivor_bound_s if survivor_wait_bound_s is None else survivor_wait_bound_s
+    return write_results(directory, history, bound, title=f"check of {directory.name}",
+                         survivor_wait_bound_s=survivor)
 
 
 def load_schedule(path: Path) -> Schedule:

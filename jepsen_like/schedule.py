@@ -3,7 +3,8 @@
 A schedule is data (``Schedule``): the run's settings plus a list of ``FaultOp`` (``at``
 seconds after the clients start, the action ``f``, its ``args``). ``generate`` draws one from a
 seed; ``schedule.json`` is the same thing on disk, and replaying it re-runs the same actions at
-the same offsets. Leader-relative actions (``isolate-leader``, ``isolate-follower``,
+the same offsets. Client actions (``kill-client``, ``restart-client``) name a replica group
+(``"c1"``), not a node. Leader-relative actions (``isolate-leader``, ``isolate-follower``,
 ``kill-leader``, ``pause-leader``) name ``"leader"`` (or ``"follower"``) as their node and are
 resolved when they run; everything
 random (the halves, the ring, the bridge, which node) is drawn here, from the seed.
@@ -28,10 +29,14 @@ restart            node                                    start a killed node a
 pause / pause-leader node                                  SIGSTOP
 resume             node                                    SIGCONT
 restart-all        (none)                                  SIGKILL every node, then start them all
+kill-client        client ("c1" ...)                       SIGKILL a replica group's process (its
+                                                           calls and heartbeats stop at once)
+restart-client     client                                  start a killed replica group again (a
+                                                           new process, from step 0)
 clock              node, rate                              the node's clocks run ``rate`` x (libfaketime)
 heal               (none)                                  remove every network cut
-recover            (none)                                  heal, resume, restart, reset clocks: the
-                                                           fully healthy cluster again
+recover            (none)                                  heal, resume, restart, reset clocks, restart
+                                                           killed clients: the fully healthy cluster again
 =================  ======================================  ==========================================
 """
 
@@ -45,11 +50,16 @@ from typing import Any, Sequence
 NETWORK_FAULTS = ("isolate", "isolate-leader", "isolate-follower", "halves", "bridge", "ring", "oneway")
 PROCESS_FAULTS = ("kill", "kill-leader", "pause", "pause-leader", "restart-all")
 CLOCK_FAULTS = ("clock",)
-ALL_FAULTS = NETWORK_FAULTS + PROCESS_FAULTS + CLOCK_FAULTS
-# What `run` uses without --nemesis: every fault but the optional clock skew.
+# Faults of the replica groups (the clients), not of the cluster: they need the clients to run
+# as processes of their own (``clients.ProcessClientPool``).
+CLIENT_FAULTS = ("kill-client",)
+ALL_FAULTS = NETWORK_FAULTS + PROCESS_FAULTS + CLOCK_FAULTS + CLIENT_FAULTS
+# What `run` uses without --nemesis: every fault but the optional clock skew and client kills
+# (opt-in: adding them would change the schedule every existing seed draws).
 DEFAULT_FAULTS = NETWORK_FAULTS + PROCESS_FAULTS
-RESTORING = ("heal", "recover", "restart", "resume")
+RESTORING = ("heal", "recover", "restart", "resume", "restart-client")
 NETWORK_ACTIONS = NETWORK_FAULTS + ("partition", "cut", "heal")
+CLIENT_ACTIONS = CLIENT_FAULTS + ("restart-client",)
 SCHEDULE_VERSION = 1
 
 
@@ -176,8 +186,14 @@ def blocked_pairs(op: FaultOp, nodes: int) -> set[tuple[int, int]]:
 # -- generation ------------------------------------------------------------------------------------
 
 
-def fault_op(rng: random.Random, kind: str, nodes: int, at: float) -> FaultOp:
-    """One fault of ``kind`` with its random parts drawn from ``rng``."""
+def client_name(k: int) -> str:
+    """The replica id (and history process) of client ``k``."""
+    return f"c{k}"
+
+
+def fault_op(rng: random.Random, kind: str, nodes: int, at: float, clients: int = 4) -> FaultOp:
+    """One fault of ``kind`` with its random parts drawn from ``rng`` (``clients``: how many
+    replica groups a ``kill-client`` picks from)."""
     if kind == "isolate":
         return FaultOp(at, kind, {"node": rng.randrange(nodes)})
     if kind in ("isolate-leader", "kill-leader", "pause-leader"):
@@ -199,6 +215,8 @@ def fault_op(rng: random.Random, kind: str, nodes: int, at: float) -> FaultOp:
         return FaultOp(at, kind, {})
     if kind == "clock":
         return FaultOp(at, kind, {"node": rng.randrange(nodes), "rate": rng.choice([0.25, 0.5, 2.0, 4.0])})
+    if kind == "kill-client":
+        return FaultOp(at, kind, {"client": client_name(rng.randrange(clients))})
     raise ValueError(f"unknown fault {kind!r}; known: {', '.join(ALL_FAULTS)}")
 
 
@@ -221,9 +239,14 @@ def generate(seed: int, nodes: int = 3, time_limit_s: float = 30.0, nemeses: Seq
         quiet = rng.uniform(*quiet_s)
         if t + hold + quiet > time_limit_s:
             break
-        ops.append(fault_op(rng, rng.choice(list(nemeses)), nodes, round(t, 3)))
+        ops.append(fault_op(rng, rng.choice(list(nemeses)), nodes, round(t, 3), clients))
         t += hold
         ops.append(FaultOp(round(t, 3), "recover"))
         t += quiet
     return Schedule(seed=seed, nodes=nodes, clients=clients, time_limit_s=time_limit_s, nemeses=list(nemeses),
                     ops=ops, settings=dict(settings or {}), name=name)
+
+
+def uses_client_faults(s: Schedule) -> bool:
+    """Whether ``s`` kills or restarts replica groups (its clients must then be processes)."""
+    return any(op.f in CLIENT_ACTIONS for op in s.ops) or any(n in CLIENT_FAULTS for n in s.nemeses)

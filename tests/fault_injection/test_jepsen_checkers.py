@@ -76,8 +76,8 @@ def by_name(results: list[checkers.CheckResult]) -> dict[str, checkers.CheckResu
 def test_every_checker_passes_a_good_history() -> None:
     results = checkers.check_all(good().events)
     assert [r.name for r in results] == ["no-split-brain", "monotonic-quorum-ids", "acknowledged-committed",
-                                         "one-leader-per-term", "recovery-after-heal", "durable-after-restart-all",
-                                         "logs-agree"]
+                                         "one-leader-per-term", "recovery-after-heal", "survivor-wait",
+                                         "durable-after-restart-all", "logs-agree"]
     assert all(r.valid for r in results), [(r.name, r.summary, r.offending) for r in results if not r.valid]
     assert all(r.status == "PASS" for r in results)
 
@@ -465,3 +465,163 @@ def test_a_registered_signature_explains_only_the_offences_it_matches(monkeypatc
     # A passing check is never "explained".
     ok = checkers.one_leader_per_term(_final_state([[1, "n2", 3], [2, "n1", 7]]).events)
     assert ok.valid and known_bugs.explain(ok, torn.events) is None and known_bugs.unexplained([ok], torn.events) == []
+
+
+# -- survivor-wait (client kills) -------------------------------------------------------------------
+
+ALL3 = ("c0", "c1", "c2")
+
+
+def killed_c1(wait_c0: float = 0.7, wait_c2: float = 0.75, restart_at: float = 6.0) -> H:
+    """Three clients; c1 is SIGKILLed at 2.0 s (its open call completed as info by the harness),
+    the survivors' call in flight at the kill is answered with a quorum still naming c1 (formed
+    just before), then they ask again and get one without c1 ``wait_*`` after the kill; c1 comes
+    back with the ``recover`` at ``restart_at``."""
+    h = H()
+    for c in ALL3:
+        h.quorum(c, 1.0, 1.1, qid=1, members=ALL3)
+    h.add(1.9, "c1", "invoke", "quorum", {"step": 1})
+    h.nemesis(2.0, 2.01, "kill-client", {"client": "c1", "clients_down": ["c1"]})
+    h.add(2.01, "c1", "info", "quorum", {"step": 1}, error="killed (SIGKILL) by the nemesis")
+    for c, wait in (("c0", wait_c0), ("c2", wait_c2)):
+        h.quorum(c, 1.9, 2.05, qid=1, members=ALL3)                         # formed before the kill
+        h.quorum(c, 2.1, 2.0 + wait, qid=2, members=("c0", "c2"))
+        h.quorum(c, 2.0 + wait + 0.05, 2.0 + wait + 0.1, qid=2, members=("c0", "c2"))
+    h.nemesis(restart_at, restart_at + 0.01, "recover", {"clients_restarted": ["c1"], "clients_down": []})
+    for c in ALL3:
+        h.quorum(c, restart_at + 0.5, restart_at + 0.6, qid=3, members=ALL3)
+    return h
+
+
+def test_survivor_wait_measures_each_survivor_until_a_quorum_without_the_killed_client() -> None:
+    r = checkers.survivor_wait(killed_c1().events, bound_s=3.5)
+    assert r.valid and r.status == "PASS", r.offending
+    f = r.figures
+    assert f["kills"] == 1 and f["survivor_waits"] == 2 and f["inconclusive"] == 0
+    kill = f["per_kill"][0]
+    assert kill["client"] == "c1" and kill["at_s"] == pytest.approx(2.0) and kill["survivors"] == ["c0", "c2"]
+    # The quorum answered at 2.05 s still names c1: it does not end the wait.
+    assert kill["waits_s"] == {"c0": pytest.approx(0.7), "c2": pytest.approx(0.75)} and kill["rejoined"] == []
+    assert kill["all_survivors_s"] == pytest.approx(0.75)
+    assert f["median_s"] == pytest.approx(0.75) and f["max_s"] == pytest.approx(0.75)
+    assert "median 0.75s, max 0.75s" in r.summary
+    assert r.to_json()["figures"] == f
+    assert "survivor-wait" in {c.name for c in checkers.check_all(killed_c1().events)}
+
+
+def test_survivor_wait_over_the_bound_fails_and_the_bound_is_a_parameter() -> None:
+    slow = killed_c1(wait_c0=0.4, wait_c2=5.0, restart_at=9.0).events     # c2 waits 5 s (a heartbeat timeout)
+    r = checkers.survivor_wait(slow, bound_s=3.5)
+    assert not r.valid and r.count == 1
+    o = r.offending[0]
+    assert (o["client"], o["survivor"], o["wait_s"]) == ("c1", "c2", pytest.approx(5.0))
+    assert o["quorum"]["value"]["participants"] == ["c0", "c2"]
+    assert r.figures["max_s"] == pytest.approx(5.0)
+    assert checkers.survivor_wait(slow, bound_s=6.0).valid                  # a looser bound passes it
+    assert not checkers.survivor_wait(killed_c1().events, bound_s=0.5).valid   # a tight one (liveness) fails 0.7 s
+
+
+def test_survivor_with_no_quorum_without_the_killed_client_fails() -> None:
+    h = H()
+    h.quorum("c0", 1.0, 1.1, qid=1, members=("c0", "c1"))
+    h.nemesis(2.0, 2.01, "kill-client", {"client": "c1", "clients_down": ["c1"]})
+    t = 2.05
+    while t < 9.0:                          # c0 keeps timing out: no quorum without c1 for 7 s
+        h.quorum("c0", t, t + 2.0, "info")
+        t += 2.05
+    r = checkers.survivor_wait(h.events, bound_s=3.5)
+    assert not r.valid and r.offending[0]["survivor"] == "c0" and "no quorum without c1" in r.offending[0]["problem"]
+    assert r.figures["per_kill"][0]["all_survivors_s"] is None and r.figures["max_s"] is None
+
+
+def test_survivor_wait_cut_short_by_the_next_fault_is_inconclusive() -> None:
+    h = H()
+    h.quorum("c0", 1.0, 1.1, qid=1, members=("c0", "c1"))
+    h.nemesis(2.0, 2.01, "kill-client", {"client": "c1", "clients_down": ["c1"]})
+    h.quorum("c0", 2.05, 4.05, "info")
+    h.nemesis(3.0, 3.1, "kill-leader", {"node": 0})                       # 1 s after the kill: window ends
+    h.quorum("c0", 4.1, 9.0, qid=2, members=("c0",))
+    r = checkers.survivor_wait(h.events, bound_s=3.5)
+    assert r.valid and r.figures["inconclusive"] == 1 and r.figures["per_kill"][0]["inconclusive"] == ["c0"]
+    assert "cut short" in r.summary
+
+
+def test_survivor_wait_ends_with_the_killed_client_back_and_ignores_clients_already_down() -> None:
+    h = H()
+    for c in ALL3:
+        h.quorum(c, 0.5, 0.6, qid=1, members=ALL3)
+    h.nemesis(1.0, 1.01, "kill-client", {"client": "c2", "clients_down": ["c2"]})
+    h.quorum("c0", 1.05, 1.5, qid=2, members=("c0", "c1")).quorum("c1", 1.05, 1.5, qid=2, members=("c0", "c1"))
+    h.nemesis(2.0, 2.01, "kill-client", {"client": "c1", "clients_down": ["c1", "c2"]})
+    h.quorum("c0", 2.05, 2.3, qid=2, members=("c0", "c1"))                 # c1 is dead: not the end
+    h.nemesis(2.5, 2.6, "restart-client", {"client": "c1", "clients_restarted": ["c1"], "clients_down": ["c2"]})
+    h.quorum("c1", 2.9, 3.2, qid=3, members=("c0", "c1"))                  # the new c1 asks from 2.9 s
+    h.quorum("c0", 2.35, 3.2, qid=3, members=("c0", "c1"))
+    r = checkers.survivor_wait(h.events, bound_s=3.5)
+    assert r.valid, r.offending
+    first, second = r.figures["per_kill"]
+    assert first["survivors"] == ["c0", "c1"] and first["waits_s"] == {"c0": pytest.approx(0.5),
+                                                                      "c1": pytest.approx(0.5)}
+    # c2, dead since 1.0 s, is no survivor of the second kill; c0's wait ends with the restarted c1.
+    assert second["survivors"] == ["c0"] and second["waits_s"] == {"c0": pytest.approx(1.2)}
+    assert second["rejoined"] == ["c0"]
+
+
+def test_survivor_wait_without_client_kills_passes() -> None:
+    r = checkers.survivor_wait(good().events)
+    assert r.valid and r.summary == "no client kills in the history" and r.figures["kills"] == 0
+    # A kill that failed (the nemesis could not do it) is no kill.
+    h = H().quorum("c0", 0.0, 0.1, qid=1).nemesis(1.0, 1.1, "kill-client", {"client": "c9"}, type="info")
+    assert checkers.survivor_wait(h.events).figures["kills"] == 0
+
+
+def test_survivor_wait_default_bound() -> None:
+    assert checkers.survivor_wait_bound(500, 1000) == checkers.DEFAULT_SURVIVOR_WAIT_BOUND_S == 3.5
+    assert checkers.survivor_wait_bound(5000, 10000) == 17.0
+    from jepsen_like.cluster import ClusterSettings
+    from jepsen_like.runner import RunOptions
+    assert RunOptions().survivor_bound_s == 3.5
+    assert RunOptions(cluster=ClusterSettings(heartbeat_timeout_ms=5000)).survivor_bound_s == 8.0
+    tight = RunOptions(survivor_wait_bound_s=1.0)
+    assert tight.survivor_bound_s == 1.0 and RunOptions.from_json(tight.to_json()).survivor_bound_s == 1.0
+
+
+def test_client_kill_in_schedules_and_the_cli() -> None:
+    from jepsen_like.cli import _parse_nemeses
+
+    s = schedule.generate(3, time_limit_s=60, nemeses=["kill-client"], clients=3)
+    kills = [op for op in s.ops if op.f == "kill-client"]
+    assert kills and all(op.args["client"] in ("c0", "c1", "c2") for op in kills)
+    assert schedule.uses_client_faults(s) and not schedule.uses_client_faults(schedule.generate(3, time_limit_s=60))
+    assert "kill-client" not in schedule.DEFAULT_FAULTS and "restart-client" in schedule.RESTORING
+    # Opt-in: the default set draws the same schedules as before.
+    assert schedule.generate(7, time_limit_s=60).to_json() == \
+        schedule.generate(7, time_limit_s=60, nemeses=schedule.DEFAULT_FAULTS).to_json()
+    assert _parse_nemeses(("all,kill-client",)) == [*schedule.DEFAULT_FAULTS, "kill-client"]
+    assert _parse_nemeses(("kill-client", "kill")) == ["kill-client", "kill"]
+    assert _parse_nemeses(()) == list(schedule.DEFAULT_FAULTS)
+
+
+def test_client_kill_is_a_fault_in_the_figures_and_the_timeline() -> None:
+    h = killed_c1()
+    windows = stats.fault_windows(h.events)
+    assert [w["f"] for w in windows] == ["kill-client"] and windows[0]["recovery_s"] == pytest.approx(0.59)
+    page = timeline.render(h.events, [c.to_json() for c in checkers.check_all(h.events)], title="t")
+    data = json.loads(page[page.index("const D=") + 8: page.index(";\nconst C=")].replace("<\\/", "</"))
+    assert data["bands"][0][2] == "kill-client"
+
+
+def test_event_lines_round_trip(tmp_path: Path) -> None:
+    """A client process's events (JSON lines on its stdout) carry the parent's clock."""
+    import os
+
+    from jepsen_like.clients import EventLines
+
+    path = tmp_path / "out"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        EventLines(t0_ns=0, fd=fd).append("c1", "invoke", "quorum", {"step": 3}, "n2", time_ns=42)
+    finally:
+        os.close(fd)
+    assert json.loads(path.read_text()) == {"time_ns": 42, "process": "c1", "type": "invoke", "f": "quorum",
+                                            "value": {"step": 3}, "node": "n2", "error": None}
