@@ -9,7 +9,8 @@ of the history (``checkers``, ``stats``, ``timeline``, ``known_bugs``). Doing it
   ``netns.available()`` says whether this machine can) or ``proxy`` (a TCP proxy per link);
   ``clock``: libfaketime clock-rate skew (``clock.available()``; a run without it goes on
   without clock faults);
-* ``clients``: simulated replica groups; ``monitor``: Status polls and Raft journal tailing;
+* ``clients``: simulated replica groups (in-process, or a process each when a schedule kills
+  them); ``monitor``: Status polls and Raft journal tailing;
   ``journal``: committed logs replayed through the state machine; ``nemesis``: one fault now;
 * ``runner``: a run end to end; ``pbt``: the hypothesis state machine of faults.
 
