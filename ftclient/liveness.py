@@ -240,7 +240,9 @@ class LivenessStream:
                 log.debug("no liveness stream for %s (%s): unary heartbeats only; asking again in %gs",
                           self._replica_id, e, self._unsupported_retry)
                 self._stop.wait(self._unsupported_retry)
-            except Exception:  # noqa: BLE001 -- never let the thread die: heartbeats would stop for good
+            except Exception:  # noqa: BLE001 -- never let the thread die: notices would stop for good
+                if self._stop.is_set():
+                    break  # e.g. the lighthouse client was closed under it
                 log.exception("liveness stream of %s failed unexpectedly; retrying", self._replica_id)
                 self._stop.wait(0.5)
 

@@ -16,7 +16,11 @@ The kinds (each says what to run, how far it got and where its results are):
   result; per-synchronisation lines (``rounds``);
 * ``TorchftTrainer``: ``tests/support/torchft_trainer.py`` (torchft's own Manager, DDP and
   Optimizer, unchanged); per-step JSON records (``records``), one JSON result, and a start
-  barrier (``ready_path``, ``go_path``).
+  barrier (``ready_path``, ``go_path``);
+* ``LivenessTrainer``: ``tests/support/liveness_trainer.py`` (ftclient's Manager, every phase of
+  every step timestamped; a group can hold before its quorum or its allreduce at a given step, and
+  carry ballast state so a checkpoint transfer lasts); per-step and per-event JSON records
+  (``records``, ``events``), one JSON result.
 
 ``support.training.TrainingRun`` starts them, waits on them and compares their results.
 """
@@ -417,3 +421,69 @@ class TorchftTrainer(TrainerProcess):
 
     def tail(self, lines: int = 25) -> str:
         return super().tail(lines) + "\n  last progress: " + json.dumps(self.records()[-3:])[:1500]
+
+
+# -- tests/support/liveness_trainer.py --------------------------------------------------------------
+
+LIVENESS_TRAINER = Path(__file__).resolve().parent / "liveness_trainer.py"
+
+
+@dataclass(kw_only=True)
+class LivenessTrainer(TrainerProcess):
+    """One replica group of ``tests/support/liveness_trainer.py`` (ftclient's Manager with phase
+    timestamps per step, and the hold/ballast knobs of the liveness tests)."""
+
+    steps: int
+    min_replica_size: int = 2
+    min_final_participants: int = 1
+    step_sleep: float = 0.0
+    hold: str = "none"
+    hold_at_step: int = -1
+    state_mb: int = 0
+
+    DIGESTS: ClassVar[tuple[str, ...]] = ("digest",)
+
+    @property
+    def progress_path(self) -> Path:
+        return self.workdir / f"{self.name}.progress.jsonl"
+
+    @property
+    def result_path(self) -> Path:
+        return self.workdir / f"{self.name}.result.json"
+
+    def command(self) -> list[str]:
+        return [sys.executable, str(LIVENESS_TRAINER), "--replica-group", str(self.group), "--steps", str(self.steps),
+                "--min-replica-size", str(self.min_replica_size),
+                "--min-final-participants", str(self.min_final_participants), "--step-sleep", str(self.step_sleep),
+                "--hold", self.hold, "--hold-at-step", str(self.hold_at_step), "--state-mb", str(self.state_mb),
+                "--progress", str(self.progress_path), "--result", str(self.result_path)]
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """The progress records so far (of ``kind``)."""
+        try:
+            lines = self.progress_path.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line being written
+            if kind is None or rec["kind"] == kind:
+                out.append(rec)
+        return out
+
+    def records(self) -> list[dict[str, Any]]:
+        """One record per step attempt so far."""
+        return self.events("step")
+
+    def step(self) -> int:
+        recs = self.records()
+        return recs[-1]["step_after"] if recs else -1
+
+    def results(self) -> list[dict[str, Any] | None]:
+        return [_read_json(self.result_path)]
+
+    def tail(self, lines: int = 30) -> str:
+        return super().tail(lines) + "\n  last events: " + json.dumps(self.events()[-4:])[:1500]
