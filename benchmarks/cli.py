@@ -56,7 +56,7 @@ def bench() -> None:
 @click.option("--goodput-groups", help="Replica groups per goodput run (default 3,8; quick 3).")
 @click.option("--goodput-kills", type=int, help="Group kills per goodput run (default 10; quick 2).")
 @click.option("--goodput-kill-every", "goodput_kill_every_s", type=float,
-              help="Seconds between group kills; the no-failure window is kills x this (default 15; quick 6).")
+              help="Seconds between group kills; the no-failure window is kills x this (default 15; quick 8).")
 @click.option("--profile-ns", help="After the rounds section, re-run the cluster at these N with py-spy "
                                    "attached to every node and summarize the profiles (e.g. 256,1024).")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),

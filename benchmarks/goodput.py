@@ -132,6 +132,7 @@ def recovery(kill: dict, incarnations: list[dict]) -> dict:
     t = kill["t"]
     per: dict[str, float | None] = {}
     skipped: list[str] = []
+    killed: list[str] = []  # killed by a later kill before they committed again
     for inc in incarnations:
         if inc["group"] == kill["group"] and inc["index"] == kill["incarnation"]:
             continue
@@ -145,10 +146,12 @@ def recovery(kill: dict, incarnations: list[dict]) -> dict:
         q0 = _quorum_at(steps, t)
         first = next((r for r in steps if r["committed"] and r["t_end"] > t and r.get("quorum_id") != q0), None)
         per[name] = None if first is None else round(first["t_end"] - t, 4)
+        if first is None and inc.get("killed_at") is not None:
+            killed.append(name)
     done = [v for v in per.values() if v is not None]
     missing = [k for k, v in per.items() if v is None]
     return {"recovery_s": round(max(done), 4) if per and not missing else None, "survivors": per,
-            "not_recovered": missing, "not_yet_training": skipped}
+            "not_recovered": missing, "killed_before_recovering": killed, "not_yet_training": skipped}
 
 
 def rejoin(inc: dict) -> dict:
@@ -201,6 +204,8 @@ def analyze(incarnations: list[dict], kills: list[dict], baseline: tuple[float, 
                           if base["batches_per_s"] else None),
     }
     errors = [f"kill {i} (g{t['group']}): survivors {', '.join(t['not_recovered'])} never committed again"
+              + (f" ({', '.join(t['killed_before_recovering'])} killed by a later kill first: the kill interval "
+                 "is shorter than the recovery)" if t["killed_before_recovering"] else "")
               for i, t in enumerate(trials) if t["not_recovered"]]
     errors += [f"kill {i} (g{t['group']}): no survivor was training" for i, t in enumerate(trials) if not t["survivors"]]
     errors += [f"restarted g{r['group']}.{r['incarnation']} never committed a step" for r in restarts

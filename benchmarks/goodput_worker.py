@@ -22,8 +22,8 @@ benchmark measures the lighthouses and the managers, not that bug.
 "reason"}`` and exits 3; any other import failure ``{"event": "error"}`` and exits 1.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: torch's DDP checks the comm hook's annotations at
+# run time (``bucket: dist.GradBucket`` and the returned ``Future[Tensor]`` as objects, not strings).
 import argparse
 import json
 import os
@@ -52,13 +52,13 @@ def tolerating_ddp(ddp_class: type) -> type:
 
     class ToleratingDDP(ddp_class):  # type: ignore[misc, valid-type]
         @staticmethod
-        def _comm_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future:
+        def _comm_hook(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
             work = state.allreduce(bucket.buffer())  # type: ignore[attr-defined]
             work.wait()
             fut = work.get_future()
             inner = getattr(fut, "_fut", fut)
             if inner is None:
-                done: torch.futures.Future = torch.futures.Future()
+                done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
                 done.set_result(bucket.buffer())
                 return done
             return inner

@@ -418,19 +418,21 @@ def _plot_goodput(axes: Any, runs: list[dict]) -> None:
     ax.axhline(1.0, color="tab:red", linestyle="--", label="target max 1.0 s (ftclient)")
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylim(bottom=0)
     ax.set_ylabel("seconds")
     ax.set_title("A replica group SIGKILLed (dots: kills, bar: median)")
     ax.legend(fontsize=7)
     ax.grid(True, axis="y", alpha=0.3)
     ax = axes[1]
     vals = [r["summary"].get("goodput_ratio") or 0.0 for r in runs]
-    ax.bar(range(len(runs)), vals, color=["tab:green" if v >= 0.9 else "tab:red" for v in vals])
+    ax.bar(range(len(runs)), vals, color=[("tab:green" if v >= 0.9 else "tab:red") if r["system"] == "ftclient-cluster"
+                                          else "tab:gray" for r, v in zip(runs, vals)])
     ax.axhline(0.9, color="k", linestyle=":", label="target 0.9 (ftclient, a kill every 15 s)")
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, fontsize=7)
     ax.set_ylim(0, 1.1)
     ax.set_ylabel("committed steps/s with kills / without")
-    ax.set_title("Goodput under failures")
+    ax.set_title("Goodput under failures (ftclient: green = target met; torchft: gray)")
     ax.legend(fontsize=7)
     ax.grid(True, axis="y", alpha=0.3)
 

@@ -77,7 +77,7 @@ class BenchOptions:
             footprint_s=2.0 if q else 15.0,
             goodput_groups=(3,) if q else (3, 8),
             goodput_kills=2 if q else 10,
-            goodput_kill_every_s=6.0 if q else 15.0,
+            goodput_kill_every_s=8.0 if q else 15.0,
             name="bench-quick" if q else "bench",
         )
         values = asdict(self)

@@ -194,6 +194,11 @@ def test_goodput_survivor_that_never_recovers_and_a_restart_that_never_rejoins_a
     assert out["summary"]["recovered"] == 0 and out["summary"]["rejoined"] == 0
     assert len(out["errors"]) == 2
     assert "g2.0 never committed again" in out["errors"][0] and "g0.1 never committed" in out["errors"][1]
+    # A survivor killed by the next kill before it recovered: the kill interval was too short.
+    incs[2]["killed_at"] = 12.0
+    out = analyze(incs, kills, baseline=(0.0, 10.0), failures=(10.0, 20.0))
+    assert out["kills"][0]["killed_before_recovering"] == ["g2.0"]
+    assert "the kill interval is shorter than the recovery" in out["errors"][0]
 
 
 def test_goodput_survivors_are_only_groups_that_were_training_at_the_kill():
@@ -359,14 +364,14 @@ def test_workers_skip_only_when_an_optional_package_is_missing(tmp_path: Path, w
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)
 def test_quick_bench_writes_every_section(tmp_path: Path):
     pytest.importorskip("torchft", reason="the bench compares against torchft's Rust lighthouse")
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks", "run", "--quick", "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=580)
     results = out / "bench-quick.json"
     failed = ""
     if results.exists():
