@@ -286,6 +286,10 @@ class LivenessStream:
             code = e.code()
             if code == grpc.StatusCode.UNIMPLEMENTED:
                 raise _Unsupported(f"{target.address} answered UNIMPLEMENTED") from None
+            if code == grpc.StatusCode.INVALID_ARGUMENT:  # e.g. a keep-alive interval over the timeout
+                log.warning("the leader refused the liveness stream of %s: %s; unary heartbeats only",
+                            self._replica_id, e.details())
+                raise _Unsupported(f"INVALID_ARGUMENT: {e.details()}") from None
             why = stream.cancel_reason if (code == grpc.StatusCode.CANCELLED and stream.cancel_reason) \
                 else f"{code.name}: {e.details()}"
         finally:

@@ -258,6 +258,7 @@ class Manager:
         # start of a step and the arrival of its quorum: exactly one of them fails the step.
         self._liveness_lock = threading.Lock()
         self._step_quorum_id: int | None = None  # the current step's quorum, once it is known
+        self._configuring_quorum_id: int | None = None  # the quorum whose group is being built
         self._dead_quorums: dict[int, PeerDied] = {}
         self.peer_died_notices = 0  # notices received (for tests and logs)
         self._closing = threading.Event()
@@ -395,8 +396,7 @@ class Manager:
             try:
                 value = f.value()
             except Exception as e:  # noqa: BLE001 -- recorded, never raised
-                current = self._errored
-                if current is not None and isinstance(current.original_exception, PeerDiedError):
+                if self._peer_died_error() is not None:
                     # Aborted because a peer died: that is the error to report, not its echo.
                     self._log.debug("%s collective aborted: %s", self._prefix(), e)
                 else:
@@ -463,12 +463,23 @@ class Manager:
                 self._info(f"liveness notice ignored: {notice.describe()}, older than quorum {current}")
                 return
             self._dead_quorums[q] = notice
-            if self._step_quorum_id != q:
+            if self._step_quorum_id == q:
+                self._info(f"liveness notice: {notice.describe()}: aborting this step's collectives; "
+                           f"the step will not commit")
+            elif self._configuring_quorum_id == q:
+                self._info(f"liveness notice: {notice.describe()}: aborting the process group's rendezvous "
+                           f"for that quorum; the step will not commit")
+            else:
                 self._info(f"liveness notice: {notice.describe()}: kept (this step's quorum is not known yet)")
                 return
-            self._info(f"liveness notice: {notice.describe()}: aborting this step's collectives; "
-                       f"the step will not commit")
             self._fail_step(notice)
+
+    def _peer_died_error(self) -> PeerDiedError | None:
+        """The step's recorded error when it is a PeerDiedError."""
+        current = self._errored
+        if current is not None and isinstance(current.original_exception, PeerDiedError):
+            return current.original_exception
+        return None
 
     def _fail_step(self, notice: PeerDied) -> None:
         """Abort the step's collectives and record why; called with ``_liveness_lock`` held, so
@@ -550,15 +561,29 @@ class Manager:
                                                "quorum_id": quorum.quorum_id, "step": quorum.max_step})
             store_prefixed_addr = f"{quorum.store_address}/torchft/{quorum.quorum_id}/{self._group_rank}"
             self._info(f"reconfiguring for quorum_id={quorum.quorum_id} store={store_prefixed_addr}")
-            try:
+            with self._liveness_lock:
                 self._quorum_id = quorum.quorum_id
+                known_dead = quorum.quorum_id in self._dead_quorums
+                if not known_dead:
+                    self._configuring_quorum_id = quorum.quorum_id  # a notice now aborts the rendezvous
+            if known_dead:
+                # Its rendezvous would wait for the dead member: fail the step without it.
+                self._quorum_known(quorum.quorum_id)
+                return
+            try:
                 self._pg.configure(store_prefixed_addr, self._replica_id if self._replica_id is not None else "0",
                                    quorum.replica_rank, quorum.replica_world_size, quorum_id=quorum.quorum_id,
                                    group_rank=self._group_rank, group_world_size=self._group_world_size)
             except Exception as e:  # noqa: BLE001 -- recorded: this step will not commit
-                self._exception(f"got exception in pg configure: {e}")
-                self.report_error(e)
+                if self._peer_died_error() is None:
+                    self._exception(f"got exception in pg configure: {e}")
+                    self.report_error(e)
+                else:
+                    self._info(f"pg configure aborted: {e}")
                 return
+            finally:
+                with self._liveness_lock:
+                    self._configuring_quorum_id = None
         self._quorum_known(quorum.quorum_id)
 
         if not allow_heal:

@@ -437,6 +437,55 @@ class _Reaper:
 _REAPER = _Reaper()
 
 
+class _BuildAborted(Exception):
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Build:
+    """One Gloo group being built (store connection and rendezvous) on a helper thread, so that
+    ``abort`` can end the wait for a member that will never join. An abandoned build finishes on
+    its own within the timeout; a group it still builds is released, never used."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._done = False
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._aborted: Exception | None = None
+
+    def run(self, build: Callable[[], dist.ProcessGroupGloo]) -> dist.ProcessGroupGloo:
+        def target() -> None:
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = build()
+            except BaseException as e:  # noqa: BLE001 -- handed to the waiting configure
+                error = e
+            with self._cond:
+                self._done, self._result, self._error = True, result, error
+                abandoned = self._aborted is not None
+                self._cond.notify_all()
+            if abandoned and result is not None:
+                _Backend(result).release()
+
+        threading.Thread(target=target, daemon=True, name="ftclient-gloo-configure").start()
+        with self._cond:
+            self._cond.wait_for(lambda: self._done or self._aborted is not None)
+            if self._aborted is not None:
+                raise _BuildAborted(self._aborted)
+            if self._error is not None:
+                raise self._error
+            return self._result
+
+    def abort(self, error: Exception) -> None:
+        with self._cond:
+            if not self._done and self._aborted is None:
+                self._aborted = error
+                self._cond.notify_all()
+
+
 class ProcessGroupGloo(ProcessGroup):
     """A reconfigurable Gloo process group (CPU tensors).
 
@@ -476,6 +525,7 @@ class ProcessGroupGloo(ProcessGroup):
         self._generation = 0  # errors of works from an older configure are not recorded
         self._aborted: Exception | None = None  # set by abort() until the next configure
         self._pending: set[_DeadlineWork] = set()  # this configuration's unsettled works
+        self._building: _Build | None = None  # the configure in progress
 
     # configuration --------------------------------------------------------------------------
 
@@ -493,23 +543,36 @@ class ProcessGroupGloo(ProcessGroup):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size={world_size}), got rank={rank}")
         self._release_backend()
+        building = _Build()
         with self._error_lock:
             self._generation += 1
             self._error = None
             self._aborted = None
             self._pending = set()
+            self._building = building
         self._replica_id = replica_id
         self._quorum_id = quorum_id
-        store = create_store_client(store_addr, self._timeout)
         start = time.monotonic()
         try:
-            backend = dist.ProcessGroupGloo(store, rank, world_size, self._timeout)
+            backend = building.run(lambda: dist.ProcessGroupGloo(create_store_client(store_addr, self._timeout),
+                                                                 rank, world_size, self._timeout))
+        except _BuildAborted as e:
+            raise RuntimeError(
+                f"building the Gloo group on {store_addr!r} (rank {rank} of {world_size}, quorum {quorum_id}) "
+                f"was aborted after {time.monotonic() - start:.1f}s: {e.error}"
+            ) from e.error
+        except ConnectionError:
+            raise
         except Exception as e:
             raise RuntimeError(
                 f"building the Gloo group on {store_addr!r} (rank {rank} of {world_size}, "
                 f"quorum {quorum_id}) failed after {time.monotonic() - start:.1f}s: {e}. "
                 "Some member of the quorum did not join in time."
             ) from e
+        finally:
+            with self._error_lock:
+                if self._building is building:
+                    self._building = None
         self._backend = _Backend(backend)
         self._rank = rank
         self._world_size = world_size
@@ -578,7 +641,9 @@ class ProcessGroupGloo(ProcessGroup):
 
     def abort(self, error: Exception | None = None) -> None:
         """See :meth:`ProcessGroup.abort`. Safe against a racing completion: each operation is
-        settled once, by whichever of completion, timeout or abort comes first."""
+        settled once, by whichever of completion, timeout or abort comes first. A
+        :meth:`configure` in progress (waiting in the rendezvous for a member that died) raises
+        at once."""
         error = error if error is not None else RuntimeError("process group aborted")
         with self._error_lock:
             if self._error is None:
@@ -586,6 +651,9 @@ class ProcessGroupGloo(ProcessGroup):
             if self._aborted is None:
                 self._aborted = error
             pending, self._pending = list(self._pending), set()
+            building = self._building
+        if building is not None:
+            building.abort(error)
         aborted = sum(work.abort(error) for work in pending)
         logger.warning("process group aborted (quorum %s, %d operation(s) in flight failed): %s",
                        self._quorum_id, aborted, error)

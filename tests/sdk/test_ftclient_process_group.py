@@ -350,6 +350,34 @@ def test_gloo_abort_fails_a_pending_allreduce_at_once_and_later_ones_until_confi
         pg.shutdown()
 
 
+def test_gloo_abort_ends_a_configure_waiting_for_a_member(store: dist.TCPStore) -> None:
+    pg = ProcessGroupGloo(timeout=timedelta(seconds=10))
+    errors: list[BaseException] = []
+
+    def configure() -> None:
+        try:
+            pg.configure(_addr(store, 7), "r0", 0, 2, quorum_id=7)  # rank 1 never joins
+        except BaseException as e:  # noqa: BLE001 -- checked below
+            errors.append(e)
+
+    thread = threading.Thread(target=configure)
+    thread.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    pg.abort(RuntimeError("peer r1 of quorum 7 died"))
+    thread.join(5)
+    assert not thread.is_alive() and time.monotonic() - started < 1.0
+    assert len(errors) == 1 and "was aborted" in str(errors[0]) and "peer r1 of quorum 7 died" in str(errors[0])
+    # The next configure is not affected.
+    pgs = _two_ranks(store, 8)
+    a, b = torch.tensor([1.0]), torch.tensor([2.0])
+    for w in [pgs[0].allreduce([a], ReduceOp.SUM), pgs[1].allreduce([b], ReduceOp.SUM)]:
+        w.wait()
+    assert a.tolist() == [3.0] and pgs[0].errored() is None
+    for g in pgs:
+        g.shutdown()
+
+
 def test_gloo_abort_after_completion_changes_nothing(store: dist.TCPStore) -> None:
     pgs = _two_ranks(store, 1)
     a, b = torch.tensor([1.0]), torch.tensor([2.0])

@@ -53,7 +53,7 @@ class FakeWatchNode:
     def __init__(self, name: str = "n1", *, mode: str = "accept", term: int = 1, liveness_timeout_ms: int = 500,
                  quorum_size: int = 1) -> None:
         self.name = name
-        self.mode = mode  # accept | refuse | unimplemented | silent (opens, never accepts)
+        self.mode = mode  # accept | refuse | unimplemented | invalid (INVALID_ARGUMENT) | silent (never accepts)
         self.term = term
         self.liveness_timeout_ms = liveness_timeout_ms
         self.leader_address: str | None = None  # None: this node
@@ -156,6 +156,9 @@ class _Cluster(cpb_grpc.LighthouseClusterServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"not the leader; the leader is {n.leader_address or 'unknown'}")
         first = next(request_iterator)
+        if n.mode == "invalid":
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"keepalive_interval_ms {first.keepalive_interval_ms} must be below the liveness timeout")
         stream = FakeStream(first.replica_id, first.keepalive_interval_ms)
         with n._lock:
             n.streams.append(stream)
