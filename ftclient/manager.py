@@ -17,13 +17,15 @@ Per step, every rank of every replica group:
 
 Liveness (a lighthouse cluster with ``Watch``; :mod:`ftclient.liveness`): the manager server
 keeps a liveness stream to the leader, and the leader pushes a notice when a member of a quorum
-this replica group belongs to dies. A notice for the quorum of the current step fails the step at
-once: the process group's pending collectives are aborted (they cannot complete), the error is
-recorded (``should_commit()`` is False), and the next ``start_quorum()`` gets the next quorum
-without waiting for any timeout. A notice for a quorum whose result has not arrived yet is kept:
-should that quorum come back, its step fails the same way. A notice for an older quorum is
-ignored. Group rank 0 receives the notices; it hands them to the group's other ranks through the
-replica group's TCPStore (``ftclient/liveness/...`` keys).
+this replica group belongs to dies. A notice for the quorum of the current step fails that
+quorum's collectives at once: those in flight are aborted (they cannot complete), with the error
+recorded (``should_commit()`` is False), and any later one fails without starting; a rendezvous
+for that quorum's process group is abandoned. The next ``start_quorum()`` gets the next quorum
+without waiting for any timeout. A step whose collectives had all completed before the notice
+(the dead member's part is in them) may still commit. A notice for a quorum whose result has not
+arrived yet is kept: should that quorum come back, its step fails the same way. A notice for an
+older quorum is ignored. Group rank 0 receives the notices; it hands them to the group's other
+ranks through the replica group's TCPStore (``ftclient/liveness/...`` keys).
 
 The constructor takes torchft's arguments and environment variables (``TORCHFT_LIGHTHOUSE``,
 ``TORCHFT_MANAGER_PORT``, ``TORCHFT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_TIMEOUT_SEC``,
@@ -256,9 +258,10 @@ class Manager:
         self._last_quorum: QuorumResult | None = None
         # Liveness notices (see the module docstring). The lock orders a notice against the
         # start of a step and the arrival of its quorum: exactly one of them fails the step.
-        self._liveness_lock = threading.Lock()
+        self._liveness_lock = threading.RLock()  # an abort runs collectives' callbacks in its thread
         self._step_quorum_id: int | None = None  # the current step's quorum, once it is known
         self._configuring_quorum_id: int | None = None  # the quorum whose group is being built
+        self._inflight = 0  # this Manager's allreduces not settled yet
         self._dead_quorums: dict[int, PeerDied] = {}
         self.peer_died_notices = 0  # notices received (for tests and logs)
         self._closing = threading.Event()
@@ -463,9 +466,16 @@ class Manager:
                 self._info(f"liveness notice ignored: {notice.describe()}, older than quorum {current}")
                 return
             self._dead_quorums[q] = notice
+            if self._step_quorum_id == q and self._inflight == 0:
+                # Every collective of the step so far completed, with the dead member's part: the
+                # step may commit on them. Any later one fails at once (allreduce checks).
+                self._info(f"liveness notice: {notice.describe()}: no collective of this step in flight; "
+                           f"later ones of this quorum will fail at once")
+                self._abort_pg(notice)
+                return
             if self._step_quorum_id == q:
-                self._info(f"liveness notice: {notice.describe()}: aborting this step's collectives; "
-                           f"the step will not commit")
+                self._info(f"liveness notice: {notice.describe()}: aborting this step's {self._inflight} "
+                           f"collective(s) in flight; the step will not commit")
             elif self._configuring_quorum_id == q:
                 self._info(f"liveness notice: {notice.describe()}: aborting the process group's rendezvous "
                            f"for that quorum; the step will not commit")
@@ -484,11 +494,13 @@ class Manager:
     def _fail_step(self, notice: PeerDied) -> None:
         """Abort the step's collectives and record why; called with ``_liveness_lock`` held, so
         the step (and its process group's configuration) cannot change meanwhile."""
-        error = PeerDiedError(notice)
         # Before the abort: the failures of the aborted collectives keep this cause (wrap_future).
-        self._errored = ExceptionWithTraceback(error)
+        self._errored = ExceptionWithTraceback(PeerDiedError(notice))
+        self._abort_pg(notice)
+
+    def _abort_pg(self, notice: PeerDied) -> None:
         try:
-            abort_process_group(self._pg, error)
+            abort_process_group(self._pg, PeerDiedError(notice))
         except Exception as e:  # noqa: BLE001 -- the collectives then fail at their timeout
             self._log.warning("%s aborting the process group failed: %s", self._prefix(), e)
 
@@ -644,6 +656,12 @@ class Manager:
         if self.errored():
             return _completed(tensor)
         self.wait_quorum()
+        with self._liveness_lock:
+            notice = self._dead_quorums.get(self._step_quorum_id) if self._step_quorum_id is not None else None
+            if notice is not None and self._errored is None:
+                self._errored = ExceptionWithTraceback(PeerDiedError(notice))
+        if notice is not None:  # a member of this step's quorum died: it would never complete
+            return _completed(tensor)
         num_participants = self.num_participants()
         if not self.is_participating():
             tensor.zero_()
@@ -652,6 +670,8 @@ class Manager:
             if not torch.is_floating_point(tensor):
                 raise ValueError("average reduce op is only supported for floating point tensors")
             pg_op = ReduceOp.SUM
+        with self._liveness_lock:
+            self._inflight += 1  # a notice from now on aborts it (before: the group is aborted already)
         try:
             work = self._pg.allreduce([tensor], pg_op)
 
@@ -661,11 +681,18 @@ class Manager:
                     tensor.div_(num_participants)
                 return tensor
 
-            return self.wrap_future(work.get_future().then(finish), tensor)
+            out = self.wrap_future(work.get_future().then(finish), tensor)
         except Exception as e:  # noqa: BLE001 -- recorded, never raised
+            self._collective_settled()
             self._exception(f"got exception in allreduce -- skipping remaining: {e}")
             self.report_error(e)
             return _completed(tensor)
+        out.add_done_callback(lambda _: self._collective_settled())
+        return out
+
+    def _collective_settled(self) -> None:
+        with self._liveness_lock:
+            self._inflight -= 1
 
     def should_commit(self, timeout: timedelta | None = None) -> bool:
         """Whether to step the optimizer: the same answer on every rank of the replica group.

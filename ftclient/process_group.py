@@ -643,11 +643,10 @@ class ProcessGroupGloo(ProcessGroup):
         """See :meth:`ProcessGroup.abort`. Safe against a racing completion: each operation is
         settled once, by whichever of completion, timeout or abort comes first. A
         :meth:`configure` in progress (waiting in the rendezvous for a member that died) raises
-        at once."""
+        at once. :meth:`errored` reports the error once an operation failed because of it: an
+        abort after every operation completed fails nothing."""
         error = error if error is not None else RuntimeError("process group aborted")
         with self._error_lock:
-            if self._error is None:
-                self._error = error
             if self._aborted is None:
                 self._aborted = error
             pending, self._pending = list(self._pending), set()
@@ -680,6 +679,7 @@ class ProcessGroupGloo(ProcessGroup):
         record = self._error_recorder()
         aborted = self._aborted
         if aborted is not None:
+            record(aborted)
             fut: Future[Any] = Future()
             fut.set_exception(RuntimeError(f"{op_name} not started: the process group was aborted ({aborted})"))
             return _FutureWork(fut)
@@ -865,6 +865,7 @@ class ErrorSwallowingProcessGroupWrapper(ProcessGroup):
         super().__init__()
         self._pg = pg
         self._error: Exception | None = None
+        self._aborted: Exception | None = None
         self._lock = threading.Lock()
 
     @property
@@ -885,6 +886,7 @@ class ErrorSwallowingProcessGroupWrapper(ProcessGroup):
     ) -> None:
         with self._lock:
             self._error = None
+            self._aborted = None
         try:
             self._pg.configure(
                 store_addr,
@@ -908,10 +910,12 @@ class ErrorSwallowingProcessGroupWrapper(ProcessGroup):
                 logger.warning("swallowed process group error: %s", e)
 
     def abort(self, error: Exception | None = None) -> None:
-        """Record ``error`` (operations are skipped until the next configure) and abort the
-        wrapped group's pending operations (their works complete with their inputs)."""
+        """Abort the wrapped group's pending operations (their works complete with their inputs
+        and record the error); later operations are skipped, recording ``error``, until the
+        next configure."""
         error = error if error is not None else RuntimeError("process group aborted")
-        self.report_error(error)
+        with self._lock:
+            self._aborted = error
         abort_process_group(self._pg, error)
 
     def errored(self) -> Exception | None:
@@ -922,6 +926,8 @@ class ErrorSwallowingProcessGroupWrapper(ProcessGroup):
         return self.errored()
 
     def _swallow(self, launch: Callable[[], dist._Work], default: object) -> dist._Work:
+        if self._aborted is not None:
+            self.report_error(self._aborted)
         if self.errored() is not None:
             return _DummyWork(default)
         try:

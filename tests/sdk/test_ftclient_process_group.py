@@ -386,7 +386,10 @@ def test_gloo_abort_after_completion_changes_nothing(store: dist.TCPStore) -> No
         w.wait()
     pgs[0].abort(RuntimeError("late notice"))
     assert works[0].get_future().value() == [a] and a.tolist() == [3.0]
-    assert "late notice" in str(pgs[0].errored())  # the step still must not commit
+    assert pgs[0].errored() is None  # nothing failed: the step may commit
+    with pytest.raises(RuntimeError, match="not started"):
+        pgs[0].allreduce([a], ReduceOp.SUM).wait()  # but nothing more runs on this configuration
+    assert "late notice" in str(pgs[0].errored())
     for pg in pgs:
         pg.shutdown()
 
@@ -404,9 +407,12 @@ def test_error_swallowing_wrapper_abort_records_and_forwards() -> None:
     pg = ErrorSwallowingProcessGroupWrapper(inner)
     err = RuntimeError("peer died")
     pg.abort(err)
-    assert inner.aborted == [err] and pg.errored() is err
+    assert inner.aborted == [err] and pg.errored() is None  # nothing failed yet
     t = torch.ones(1)
     assert pg.allreduce([t], ReduceOp.SUM).get_future().wait() == [t] and inner.calls == 0
+    assert pg.errored() is err
+    pg.configure("h:1/p", "r", 0, 2)
+    assert pg.errored() is None and pg.allreduce([t], ReduceOp.SUM).wait() and inner.calls == 1
     ProcessGroupDummy().abort(err)  # the base class's abort is a no-op
 
 
