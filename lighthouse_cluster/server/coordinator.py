@@ -14,6 +14,11 @@ member of the last committed quorum. A member that is really gone expires after
 ``heartbeat_timeout_ms`` as it would have on the old leader; one that is alive keeps the
 round waiting for it (or triggers the fast-quorum path) exactly as before the failover.
 
+Liveness (``core/liveness.py``, ``liveness_streams.py``): ``declare_dead`` makes a replica
+unhealthy for the quorum rules at once (its heartbeat forgotten, its registration withdrawn) and
+evaluates the pending round there and then; the next heartbeat, Quorum call or liveness stream
+makes it alive again. Only the rules' health input changes: ids, fencing and commits do not.
+
 Quorum lease (``lease.py``, on by default in a node): while a majority has confirmed this
 leader's term within the lease, a *fast* quorum (same members, hence same id, as the last
 committed one) is issued without a commit; every other round is committed as above. A new leader
@@ -45,6 +50,11 @@ LEASE_IDLE_S = 1.0
 # Rounds issued on the lease are written to the log at most this often (in the background), so
 # that every node's state (Status, the dashboard, a restart) shows steps at most this old.
 RECORD_INTERVAL_S = 1.0
+# After a replica is declared dead, a heartbeat (or the heartbeat a Quorum call implies) that
+# arrives within this long may have been sent before the death (a follower batches heartbeats
+# every 50 ms; calls on other connections are read in any order): it does not revive the replica.
+# Its next one does; a new liveness stream always does.
+DEATH_QUIET_S = 0.25
 
 
 class NotLeader(Exception):
@@ -113,6 +123,12 @@ class QuorumCoordinator:
         self.quorums_withheld = 0
         self._recorded_at = float("-inf")
         self._recording = False
+        # Liveness: replicas declared dead and not alive since (when), and the registrations
+        # withdrawn from calls that still wait (re-registered if the replica comes back).
+        self._dead: dict[str, float] = {}
+        self._withdrawn: dict[str, Member] = {}
+        self._issued_this_term: Quorum | None = None
+        self.deaths_declared = 0
 
     # -- leadership -------------------------------------------------------------------------
 
@@ -131,6 +147,7 @@ class QuorumCoordinator:
         self.stop_leading()
         self._term = term
         self._leading_since = self._clock()
+        self._issued_this_term = None
         self._round = asyncio.get_running_loop().create_future()
         asyncio.get_running_loop().create_task(self._warm_up(term))
 
@@ -164,6 +181,7 @@ class QuorumCoordinator:
             if prev is not None:
                 for m in prev.participants:
                     # Seed, never age: a heartbeat that already arrived is at least as fresh.
+                    # (Nobody is declared dead before serving: streams open only once it serves.)
                     self._heartbeats.setdefault(m.replica_id, now)
             self._reset_round_tracking()
             self._serving = True
@@ -194,12 +212,75 @@ class QuorumCoordinator:
         self._round = None
         self._participants.clear()
         self._heartbeats.clear()
+        self._dead.clear()
+        self._withdrawn.clear()
         self._in_flight = False
 
     # -- requests ---------------------------------------------------------------------------
 
     def heartbeat(self, replica_id: str) -> None:
-        self._heartbeats[replica_id] = self._clock()
+        """A unary heartbeat (direct or in a follower's batch); see ``DEATH_QUIET_S``."""
+        now = self._clock()
+        if self._quiet_after_death(replica_id, now):
+            return
+        self._heartbeats[replica_id] = now
+        self._back_alive(replica_id, now)
+
+    def alive(self, replica_id: str) -> None:
+        """Fresh evidence from the replica itself (its liveness stream opened, a keep-alive):
+        a heartbeat that also ends a declared death at once."""
+        now = self._clock()
+        self._dead.pop(replica_id, None)
+        self._heartbeats[replica_id] = now
+        self._back_alive(replica_id, now)
+
+    def declare_dead(self, replica_id: str, reason: str) -> None:
+        """The replica is dead (``core/liveness.py``): unhealthy for the quorum rules from now,
+        its heartbeat forgotten and its registration withdrawn, the healthy count recomputed and
+        the pending round evaluated now, not at the next tick. A quorum under commit that has it
+        as a member is not issued (``_commit``). Its next heartbeat, Quorum call or liveness
+        stream makes it alive again (see ``DEATH_QUIET_S``). Ids, fencing and commits are
+        untouched: a false death costs at most one quorum change."""
+        if self._term is None:
+            return
+        now = self._clock()
+        self.deaths_declared += 1
+        self._dead = {r: t for r, t in self._dead.items() if now - t < DEATH_QUIET_S or self._waiting.get(r)}
+        self._dead[replica_id] = now
+        self._heartbeats.pop(replica_id, None)
+        participant = self._participants.get(replica_id)
+        if participant is not None and self._waiting.get(replica_id):
+            # A call still waits (a cut-off host's call ends only at its deadline): if the replica
+            # comes back while it waits, its registration is restored.
+            self._withdrawn[replica_id] = participant.member
+        self._unregister(replica_id)
+        log.info("replica %s declared dead (%s)", replica_id, reason)
+        timeout = self.options.heartbeat_timeout_ms / 1000.0
+        self._healthy_at_tick = sum(1 for t in self._heartbeats.values() if now - t < timeout)
+        self._evaluate()
+
+    def is_dead(self, replica_id: str) -> bool:
+        """Declared dead and not alive since."""
+        return replica_id in self._dead
+
+    def _quiet_after_death(self, replica_id: str, now: float) -> bool:
+        died = self._dead.get(replica_id)
+        return died is not None and now - died < DEATH_QUIET_S
+
+    def _back_alive(self, replica_id: str, now: float) -> None:
+        """After a heartbeat was accepted: the replica is no longer dead; a call of it that still
+        waits is registered again."""
+        self._dead.pop(replica_id, None)
+        member = self._withdrawn.pop(replica_id, None)
+        if member is not None and self._waiting.get(replica_id) and replica_id not in self._participants \
+                and self._serving:
+            self._register(member, now)
+            self._schedule_evaluation()
+
+    def running_quorum(self) -> Quorum | None:
+        """The quorum trainers run as far as this leader knows: the last one it issued in its
+        term, else the last committed one (its predecessor issued it)."""
+        return self._issued_this_term if self._issued_this_term is not None else self.state.quorum
 
     async def quorum(self, member: Member, timeout: float | None = None) -> bytes:
         """Register ``member`` and wait for the first committed quorum that includes it.
@@ -224,7 +305,10 @@ class QuorumCoordinator:
         now = self._clock()
         self._last_request = now
         self._requested.set()
-        self._heartbeats[rid] = now
+        if not self._quiet_after_death(rid, now):  # else it may predate the death (DEATH_QUIET_S)
+            self._heartbeats[rid] = now
+            self._dead.pop(rid, None)
+        self._withdrawn.pop(rid, None)
         self._register(member, now)
         self._waiting[rid] = self._waiting.get(rid, 0) + 1
         answered = False
@@ -246,6 +330,7 @@ class QuorumCoordinator:
                 self._waiting[rid] = remaining
             else:
                 self._waiting.pop(rid, None)
+                self._withdrawn.pop(rid, None)
                 if not answered:
                     self._unregister(rid)
 
@@ -343,11 +428,12 @@ class QuorumCoordinator:
             log.warning("quorum %d rejected: state moved to quorum id %s", quorum.quorum_id,
                         getattr(result, "current_quorum_id", "?"))
             return
-        gone = sorted(m.replica_id for m in quorum.participants if not self._waiting.get(m.replica_id))
+        gone = sorted(m.replica_id for m in quorum.participants
+                      if not self._waiting.get(m.replica_id) or m.replica_id in self._dead)
         if gone:
-            # A member's call ended while the commit was under way: issued, the quorum would
-            # hold a member that never configures its process group and every other member's
-            # step would fail. Committed but never issued, its id is skipped: the next round,
+            # A member's call ended (or it was declared dead) while the commit was under way:
+            # issued, the quorum would hold a member that never configures its process group and
+            # every other member's step would fail. Committed but never issued, its id is skipped: the next round,
             # without the gone members, gets a new id (a different member set), so no trainer
             # ever sees two quorums under one id.
             log.info("quorum %d committed but not issued: %s no longer waiting", quorum.quorum_id,
@@ -417,6 +503,7 @@ class QuorumCoordinator:
         issued = IssuedRound(quorum=quorum, member_ids=frozenset(m.replica_id for m in quorum.participants),
                              response=response)
         previous, self.last_issued = self.last_issued, issued
+        self._issued_this_term = quorum
         if commit_s is None:
             self.rounds_on_lease += 1
             if not self._recording and self._clock() - self._recorded_at >= RECORD_INTERVAL_S:

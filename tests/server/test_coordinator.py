@@ -51,13 +51,14 @@ class InProcessLog:
 
 
 def make(min_replicas: int = 1, join_timeout_ms: int = 60_000, heartbeat_timeout_ms: int = 5_000,
-         machine: QuorumStateMachine | None = None) -> tuple[QuorumCoordinator, InProcessLog, Clock]:
+         machine: QuorumStateMachine | None = None,
+         quorum_tick_ms: int = 10) -> tuple[QuorumCoordinator, InProcessLog, Clock]:
     machine = machine or QuorumStateMachine()
     log = InProcessLog(machine)
     clock = Clock()
     coord = QuorumCoordinator("n1", QuorumOptions(min_replicas=min_replicas, join_timeout_ms=join_timeout_ms,
                                                   heartbeat_timeout_ms=heartbeat_timeout_ms),
-                              quorum_tick_ms=10, state=machine, submit=log.submit, clock=clock,
+                              quorum_tick_ms=quorum_tick_ms, state=machine, submit=log.submit, clock=clock,
                               wall_ms=lambda: 1_700_000_000_000)
     return coord, log, clock
 
@@ -318,6 +319,181 @@ def test_a_cancelled_forwarded_call_withdraws_its_registration() -> None:
         a = asyncio.ensure_future(coord.quorum(Member("a")))
         results = await asyncio.wait_for(asyncio.gather(a, b, direct), 1.0)
         assert [m.replica_id for m in decode(results[0]).participants] == ["a", "b", "c"]
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+# -- liveness: declare_dead (#15 item 1) ------------------------------------------------------------
+
+NO_TICK_MS = 600_000  # the tick never runs in these tests: whatever is issued, a death issued it
+
+
+async def serving_with_quorum(ids: list[str], **kwargs: Any) -> tuple[QuorumCoordinator, InProcessLog, Clock, pb.Quorum]:
+    """A serving coordinator that never ticks, after a first quorum of ``ids``."""
+    coord, log, clock = make(quorum_tick_ms=NO_TICK_MS, **kwargs)
+    coord.start_leading(1)
+    await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
+    raws = await asyncio.wait_for(asyncio.gather(*(coord.quorum(Member(r, step=1)) for r in ids)), 1.0)
+    first = decode(raws[0])
+    assert [m.replica_id for m in first.participants] == ids
+    return coord, log, clock, first
+
+
+def test_a_death_issues_the_survivors_round_at_once() -> None:
+    """3 groups in a quorum; the survivors ask for the next one and wait for the third, healthy by
+    its heartbeat (join timeout 60 s, heartbeat timeout 5 s). Declared dead, it is left out there
+    and then: no tick, no clock advance."""
+    async def main() -> None:
+        coord, log, clock, first = await serving_with_quorum(["a", "b", "c"])
+        survivors = [asyncio.ensure_future(coord.quorum(Member(r, step=2))) for r in ("a", "b")]
+        await asyncio.sleep(0.05)
+        assert not any(s.done() for s in survivors)
+        assert "waiting for 1 healthy but not participating stragglers" in coord.last_reason
+        coord.declare_dead("c", "stream closed")
+        raws = await asyncio.wait_for(asyncio.gather(*survivors), 1.0)
+        q = decode(raws[0])
+        assert [m.replica_id for m in q.participants] == ["a", "b"]
+        assert q.quorum_id == first.quorum_id + 1
+        assert clock.now == 1000.0 and coord.deaths_declared == 1
+        assert "c" not in coord.heartbeat_ages_ms() and coord.is_dead("c")
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_a_member_declared_dead_before_the_survivors_ask_is_not_waited_for() -> None:
+    async def main() -> None:
+        coord, _, _, first = await serving_with_quorum(["a", "b", "c"])
+        coord.declare_dead("b", "keep-alives stopped for 500 ms")
+        raws = await asyncio.wait_for(asyncio.gather(*(coord.quorum(Member(r)) for r in ("a", "c"))), 1.0)
+        q = decode(raws[0])
+        assert [m.replica_id for m in q.participants] == ["a", "c"] and q.quorum_id == first.quorum_id + 1
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_a_waiting_registration_is_withdrawn_and_restored_when_the_replica_comes_back() -> None:
+    """A cut-off host: its call still waits at the leader when its keep-alives stop. Dead, it
+    is withdrawn (a and b would get [a, b] after the join timeout, not [a, b, c]); back (a new
+    stream), its waiting call is registered again and the round has all three."""
+    async def main() -> None:
+        coord, _, clock, first = await serving_with_quorum(["a", "b", "c"], join_timeout_ms=1_000)
+        c = asyncio.ensure_future(coord.quorum(Member("c", step=2)))
+        await asyncio.sleep(0.01)
+        coord.declare_dead("c", "keep-alives stopped for 500 ms")
+        assert [m.replica_id for m, _ in coord.pending()] == []
+        coord.alive("c")  # its stream reconnected
+        assert [m.replica_id for m, _ in coord.pending()] == ["c"]
+        ab = [asyncio.ensure_future(coord.quorum(Member(r, step=2))) for r in ("a", "b")]
+        raws = await asyncio.wait_for(asyncio.gather(c, *ab), 1.0)
+        q = decode(raws[0])
+        assert [m.replica_id for m in q.participants] == ["a", "b", "c"] and q.quorum_id == first.quorum_id
+        assert not coord.is_dead("c")
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_a_heartbeat_that_may_predate_the_death_does_not_revive_but_a_later_one_does() -> None:
+    """A heartbeat sent just before a SIGKILL can reach the leader after the stream's close (a
+    follower batches them for 50 ms): within DEATH_QUIET_S it is ignored. A later one revives the
+    replica: healthy again, it counts for the split-brain guard and rejoins the next round."""
+    from lighthouse_cluster.server.coordinator import DEATH_QUIET_S
+
+    async def main() -> None:
+        coord, _, clock, first = await serving_with_quorum(["a", "b", "c"])
+        coord.declare_dead("c", "stream closed")
+        clock.now += DEATH_QUIET_S / 2
+        coord.heartbeat("c")
+        assert "c" not in coord.heartbeat_ages_ms()
+        raws = await asyncio.wait_for(asyncio.gather(*(coord.quorum(Member(r)) for r in ("a", "b"))), 1.0)
+        assert [m.replica_id for m in decode(raws[0]).participants] == ["a", "b"]
+        clock.now += DEATH_QUIET_S
+        coord.heartbeat("c")
+        assert not coord.is_dead("c") and "c" in coord.heartbeat_ages_ms()
+        c = asyncio.ensure_future(coord.quorum(Member("c")))
+        await asyncio.sleep(0.05)
+        assert not c.done()  # alone of three healthy replicas: the split-brain guard holds it
+        survivors = [asyncio.ensure_future(coord.quorum(Member(r))) for r in ("a", "b")]
+        raws = await asyncio.wait_for(asyncio.gather(*survivors, c), 1.0)
+        q = decode(raws[0])
+        assert [m.replica_id for m in q.participants] == ["a", "b", "c"] and q.quorum_id == first.quorum_id + 2
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_a_quorum_call_after_the_quiet_window_revives_at_once() -> None:
+    from lighthouse_cluster.server.coordinator import DEATH_QUIET_S
+
+    async def main() -> None:
+        coord, _, clock, first = await serving_with_quorum(["a", "b"])
+        coord.declare_dead("b", "stream closed")
+        clock.now += DEATH_QUIET_S
+        raws = await asyncio.wait_for(asyncio.gather(*(coord.quorum(Member(r)) for r in ("a", "b"))), 1.0)
+        q = decode(raws[0])
+        assert [m.replica_id for m in q.participants] == ["a", "b"] and q.quorum_id == first.quorum_id
+        assert not coord.is_dead("b")
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_a_quorum_under_commit_with_a_member_declared_dead_is_not_issued() -> None:
+    """The commit of [a, b, c] is under way when c is declared dead (its call still waits: a
+    cut-off host). [a, b, c] is committed but not issued; a and b get [a, b] under the next id."""
+    async def main() -> None:
+        coord, log, clock = make(min_replicas=1, quorum_tick_ms=NO_TICK_MS)
+        gate = asyncio.Event()
+        plain_submit = log.submit
+
+        async def slow_submit(command: Command, while_leader_of: int | None = None) -> Any:
+            if isinstance(command, CommitQuorum) and len(command.quorum.participants) == 3:
+                await gate.wait()
+            return await plain_submit(command, while_leader_of)
+
+        coord._submit = slow_submit
+        coord.start_leading(1)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
+        calls = {r: asyncio.ensure_future(coord.quorum(Member(r))) for r in ("a", "b", "c")}
+        await wait_for_async("the commit of [a, b, c] to start", lambda: coord._in_flight, 1.0, interval=0.001)
+        coord.declare_dead("c", "keep-alives stopped for 500 ms")
+        gate.set()
+        raws = await asyncio.wait_for(asyncio.gather(calls["a"], calls["b"]), 1.0)
+        q = decode(raws[0])
+        assert [m.replica_id for m in q.participants] == ["a", "b"]
+        assert [[m.replica_id for m in c.quorum.participants] for c in log.commits()] == [["a", "b", "c"], ["a", "b"]]
+        assert q.quorum_id == log.commits()[0].quorum.quorum_id + 1 and coord.quorums_withheld == 1
+        assert not calls["c"].done()
+        calls["c"].cancel()
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_declare_dead_is_a_no_op_when_not_leading_and_forgotten_on_stepping_down() -> None:
+    async def main() -> None:
+        coord, _, _ = make()
+        coord.declare_dead("a", "stream closed")
+        assert not coord.is_dead("a") and coord.deaths_declared == 0
+        coord.start_leading(1)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
+        coord.declare_dead("a", "stream closed")
+        assert coord.is_dead("a")
+        coord.stop_leading()
+        assert not coord.is_dead("a")
+    asyncio.run(main())
+
+
+def test_running_quorum_is_the_committed_one_until_this_leader_issues() -> None:
+    """What PeerDied notices name: after a failover, the quorum the old leader issued (the last
+    committed one); once this leader issued one, that one."""
+    async def main() -> None:
+        machine = QuorumStateMachine()
+        machine.apply(CommitQuorum(expected_quorum_id=0, term=1, node_id="old",
+                                   quorum=Quorum(4, (Member("a"), Member("b")), 1)))
+        coord, _, _ = make(machine=machine)
+        coord.start_leading(2)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
+        running = coord.running_quorum()
+        assert running is not None and running.quorum_id == 4
+        await asyncio.wait_for(asyncio.gather(coord.quorum(Member("a")), coord.quorum(Member("b"))), 1.0)
+        assert coord.running_quorum() is coord.last_issued.quorum
         coord.stop_leading()
     asyncio.run(main())
 
