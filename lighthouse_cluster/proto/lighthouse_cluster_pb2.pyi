@@ -54,18 +54,20 @@ class PendingRequester(_message.Message):
     def __init__(self, member: _Optional[_Union[_torchft_pb2.QuorumMember, _Mapping]] = ..., waiting_ms: _Optional[int] = ...) -> None: ...
 
 class QuorumSettings(_message.Message):
-    __slots__ = ("min_replicas", "join_timeout_ms", "quorum_tick_ms", "heartbeat_timeout_ms", "quorum_lease_ms")
+    __slots__ = ("min_replicas", "join_timeout_ms", "quorum_tick_ms", "heartbeat_timeout_ms", "quorum_lease_ms", "liveness_timeout_ms")
     MIN_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     JOIN_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     QUORUM_TICK_MS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     QUORUM_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     min_replicas: int
     join_timeout_ms: int
     quorum_tick_ms: int
     heartbeat_timeout_ms: int
     quorum_lease_ms: int
-    def __init__(self, min_replicas: _Optional[int] = ..., join_timeout_ms: _Optional[int] = ..., quorum_tick_ms: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ..., quorum_lease_ms: _Optional[int] = ...) -> None: ...
+    liveness_timeout_ms: int
+    def __init__(self, min_replicas: _Optional[int] = ..., join_timeout_ms: _Optional[int] = ..., quorum_tick_ms: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ..., quorum_lease_ms: _Optional[int] = ..., liveness_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()
@@ -152,6 +154,42 @@ class HeartbeatBatch(_message.Message):
 class HeartbeatBatchResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("replica_id", "keepalive_interval_ms")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    KEEPALIVE_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    keepalive_interval_ms: int
+    def __init__(self, replica_id: _Optional[str] = ..., keepalive_interval_ms: _Optional[int] = ...) -> None: ...
+
+class PeerDied(_message.Message):
+    __slots__ = ("quorum_id", "replica_ids", "reason")
+    QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    quorum_id: int
+    replica_ids: _containers.RepeatedScalarFieldContainer[str]
+    reason: str
+    def __init__(self, quorum_id: _Optional[int] = ..., replica_ids: _Optional[_Iterable[str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class WatchEvent(_message.Message):
+    __slots__ = ("accepted", "peer_died")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    PEER_DIED_FIELD_NUMBER: _ClassVar[int]
+    accepted: WatchAccepted
+    peer_died: PeerDied
+    def __init__(self, accepted: _Optional[_Union[WatchAccepted, _Mapping]] = ..., peer_died: _Optional[_Union[PeerDied, _Mapping]] = ...) -> None: ...
+
+class WatchAccepted(_message.Message):
+    __slots__ = ("leader_id", "term", "liveness_timeout_ms")
+    LEADER_ID_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    leader_id: str
+    term: int
+    liveness_timeout_ms: int
+    def __init__(self, leader_id: _Optional[str] = ..., term: _Optional[int] = ..., liveness_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class MembersRequest(_message.Message):
     __slots__ = ()

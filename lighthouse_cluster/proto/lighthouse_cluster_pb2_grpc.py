@@ -50,6 +50,11 @@ class LighthouseClusterStub:
                 request_serializer=lighthouse__cluster__pb2.HeartbeatBatch.SerializeToString,
                 response_deserializer=lighthouse__cluster__pb2.HeartbeatBatchResponse.FromString,
                 _registered_method=True)
+        self.Watch = channel.stream_stream(
+                '/lighthouse_cluster.LighthouseCluster/Watch',
+                request_serializer=lighthouse__cluster__pb2.WatchRequest.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.WatchEvent.FromString,
+                _registered_method=True)
 
 
 class LighthouseClusterServicer:
@@ -74,6 +79,13 @@ class LighthouseClusterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Watch(self, request_iterator, context):
+        """A replica's liveness stream (see WatchRequest).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LighthouseClusterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -91,6 +103,11 @@ def add_LighthouseClusterServicer_to_server(servicer, server):
                     servicer.ForwardHeartbeats,
                     request_deserializer=lighthouse__cluster__pb2.HeartbeatBatch.FromString,
                     response_serializer=lighthouse__cluster__pb2.HeartbeatBatchResponse.SerializeToString,
+            ),
+            'Watch': grpc.stream_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=lighthouse__cluster__pb2.WatchRequest.FromString,
+                    response_serializer=lighthouse__cluster__pb2.WatchEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -174,6 +191,33 @@ class LighthouseCluster:
             '/lighthouse_cluster.LighthouseCluster/ForwardHeartbeats',
             lighthouse__cluster__pb2.HeartbeatBatch.SerializeToString,
             lighthouse__cluster__pb2.HeartbeatBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/lighthouse_cluster.LighthouseCluster/Watch',
+            lighthouse__cluster__pb2.WatchRequest.SerializeToString,
+            lighthouse__cluster__pb2.WatchEvent.FromString,
             options,
             channel_credentials,
             insecure,
