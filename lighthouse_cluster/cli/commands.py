@@ -25,7 +25,15 @@ import click
 from lighthouse_cluster import __version__
 from lighthouse_cluster.core.codec import SCHEMA_VERSION
 from lighthouse_cluster.core.lease import DEFAULT_LEASE_MS
-from lighthouse_cluster.server.config import MAX_LEASE_MS, ConfigError, build_node_config, split_endpoints
+from lighthouse_cluster.server.config import (
+    DEFAULT_LIVENESS_TIMEOUT_MS,
+    MAX_LEASE_MS,
+    MAX_LIVENESS_TIMEOUT_MS,
+    MIN_LIVENESS_TIMEOUT_MS,
+    ConfigError,
+    build_node_config,
+    split_endpoints,
+)
 from lighthouse_cluster.server.event_loop import DEFAULT_LOOP, LOOPS
 from lighthouse_cluster.server.event_loop import run as run_event_loop
 
@@ -78,6 +86,16 @@ def lease_flag(f: Any) -> Any:
         help="Leader lease for fast quorums: issued without a Raft commit while a majority confirmed "
              "the leader within it; a new leader waits it out before serving. Assumes node clock rates "
              "differ by less than 2x. 0 commits every round.")(f)
+
+
+def liveness_flag(f: Any) -> Any:
+    return click.option(
+        "--liveness-timeout-ms", "liveness_timeout_ms",
+        type=click.IntRange(MIN_LIVENESS_TIMEOUT_MS, MAX_LIVENESS_TIMEOUT_MS), default=DEFAULT_LIVENESS_TIMEOUT_MS,
+        show_default=True, envvar=ENV + "LIVENESS_TIMEOUT_MS",
+        help="A replica group whose liveness stream (ftclient's Watch) sent no keep-alive for this long is "
+             "declared dead and left out of the next quorum at once (a closed stream is a death at once). "
+             "A false death costs one quorum change. torchft trainers are unaffected (heartbeat timeout).")(f)
 
 
 def _exit_config_error(e: ConfigError) -> None:
@@ -161,6 +179,7 @@ def main() -> None:
 @click.option("--election-timeout-ms", type=int, envvar=ENV + "ELECTION_TIMEOUT_MS",
               help="Raft election timeout lower bound (default 150; upper bound is three times it).")
 @lease_flag
+@liveness_flag
 @click.option("--event-loop", type=click.Choice(LOOPS), default=DEFAULT_LOOP, show_default=True,
               envvar=ENV + "EVENT_LOOP", help="asyncio event loop of the node (uvloop: faster; asyncio: the standard one).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
@@ -175,7 +194,7 @@ def serve(node_id: str, peers: tuple[str, ...], client_bind: str | None, raft_bi
           insecure: bool, http_bind: str | None, admin_token: str | None, tls_cert: str | None, tls_key: str | None,
           tls_client_ca: str | None, tls_ca: str | None, join: bool, min_replicas: int, join_timeout_ms: int,
           quorum_tick_ms: int, heartbeat_timeout_ms: int, election_timeout_ms: int | None, quorum_lease_ms: int,
-          event_loop: str, log_level: str, log_format: str, schema_version: int) -> None:
+          liveness_timeout_ms: int, event_loop: str, log_level: str, log_format: str, schema_version: int) -> None:
     """Run one lighthouse node in the foreground (SIGTERM hands leadership over, then exits)."""
     from lighthouse_cluster.local.supervise import die_with_parent_from_env
     from lighthouse_cluster.server.logs import configure_logging
@@ -198,7 +217,8 @@ def serve(node_id: str, peers: tuple[str, ...], client_bind: str | None, raft_bi
             quorum_tick_ms=quorum_tick_ms, heartbeat_timeout_ms=heartbeat_timeout_ms,
             election_timeout_ms=election_timeout_ms, raft_dial=list(raft_dial), http_bind=http_bind,
             admin_token=admin_token, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca, tls_ca=tls_ca,
-            join=join, quorum_lease_ms=quorum_lease_ms, schema_version=schema_version)
+            join=join, quorum_lease_ms=quorum_lease_ms, schema_version=schema_version,
+            liveness_timeout_ms=liveness_timeout_ms)
     except ConfigError as e:
         _exit_config_error(e)
     configure_logging(log_level, log_format, node_id)
@@ -328,6 +348,7 @@ def _kept_log_dir() -> Path:
 @click.option("--admin-token", envvar=ENV + "ADMIN_TOKEN",
               help="Admin token of every node (enables the admin commands and the dashboard's kill button).")
 @lease_flag
+@liveness_flag
 @click.option("--demo", is_flag=True, help="Also run simulated replica groups and SIGKILL the leader every 8 s.")
 @click.option("--demo-replicas", type=click.IntRange(1, 1024), default=3, show_default=True)
 @click.option("--demo-kill-every", type=click.FloatRange(min=0.5), default=8.0, hidden=True,
@@ -336,8 +357,8 @@ def _kept_log_dir() -> Path:
               show_default=True)
 def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data_dir: Path | None,
        log_dir: Path | None, no_restart: bool, min_replicas: int, join_timeout_ms: int, quorum_tick_ms: int,
-       heartbeat_timeout_ms: int, tls: bool, mtls: bool, admin_token: str | None, quorum_lease_ms: int, demo: bool,
-       demo_replicas: int, demo_kill_every: float, log_level: str) -> None:
+       heartbeat_timeout_ms: int, tls: bool, mtls: bool, admin_token: str | None, quorum_lease_ms: int,
+       liveness_timeout_ms: int, demo: bool, demo_replicas: int, demo_kill_every: float, log_level: str) -> None:
     """Run a local N-node cluster on this host in the foreground.
 
     Ctrl-C, SIGTERM, SIGHUP (a closed terminal) or a closed stdout stops every node; if `up`
@@ -381,7 +402,8 @@ def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data
                            heartbeat_timeout_ms=heartbeat_timeout_ms, log_level=log_level,
                            client_bind_host=plan.client.bind_host, http_ports=list(plan.http.ports),
                            pki=pki, mutual_tls=mtls, admin_token=admin_token, quorum_lease_ms=quorum_lease_ms,
-                           log_dir=logs, raft_bind_host=plan.raft.bind_host, http_bind_host=plan.http.bind_host,
+                           liveness_timeout_ms=liveness_timeout_ms, log_dir=logs, raft_bind_host=plan.raft.bind_host,
+                           http_bind_host=plan.http.bind_host,
                            http_host=plan.http.reach_host, die_with_parent=True)
     # Nodes are started only from this (the main) thread: their parent-death signal is tied to it.
     supervisor = NodeSupervisor(cluster, say=out.say, restart=not no_restart, guardian=guardian)

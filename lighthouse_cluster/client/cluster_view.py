@@ -113,7 +113,8 @@ def build_view(answers: Sequence[tuple[str, cpb.NodeStatus | None]]) -> ClusterV
     view.settings = {"min_replicas": st.settings.min_replicas, "join_timeout_ms": st.settings.join_timeout_ms,
                      "quorum_tick_ms": st.settings.quorum_tick_ms,
                      "heartbeat_timeout_ms": st.settings.heartbeat_timeout_ms,
-                     "quorum_lease_ms": st.settings.quorum_lease_ms}
+                     "quorum_lease_ms": st.settings.quorum_lease_ms,
+                     "liveness_timeout_ms": st.settings.liveness_timeout_ms}
     view.rounds = {"lease": st.rounds_on_lease, "commit": st.rounds_committed}
     return view
 

@@ -107,6 +107,8 @@ class LocalCluster:
     election_timeout_ms: int | None = None
     # --quorum-lease-ms; None = the node's default (lease.DEFAULT_LEASE_MS).
     quorum_lease_ms: int | None = None
+    # --liveness-timeout-ms; None = the node's default (config.DEFAULT_LIVENESS_TIMEOUT_MS).
+    liveness_timeout_ms: int | None = None
     log_level: str = "info"
     extra_args: list[str] = field(default_factory=list)
     client_bind_host: str | None = None
@@ -209,6 +211,8 @@ class LocalCluster:
             cmd += ["--election-timeout-ms", str(self.election_timeout_ms)]
         if self.quorum_lease_ms is not None:
             cmd += ["--quorum-lease-ms", str(self.quorum_lease_ms)]
+        if self.liveness_timeout_ms is not None:
+            cmd += ["--liveness-timeout-ms", str(self.liveness_timeout_ms)]
         if self.raft_bind_host is not None:
             cmd += ["--raft-bind", f"{self.raft_bind_host}:{m.peer.raft_address.rsplit(':', 1)[1]}"]
         if self.http_ports is not None:

@@ -21,6 +21,10 @@ DEFAULT_CLIENT_PORT = 29510
 # A longer lease only lengthens failovers (a new leader waits it out).
 MAX_LEASE_MS = 10_000
 MAX_MEMBER_BYTES = 64 * 1024
+# --liveness-timeout-ms: a liveness stream without a keep-alive for this long is a dead replica.
+DEFAULT_LIVENESS_TIMEOUT_MS = 500
+MIN_LIVENESS_TIMEOUT_MS = 50  # the leader checks every 50 ms
+MAX_LIVENESS_TIMEOUT_MS = 60_000
 
 
 class ConfigError(ValueError):
@@ -109,6 +113,9 @@ class NodeConfig:
     # --quorum-lease-ms: fast quorums are issued without a Raft commit while a majority has
     # confirmed this leader within the lease; a new leader waits this long (lease.py). 0: off.
     quorum_lease_ms: int = DEFAULT_LEASE_MS
+    # --liveness-timeout-ms: a replica whose liveness stream (Watch) sent no keep-alive for this
+    # long is declared dead (a closed stream is one at once); see liveness_streams.py.
+    liveness_timeout_ms: int = DEFAULT_LIVENESS_TIMEOUT_MS
     raft: RaftSettings = field(default_factory=RaftSettings)
     max_member_bytes: int = MAX_MEMBER_BYTES  # a serialized QuorumMember, every field counted
     # The newest replicated schema this node writes and reports (--schema-version, hidden: below
@@ -192,6 +199,7 @@ def build_node_config(
     join: bool = False,
     quorum_lease_ms: int = DEFAULT_LEASE_MS,
     schema_version: int = SCHEMA_VERSION,
+    liveness_timeout_ms: int = DEFAULT_LIVENESS_TIMEOUT_MS,
 ) -> NodeConfig:
     """Validate raw settings into a NodeConfig, or raise ConfigError naming the problem."""
     check_node_id(node_id)
@@ -224,6 +232,10 @@ def build_node_config(
         f"[::]:{parse_host_port(self_spec.client_address, 'client address')[1]}")
     if not 0 <= quorum_lease_ms <= MAX_LEASE_MS:
         raise ConfigError(f"--quorum-lease-ms must be between 0 (off) and {MAX_LEASE_MS}, got {quorum_lease_ms}")
+    if isinstance(liveness_timeout_ms, bool) or not isinstance(liveness_timeout_ms, int) or \
+            not MIN_LIVENESS_TIMEOUT_MS <= liveness_timeout_ms <= MAX_LIVENESS_TIMEOUT_MS:
+        raise ConfigError(f"--liveness-timeout-ms must be between {MIN_LIVENESS_TIMEOUT_MS} and "
+                          f"{MAX_LIVENESS_TIMEOUT_MS}, got {liveness_timeout_ms!r}")
     if not MIN_WRITABLE_VERSION <= schema_version <= SCHEMA_VERSION:
         raise ConfigError(f"--schema-version must be between {MIN_WRITABLE_VERSION} and {SCHEMA_VERSION}, "
                           f"got {schema_version}")
@@ -256,6 +268,7 @@ def build_node_config(
                               heartbeat_timeout_ms=heartbeat_timeout_ms),
         quorum_tick_ms=quorum_tick_ms,
         quorum_lease_ms=quorum_lease_ms,
+        liveness_timeout_ms=liveness_timeout_ms,
         raft=raft,
         raft_dial=dial,
         http_bind=http,

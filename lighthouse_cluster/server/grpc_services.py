@@ -1,5 +1,6 @@
-"""gRPC adapters: torchft.LighthouseService, lighthouse_cluster.LighthouseCluster and
-lighthouse_cluster.LighthouseAdmin, and the validation of a Quorum call's requester.
+"""gRPC adapters: torchft.LighthouseService, lighthouse_cluster.LighthouseCluster (liveness
+streams included) and lighthouse_cluster.LighthouseAdmin, and the validation of a Quorum call's
+requester.
 
 Thin by design: parse and validate the request, hand it to the router (``routing.Router``), the
 node or ``admin.NodeAdmin``, map outcomes to gRPC status codes. Each adapter depends on a small
@@ -122,13 +123,23 @@ class HeartbeatBatchSink(Protocol):
     def accept_heartbeat_batch(self, replica_ids: Iterable[str]) -> bool: ...
 
 
-class ClusterServiceAdapter(cpb_grpc.LighthouseClusterServicer):
-    """lighthouse_cluster.LighthouseCluster: status, leader discovery, heartbeat batches."""
+class WatchStreams(Protocol):
+    """Serves liveness streams (``liveness_streams.LivenessStreams``)."""
 
-    def __init__(self, node: NodeStatusSource, heartbeats: HeartbeatBatchSink, node_id: str) -> None:
+    async def serve(self, context: grpc.aio.ServicerContext) -> None:
+        """One Watch stream, read and written through ``context``."""
+
+
+class ClusterServiceAdapter(cpb_grpc.LighthouseClusterServicer):
+    """lighthouse_cluster.LighthouseCluster: status, leader discovery, heartbeat batches and
+    liveness streams."""
+
+    def __init__(self, node: NodeStatusSource, heartbeats: HeartbeatBatchSink, node_id: str,
+                 watch: WatchStreams) -> None:
         self.node = node
         self.heartbeats = heartbeats
         self.node_id = node_id
+        self.watch = watch
 
     async def Status(self, request: cpb.StatusRequest, context: grpc.aio.ServicerContext) -> cpb.NodeStatus:
         return self.node.status()
@@ -141,6 +152,11 @@ class ClusterServiceAdapter(cpb_grpc.LighthouseClusterServicer):
         if not self.heartbeats.accept_heartbeat_batch(request.replica_ids):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"node {self.node_id} is not the leader")
         return cpb.HeartbeatBatchResponse()
+
+    async def Watch(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
+        # A coroutine, not a generator: gRPC's read/write API on the context (the stream reads
+        # keep-alives while it writes notices).
+        await self.watch.serve(context)
 
 
 class AdminServiceAdapter(cpb_grpc.LighthouseAdminServicer):

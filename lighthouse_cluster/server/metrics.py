@@ -4,8 +4,9 @@ Two kinds: histograms observed as things happen (a quorum round's Raft commit, o
 coordinator's ``on_issue`` hook; every Raft write, from submit to applied), and gauges/counters
 read from the node at scrape time by ``NodeCollector`` (role, term, indexes, current quorum,
 heartbeating replicas, forwarded and re-routed quorum calls, rounds issued on the lease or through
-a commit). Nothing here does I/O. What is read, and from what, is ``MetricsSource`` (the node,
-with the Raft node and coordinator it holds) and ``RoutingCounts`` (``routing.Router``).
+a commit, open liveness streams and replica deaths by reason). Nothing here does I/O. What is
+read, and from what, is ``MetricsSource`` (the node, with the Raft node and coordinator it holds),
+``RoutingCounts`` (``routing.Router``) and ``LivenessCounts`` (``liveness_streams.LivenessStreams``).
 """
 
 from __future__ import annotations
@@ -91,12 +92,24 @@ class RoutingCounts(Protocol):
     def rerouted_quorum_calls(self) -> int: ...
 
 
+class LivenessCounts(Protocol):
+    """Open liveness streams and the deaths they declared (``liveness_streams.LivenessStreams``)."""
+
+    @property
+    def open_streams(self) -> int: ...
+
+    @property
+    def deaths(self) -> dict[str, int]:
+        """Replica deaths declared on this node, by reason label."""
+
+
 class NodeCollector(Collector):
     """Reads the node's state at scrape time."""
 
-    def __init__(self, node: MetricsSource, routing: RoutingCounts) -> None:
+    def __init__(self, node: MetricsSource, routing: RoutingCounts, liveness: LivenessCounts) -> None:
         self.node = node
         self.routing = routing
+        self.liveness = liveness
 
     def collect(self) -> Iterator[Any]:
         node = self.node
@@ -142,14 +155,23 @@ class NodeCollector(Collector):
         rounds.add_metric([node_id, "commit"], coord.rounds_committed if coord is not None else 0)
         rounds.add_metric([node_id, "lease"], coord.rounds_on_lease if coord is not None else 0)
         yield rounds
+        yield gauge("liveness_streams", "Open liveness streams (Watch; the serving leader only)",
+                    self.liveness.open_streams)
+        deaths = CounterMetricFamily(
+            PREFIX + "replica_deaths", "Replica groups declared dead by their liveness streams, by reason: "
+            "'stream_closed' (the stream ended) or 'keepalive_timeout' (no keep-alive for --liveness-timeout-ms)",
+            labels=["node", "reason"])
+        for reason, count in sorted(self.liveness.deaths.items()):
+            deaths.add_metric([node_id, reason], count)
+        yield deaths
 
 
 class NodeMetrics:
     """The node's registry and the histograms it observes into."""
 
-    def __init__(self, node: MetricsSource, routing: RoutingCounts) -> None:
+    def __init__(self, node: MetricsSource, routing: RoutingCounts, liveness: LivenessCounts) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(NodeCollector(node, routing))
+        self.registry.register(NodeCollector(node, routing, liveness))
         self.quorum_commit_seconds = Histogram(
             PREFIX + "quorum_commit_seconds", "Raft commit latency of issued quorum rounds",
             registry=self.registry, buckets=LATENCY_BUCKETS)

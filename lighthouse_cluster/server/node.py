@@ -3,7 +3,8 @@
 ``LighthouseNode`` owns the event loop side of a node. It watches Raft (pysyncobj's callbacks
 plus a short poll for leader changes that involve no local state change), starts and stops the
 coordinator as leadership comes and goes and tells the router (``routing.Router``, where every
-call goes) when leadership may have changed, adopts the replicated member table (persisted by
+call goes) and the liveness streams (``liveness_streams.LivenessStreams``) when leadership may
+have changed, adopts the replicated member table (persisted by
 ``member_table``), enables newer state schemas once every node reads them, and answers for the
 node as a whole: readiness, the leader, Status. The adapters (gRPC services, admin, HTTP,
 metrics) are handed the node or the router and see each only through a ``Protocol`` of their
@@ -41,6 +42,7 @@ from lighthouse_cluster.server.grpc_services import (
     LighthouseServiceAdapter,
 )
 from lighthouse_cluster.server.loop_bridge import loop_future
+from lighthouse_cluster.server.liveness_streams import LivenessStreams
 from lighthouse_cluster.server.member_table import load_members, save_members
 from lighthouse_cluster.server.forwarding import PeerChannels
 from lighthouse_cluster.server.metrics import NodeMetrics
@@ -95,7 +97,8 @@ class LighthouseNode:
         self._seen: tuple[Role, int, str | None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
-        self.metrics = NodeMetrics(self, self.router)
+        self.liveness = LivenessStreams(self, config.node_id, config.liveness_timeout_ms / 1000.0)
+        self.metrics = NodeMetrics(self, self.router, self.liveness)
         self.health = health.aio.HealthServicer()
         self._health_serving: bool | None = None
         self.http = None  # http_endpoints.HttpEndpoints when --http-bind is set
@@ -114,8 +117,8 @@ class LighthouseNode:
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         self.server.add_generic_rpc_handlers((LighthouseServiceAdapter(self.router, cfg.max_member_bytes).handler(),
                                               self.router.forwarding.handler()))
-        cpb_grpc.add_LighthouseClusterServicer_to_server(ClusterServiceAdapter(self, self.router, cfg.node_id),
-                                                         self.server)
+        cpb_grpc.add_LighthouseClusterServicer_to_server(
+            ClusterServiceAdapter(self, self.router, cfg.node_id, self.liveness), self.server)
         cpb_grpc.add_LighthouseAdminServicer_to_server(AdminServiceAdapter(self.admin, cfg.admin_token),
                                                        self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -153,6 +156,7 @@ class LighthouseNode:
             hold_elections_until_leader=cfg.join,
         )
         self.router.start()
+        self.liveness.start()
         self._watch_task = asyncio.get_running_loop().create_task(self._watch())
         if self.http is not None:
             log.info("node %s serving /metrics, /livez, /readyz and the dashboard on http://%s", cfg.node_id,
@@ -177,6 +181,7 @@ class LighthouseNode:
             self._schema_task.cancel()
         if self.coordinator is not None:
             self.coordinator.stop_leading()
+        self.liveness.stop()
         await self.router.stop()
         self._health_serving = False
         await self.health.enter_graceful_shutdown()
@@ -338,6 +343,7 @@ class LighthouseNode:
             peer = self.member_by_raft_address(leader)
             log.info("raft: %s in term %d, leader %s", role.value, term, peer.node_id if peer else "unknown")
         self.router.leadership_changed()
+        self.liveness.leadership_changed()
 
     # -- leader lookup ---------------------------------------------------------------------------
 
@@ -421,7 +427,8 @@ class LighthouseNode:
                                         join_timeout_ms=cfg.options.join_timeout_ms,
                                         quorum_tick_ms=cfg.quorum_tick_ms,
                                         heartbeat_timeout_ms=cfg.options.heartbeat_timeout_ms,
-                                        quorum_lease_ms=cfg.quorum_lease_ms),
+                                        quorum_lease_ms=cfg.quorum_lease_ms,
+                                        liveness_timeout_ms=cfg.liveness_timeout_ms),
         )
         st.ready, st.ready_reason = self.readiness()
         q = self.machine.quorum

@@ -44,6 +44,8 @@ def test_serve_refuses_to_start_without_a_secret() -> None:
                                                     "the range x>=1"),
     (["--quorum-lease-ms", "-1"], "'--quorum-lease-ms': -1 is not in the range 0<=x<=10000"),
     (["--quorum-lease-ms", "60000"], "'--quorum-lease-ms': 60000 is not in the range 0<=x<=10000"),
+    (["--liveness-timeout-ms", "10"], "'--liveness-timeout-ms': 10 is not in the range 50<=x<=60000"),
+    (["--liveness-timeout-ms", "60001"], "'--liveness-timeout-ms': 60001 is not in the range 50<=x<=60000"),
 ])
 def test_serve_bad_flags_give_one_line_reasons(extra: list[str], message: str) -> None:
     res = run(serve_args(*extra), env={"LIGHTHOUSE_CLUSTER_SECRET": "s3cret"})
@@ -58,6 +60,16 @@ def test_even_cluster_sizes_are_refused() -> None:
         build_node_config(node_id="n1", peers=PEERS[:2], client_bind=None, raft_bind=None, data_dir=None,
                           secret="x", insecure=False, min_replicas=1, join_timeout_ms=1, quorum_tick_ms=1,
                           heartbeat_timeout_ms=1)
+
+
+def test_the_liveness_timeout_reaches_the_node_config() -> None:
+    common = dict(node_id="n1", peers=PEERS, client_bind=None, raft_bind=None, data_dir=None, secret="x",
+                  insecure=False, min_replicas=1, join_timeout_ms=1, quorum_tick_ms=1, heartbeat_timeout_ms=1)
+    assert build_node_config(**common).liveness_timeout_ms == 500
+    assert build_node_config(**common, liveness_timeout_ms=250).liveness_timeout_ms == 250
+    for bad in (0, 49, 60_001, True):
+        with pytest.raises(ConfigError, match="--liveness-timeout-ms must be between 50 and 60000"):
+            build_node_config(**common, liveness_timeout_ms=bad)
 
 
 def test_config_file_and_env_and_flags_precedence(tmp_path: Path) -> None:
