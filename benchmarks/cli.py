@@ -2,8 +2,8 @@
 
 From the repository root, with the ``bench`` extra installed (``pip install -e '.[bench]'``):
 
-    python -m benchmarks run            # full run (~15 min on 2 cores): benchmarks/bench.{json,md,png}
-    python -m benchmarks run --quick    # smoke run (< 2 min): benchmarks/bench-quick.{json,md,png}
+    python -m benchmarks run            # full run (~15 min on 2 cores, + ~35 min of goodput): benchmarks/bench.{json,md,png}
+    python -m benchmarks run --quick    # smoke run (~3 min): benchmarks/bench-quick.{json,md,png}
     python -m benchmarks report benchmarks/bench.json   # re-render the table and plot
 
 ``lighthouse-cluster bench ...`` hands over to this group when run from a source checkout.
@@ -35,7 +35,7 @@ def bench() -> None:
 
 
 @bench.command()
-@click.option("--quick", is_flag=True, help="Smoke-test sizes (N=8,64; short windows; under 2 minutes).")
+@click.option("--quick", is_flag=True, help="Smoke-test sizes (N=8,64; short windows; G=3 with 2 kills; about 3 minutes).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("benchmarks"),
               show_default=True, help="Where the JSON, markdown table and PNG plot go.")
 @click.option("--name", help="Output file stem (default: bench, or bench-quick with --quick).")

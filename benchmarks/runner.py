@@ -163,7 +163,7 @@ def _run_section(section: str, opts: BenchOptions, workdir: Path, say: Callable[
         from .rounds import ALL_SYSTEMS, SYSTEMS, RoundsConfig, run_rounds
 
         cfg = RoundsConfig(duration_s=opts.duration_s, workers=opts.workers)
-        # The Python gRPC floor only in full runs (--quick must stay under 2 minutes).
+        # The Python gRPC floor only in full runs (--quick must stay short).
         systems = SYSTEMS if opts.quick else ALL_SYSTEMS
         return run_rounds(list(opts.ns), list(systems), cfg, workdir, say, repeats=opts.repeats)
     if section == "failover":
