@@ -6,7 +6,8 @@ Porting a torchft script: ``from ftclient import Manager`` (and the wrappers bel
 
 This package's modules: ``manager`` (Manager, WorldSizeMode), ``manager_server`` (the per-replica-
 group ManagerService server and its client), ``quorum_results`` (the pure quorum-results rules),
-``lighthouse_client`` (lighthouse calls with leader discovery), ``process_group``, ``ddp``,
+``lighthouse_client`` (lighthouse calls with leader discovery), ``liveness`` (the replica group's
+liveness stream to the lighthouse cluster and its peer-death notices), ``process_group``, ``ddp``,
 ``optim``, ``data``, ``checkpointing`` (live recovery over HTTP), ``local_sgd`` (LocalSGD, DiLoCo).
 """
 

@@ -18,9 +18,9 @@ Per step, every rank of every replica group:
 Liveness (a lighthouse cluster with ``Watch``; :mod:`ftclient.liveness`): the manager server
 keeps a liveness stream to the leader, and the leader pushes a notice when a member of a quorum
 this replica group belongs to dies. A notice for the quorum of the current step fails that
-quorum's collectives at once: those in flight are aborted (they cannot complete), with the error
-recorded (``should_commit()`` is False), and any later one fails without starting; a rendezvous
-for that quorum's process group is abandoned. The next ``start_quorum()`` gets the next quorum
+quorum's collectives at once: those still in flight after ``ABORT_GRACE_S`` (100 ms, for those
+that are completing) are aborted, with the error recorded (``should_commit()`` is False), and any
+later one fails without starting; a rendezvous for that quorum's process group is abandoned. The next ``start_quorum()`` gets the next quorum
 without waiting for any timeout. A step whose collectives had all completed before the notice
 (the dead member's part is in them) may still commit. A notice for a quorum whose result has not
 arrived yet is kept: should that quorum come back, its step fails the same way. A notice for an
@@ -72,6 +72,9 @@ REPLICA_ID_KEY = "replica_id"
 NOTICE_SEQ_KEY = "ftclient/liveness/seq"
 NOTICE_KEY = "ftclient/liveness/notice"
 NOTICE_WAKE = b"wake"
+# After a liveness notice, how long collectives in flight may still complete on their own before
+# they are aborted (see _peer_died).
+ABORT_GRACE_S = 0.1
 
 
 class WorldSizeMode(Enum):
@@ -474,14 +477,29 @@ class Manager:
                 self._abort_pg(notice)
                 return
             if self._step_quorum_id == q:
+                # A member that completed its part and then exited (its last step) or died is
+                # reported just like one that died in the middle: give collectives that are
+                # completing ABORT_GRACE_S to do so; those still pending then are aborted.
                 self._info(f"liveness notice: {notice.describe()}: aborting this step's {self._inflight} "
-                           f"collective(s) in flight; the step will not commit")
-            elif self._configuring_quorum_id == q:
+                           f"collective(s) still in flight in {ABORT_GRACE_S * 1000:.0f} ms")
+                timer = threading.Timer(ABORT_GRACE_S, self._abort_after_grace, args=(notice,))
+                timer.daemon = True
+                timer.start()
+                return
+            if self._configuring_quorum_id == q:
                 self._info(f"liveness notice: {notice.describe()}: aborting the process group's rendezvous "
                            f"for that quorum; the step will not commit")
             else:
                 self._info(f"liveness notice: {notice.describe()}: kept (this step's quorum is not known yet)")
                 return
+            self._fail_step(notice)
+
+    def _abort_after_grace(self, notice: PeerDied) -> None:
+        with self._liveness_lock:
+            if self._step_quorum_id != notice.quorum_id or self._inflight == 0:
+                return  # they completed (or the step is over)
+            self._info(f"aborting {self._inflight} collective(s) of quorum {notice.quorum_id}: "
+                       "the step will not commit")
             self._fail_step(notice)
 
     def _peer_died_error(self) -> PeerDiedError | None:
