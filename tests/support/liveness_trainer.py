@@ -24,6 +24,8 @@ Output: ``--progress FILE``, one JSON object per line, flushed at once: a record
 ``t_end``), an ``allreduce`` record as each allreduce starts, and the ``holding``/``recv_start``/
 ``recv_end`` records (every record has ``kind`` and ``t``).
 ``--result FILE`` (written last, atomically): ``digest``, ``final_step``, ``pid``, ``group``.
+``--ready-file``/``--go-file``: a start barrier (every group's manager is up, so heartbeating,
+before any asks for a quorum: the first quorum has every group).
 ftclient's log (``--log-level``) goes to stderr.
 """
 
@@ -95,6 +97,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--progress", type=Path, required=True)
     ap.add_argument("--result", type=Path, required=True)
+    ap.add_argument("--ready-file", type=Path, help="created once the manager is up (the start barrier)")
+    ap.add_argument("--go-file", type=Path, help="the first step waits for this file (the start barrier)")
     ap.add_argument("--log-level", default="info")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
@@ -122,6 +126,14 @@ def main() -> int:
                       connect_timeout=env_seconds("TORCHFT_CONNECT_TIMEOUT_SEC", 60),
                       checkpoint_transport=RecordingTransport(progress, timeout))
     print(f"group={args.replica_group} pid={os.getpid()} replica_id={manager.replica_id}", flush=True)
+    if args.ready_file is not None:
+        args.ready_file.touch()
+    if args.go_file is not None:
+        deadline = time.monotonic() + 120
+        while not args.go_file.exists():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no {args.go_file} within 120 s")
+            time.sleep(0.01)
     try:
         while True:
             step = manager.current_step()

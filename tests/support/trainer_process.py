@@ -20,7 +20,7 @@ The kinds (each says what to run, how far it got and where its results are):
 * ``LivenessTrainer``: ``tests/support/liveness_trainer.py`` (ftclient's Manager, every phase of
   every step timestamped; a group can hold before its quorum or its allreduce at a given step, and
   carry ballast state so a checkpoint transfer lasts); per-step and per-event JSON records
-  (``records``, ``events``), one JSON result.
+  (``records``, ``events``), one JSON result, and the start barrier.
 
 ``support.training.TrainingRun`` starts them, waits on them and compares their results.
 """
@@ -451,8 +451,17 @@ class LivenessTrainer(TrainerProcess):
     def result_path(self) -> Path:
         return self.workdir / f"{self.name}.result.json"
 
+    @property
+    def ready_path(self) -> Path:
+        return self.workdir / f"{self.name}.ready"
+
+    @property
+    def go_path(self) -> Path:
+        return self.workdir / GO_FILE
+
     def command(self) -> list[str]:
-        return [sys.executable, str(LIVENESS_TRAINER), "--replica-group", str(self.group), "--steps", str(self.steps),
+        return [sys.executable, str(LIVENESS_TRAINER), "--ready-file", str(self.ready_path),
+                "--go-file", str(self.go_path), "--replica-group", str(self.group), "--steps", str(self.steps),
                 "--min-replica-size", str(self.min_replica_size),
                 "--min-final-participants", str(self.min_final_participants), "--step-sleep", str(self.step_sleep),
                 "--hold", self.hold, "--hold-at-step", str(self.hold_at_step), "--state-mb", str(self.state_mb),
