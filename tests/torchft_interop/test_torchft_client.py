@@ -82,9 +82,18 @@ def quorum_on_every_node(target: Target, tag: str) -> list[dict[str, QuorumView]
     rounds: list[dict[str, QuorumView]] = []
     with replica_set() as make:
         reps = [make(rid, placed(target, k)) for k, rid in enumerate(ids)]
-        for r in reps:
-            r.heartbeat()  # each through its own node only ...
-        target.wait_heartbeats_seen(ids)  # ... and the deciding lighthouse counts it
+        # Each through its own node only, and the deciding lighthouse counts it. Heartbeats are soft
+        # state that trainers re-send every 100 ms: one sent to a leader that steps down at once
+        # (a second election right after start-up, seen under load) is gone, so re-send it.
+        for attempt in range(3):
+            for r in reps:
+                r.heartbeat()
+            try:
+                target.wait_heartbeats_seen(ids)
+                break
+            except AssertionError:
+                if attempt == 2:
+                    raise
         for r in reps:
             for address in target.addresses:
                 r.heartbeat(via=address)  # every node accepts heartbeats for every replica
