@@ -322,20 +322,9 @@ GO_FILE = "go"
 
 
 @dataclass(kw_only=True)
-class TorchftTrainer(TrainerProcess):
-    """One replica group of ``tests/support/torchft_trainer.py``: its progress records, its result
-    and its output log. Every trainer of a run sets up, then waits for ``go_path`` (the start
-    barrier), so that every group joins the first quorum and none heals at a later step."""
-
-    steps: int
-    step_sleep: float
-    min_final_participants: int
-    min_replica_size: int
-    slow: bool = False
-    args: list[str] = field(default_factory=list)
-    python: str = sys.executable
-
-    DIGESTS: ClassVar[tuple[str, ...]] = ("digest",)
+class _FileProtocolTrainer(TrainerProcess):
+    """A trainer that reports through files in ``workdir``: progress lines, a result, a ready
+    file, and waits for the shared go file (torchft_trainer.py, liveness_trainer.py)."""
 
     @property
     def progress_path(self) -> Path:
@@ -352,6 +341,23 @@ class TorchftTrainer(TrainerProcess):
     @property
     def go_path(self) -> Path:
         return self.workdir / GO_FILE
+
+
+@dataclass(kw_only=True)
+class TorchftTrainer(_FileProtocolTrainer):
+    """One replica group of ``tests/support/torchft_trainer.py``: its progress records, its result
+    and its output log. Every trainer of a run sets up, then waits for ``go_path`` (the start
+    barrier), so that every group joins the first quorum and none heals at a later step."""
+
+    steps: int
+    step_sleep: float
+    min_final_participants: int
+    min_replica_size: int
+    slow: bool = False
+    args: list[str] = field(default_factory=list)
+    python: str = sys.executable
+
+    DIGESTS: ClassVar[tuple[str, ...]] = ("digest",)
 
     def command(self) -> list[str]:
         slow = ["--pre-quorum-sleep", str(SLOW_GROUP_S)] if self.slow else []
@@ -429,7 +435,7 @@ LIVENESS_TRAINER = Path(__file__).resolve().parent / "liveness_trainer.py"
 
 
 @dataclass(kw_only=True)
-class LivenessTrainer(TrainerProcess):
+class LivenessTrainer(_FileProtocolTrainer):
     """One replica group of ``tests/support/liveness_trainer.py`` (ftclient's Manager with phase
     timestamps per step, and the hold/ballast knobs of the liveness tests)."""
 
@@ -442,22 +448,6 @@ class LivenessTrainer(TrainerProcess):
     state_mb: int = 0
 
     DIGESTS: ClassVar[tuple[str, ...]] = ("digest",)
-
-    @property
-    def progress_path(self) -> Path:
-        return self.workdir / f"{self.name}.progress.jsonl"
-
-    @property
-    def result_path(self) -> Path:
-        return self.workdir / f"{self.name}.result.json"
-
-    @property
-    def ready_path(self) -> Path:
-        return self.workdir / f"{self.name}.ready"
-
-    @property
-    def go_path(self) -> Path:
-        return self.workdir / GO_FILE
 
     def command(self) -> list[str]:
         return [sys.executable, str(LIVENESS_TRAINER), "--ready-file", str(self.ready_path),
