@@ -16,6 +16,10 @@ Entry point: the ``bench`` click group in :mod:`benchmarks.cli`.
 from __future__ import annotations
 
 import importlib.util
+import traceback
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
 
 # The Python modules the benchmarks import, beyond the runtime (all in the `bench` extra; py-spy
 # is a program, looked up when --profile-ns asks for it).
@@ -32,6 +36,22 @@ def skip_reason(e: BaseException) -> str | None:
     if isinstance(e, ModuleNotFoundError) and e.name in OPTIONAL_PACKAGES:
         return f"{e.name} is not installed ({INSTALL_HINT})"
     return None
+
+
+def load_for_worker(load: Callable[[], T], what: str, skipped: Callable[[str], None],
+                    errored: Callable[[str], None]) -> tuple[T | None, int]:
+    """``(load(), 0)``; when it raises, record a skip (exit code 3) if an optional package is
+    missing, else an error naming ``what`` (exit code 1, traceback into the worker's log)."""
+    try:
+        return load(), 0
+    except Exception as e:  # noqa: BLE001 -- recorded: a skip only when an optional package is missing
+        reason = skip_reason(e)
+        if reason:
+            skipped(reason)
+            return None, 3
+        traceback.print_exc()
+        errored(f"cannot import {what}: {type(e).__name__}: {e}")
+        return None, 1
 
 
 def missing_modules() -> list[str]:

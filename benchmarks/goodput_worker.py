@@ -33,7 +33,7 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
-from benchmarks import skip_reason
+from benchmarks import load_for_worker
 from benchmarks.sdk_worker import import_sdk
 
 
@@ -83,16 +83,11 @@ def main() -> int:
     def emit(obj: dict) -> None:
         progress.write(json.dumps(obj) + "\n")
 
-    try:
-        sdk = import_sdk(args.sdk)
-    except Exception as e:  # noqa: BLE001 -- recorded: a skip only when an optional package is missing
-        reason = skip_reason(e)
-        if reason:
-            emit({"event": "skipped", "reason": reason})
-            return 3
-        traceback.print_exc()
-        emit({"event": "error", "error": f"cannot import {args.sdk}: {type(e).__name__}: {e}"})
-        return 1
+    sdk, code = load_for_worker(lambda: import_sdk(args.sdk), args.sdk,
+                                lambda r: emit({"event": "skipped", "reason": r}),
+                                lambda e: emit({"event": "error", "error": e}))
+    if code:
+        return code
 
     import torch
     import torch.distributed as dist

@@ -17,11 +17,10 @@ import os
 import resource
 import sys
 import time
-import traceback
 from datetime import timedelta
 from pathlib import Path
 
-from benchmarks import skip_reason
+from benchmarks import load_for_worker
 
 TENSOR_BYTES = 4 * 2**20
 STEP = 7
@@ -78,16 +77,10 @@ def main() -> int:
         tmp.write_text(json.dumps(obj))
         os.replace(tmp, out)
 
-    try:
-        cls = transport_class(args.impl)
-    except Exception as e:  # noqa: BLE001 -- recorded: a skip only when an optional package is missing
-        reason = skip_reason(e)
-        if reason:
-            write({"skipped": reason})
-            return 3
-        traceback.print_exc()  # into the worker's log
-        write({"error": f"cannot import {args.impl}'s HTTPTransport: {type(e).__name__}: {e}"})
-        return 1
+    cls, code = load_for_worker(lambda: transport_class(args.impl), f"{args.impl}'s HTTPTransport",
+                                lambda r: write({"skipped": r}), lambda e: write({"error": e}))
+    if code:
+        return code
     import torch
 
     torch.set_num_threads(1)

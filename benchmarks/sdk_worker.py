@@ -18,11 +18,10 @@ import json
 import os
 import sys
 import time
-import traceback
 from datetime import timedelta
 from pathlib import Path
 
-from benchmarks import skip_reason
+from benchmarks import load_for_worker
 
 
 def import_sdk(sdk: str) -> dict:
@@ -51,16 +50,10 @@ def main() -> int:
         tmp.write_text(json.dumps(obj))
         os.replace(tmp, args.out)
 
-    try:
-        sdk = import_sdk(args.sdk)
-    except Exception as e:  # noqa: BLE001 -- recorded: a skip only when an optional package is missing
-        reason = skip_reason(e)
-        if reason:
-            write({"skipped": reason})
-            return 3
-        traceback.print_exc()  # into the worker's log
-        write({"error": f"cannot import {args.sdk}: {type(e).__name__}: {e}"})
-        return 1
+    sdk, code = load_for_worker(lambda: import_sdk(args.sdk), args.sdk, lambda r: write({"skipped": r}),
+                                lambda e: write({"error": e}))
+    if code:
+        return code
 
     import torch
     import torch.distributed as dist
