@@ -83,14 +83,17 @@ class TrainingRun:
     # -- lighthouses -------------------------------------------------------------------------------
 
     def start_cluster(self, min_replicas: int, **kwargs: Any) -> LocalCluster:
-        """A 3-node ``LocalCluster`` (``kwargs`` over the defaults) with a serving leader."""
+        """A 3-node ``LocalCluster`` (``kwargs`` over the defaults) with a serving leader that every
+        node follows: a start-up election can be followed by a second one (a node that came up
+        late times out before it hears the first leader), and a test that picks its trainers'
+        nodes by who leads must not pick them from the first."""
         options: dict[str, Any] = {"nodes": 3, "join_timeout_ms": JOIN_TIMEOUT_MS, **kwargs}
         self.cluster = LocalCluster(root=self.root / "cluster", min_replicas=min_replicas, **options)
         self.cluster.start()
         try:
-            leader = self.cluster.wait_for_leader(timeout=30)
+            leader = self.cluster.wait_for_agreed_leader(timeout=30)
         except (TimeoutError, RuntimeError) as e:
-            self.fail(f"the cluster elected no leader: {e}")
+            self.fail(f"the cluster agreed on no leader: {e}")
         self.note(f"cluster up, leader n{leader + 1}, endpoints {self.cluster.endpoints}")
         return self.cluster
 
