@@ -63,8 +63,8 @@ class Progress:
 class RecordingTransport(HTTPTransport):
     """HTTPTransport that records when a checkpoint transfer to this group starts and ends."""
 
-    def __init__(self, progress: Progress, timeout: timedelta) -> None:
-        super().__init__(timeout=timeout, num_chunks=0, hostname="127.0.0.1")
+    def __init__(self, progress: Progress, timeout: timedelta, hostname: str) -> None:
+        super().__init__(timeout=timeout, num_chunks=0, hostname=hostname)
         self._progress = progress
 
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
@@ -100,6 +100,9 @@ def main() -> int:
     ap.add_argument("--ready-file", type=Path, help="created once the manager is up (the start barrier)")
     ap.add_argument("--go-file", type=Path, help="the first step waits for this file (the start barrier)")
     ap.add_argument("--log-level", default="info")
+    ap.add_argument("--host", default="127.0.0.1",
+                    help="the address other replica groups reach this one at (its store, manager server and "
+                         "checkpoints); a trainer in a network namespace gives its namespace's address")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
@@ -118,13 +121,13 @@ def main() -> int:
         params.copy_(sd["params"])
         ballast.copy_(sd["ballast"])
 
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = dist.TCPStore(args.host, 0, is_master=True, wait_for_workers=False)
     manager = Manager(pg=ProcessGroupGloo(timeout=timeout), load_state_dict=load_state_dict, state_dict=state_dict,
                       min_replica_size=args.min_replica_size, replica_id=f"liveness_{args.replica_group}",
-                      store_addr="127.0.0.1", store_port=store.port, rank=0, world_size=1, hostname="127.0.0.1",
+                      store_addr=args.host, store_port=store.port, rank=0, world_size=1, hostname=args.host,
                       timeout=timeout, quorum_timeout=env_seconds("TORCHFT_QUORUM_TIMEOUT_SEC", 60),
                       connect_timeout=env_seconds("TORCHFT_CONNECT_TIMEOUT_SEC", 60),
-                      checkpoint_transport=RecordingTransport(progress, timeout))
+                      checkpoint_transport=RecordingTransport(progress, timeout, args.host))
     print(f"group={args.replica_group} pid={os.getpid()} replica_id={manager.replica_id}", flush=True)
     if args.ready_file is not None:
         args.ready_file.touch()

@@ -80,6 +80,8 @@ class TrainerProcess:
     started_at: float = 0.0
     killed: bool = False  # SIGKILLed on purpose (and not restarted yet)
     history: list[int] = field(default_factory=list)  # pids of earlier incarnations
+    # Run the command under this (e.g. ``ip netns exec NS``: it execs, so the pid is the trainer's).
+    launch_prefix: list[str] = field(default_factory=list)
 
     # The result keys holding digests that every replica group must end with identical.
     DIGESTS: ClassVar[tuple[str, ...]] = ()
@@ -135,7 +137,7 @@ class TrainerProcess:
         env = self.environment()
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+            self.process = subprocess.Popen([*self.launch_prefix, *self.command()], stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, env=env, cwd=str(self.workdir),
                                             start_new_session=True)
         self.started_at = time.time()
@@ -446,6 +448,7 @@ class LivenessTrainer(_FileProtocolTrainer):
     hold: str = "none"
     hold_at_step: int = -1
     state_mb: int = 0
+    host: str = "127.0.0.1"  # where the other groups reach it (its namespace's address in one)
 
     DIGESTS: ClassVar[tuple[str, ...]] = ("digest",)
 
@@ -455,7 +458,7 @@ class LivenessTrainer(_FileProtocolTrainer):
                 "--min-replica-size", str(self.min_replica_size),
                 "--min-final-participants", str(self.min_final_participants), "--step-sleep", str(self.step_sleep),
                 "--hold", self.hold, "--hold-at-step", str(self.hold_at_step), "--state-mb", str(self.state_mb),
-                "--progress", str(self.progress_path), "--result", str(self.result_path)]
+                "--host", self.host, "--progress", str(self.progress_path), "--result", str(self.result_path)]
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         """The progress records so far (of ``kind``)."""
