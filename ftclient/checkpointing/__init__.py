@@ -4,7 +4,9 @@ This package owns the checkpoint-transport API (:class:`CheckpointTransport`, in
 :mod:`~ftclient.checkpointing.transport`, with the :class:`RWLock` that guards a served state
 dict) and its HTTP implementation (:class:`HTTPTransport`, in
 :mod:`~ftclient.checkpointing.http_transport`), which streams tensors straight from memory to
-the socket and into preallocated tensors on the other side.
+the socket and into preallocated tensors on the other side, and its process-group
+implementation (:class:`PGTransport`, in :mod:`~ftclient.checkpointing.pg_transport`), which
+sends the tensors (DTensor shards included) with the process group's ``send``/``recv``.
 """
 
 from ftclient.checkpointing.http_transport import (
@@ -12,6 +14,7 @@ from ftclient.checkpointing.http_transport import (
     CheckpointTransferError,
     HTTPTransport,
 )
+from ftclient.checkpointing.pg_transport import PGTransport
 from ftclient.checkpointing.transport import CheckpointTransport, RWLock
 
 __all__ = [
@@ -19,5 +22,6 @@ __all__ = [
     "CheckpointTransferError",
     "CheckpointTransport",
     "HTTPTransport",
+    "PGTransport",
     "RWLock",
 ]

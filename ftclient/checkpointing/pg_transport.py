@@ -1,0 +1,493 @@
+"""Live recovery over the process group: a healthy replica sends its state dict to recovering
+replicas with point-to-point ``send``/``recv`` on the replica groups' process group.
+
+This module owns :class:`PGTransport`, torchft's ``PGTransport`` with the same constructor
+(``pg, timeout, device, state_dict=None``) and the :class:`CheckpointTransport` interface
+ftclient's Manager calls. Use it where the replica groups' network is the fast one (NCCL over
+InfiniBand/NVLink, tensors already on the GPU) or where no HTTP port may be opened::
+
+    pg = ProcessGroupGloo(timeout=timeout)
+    manager = Manager(pg=pg, ..., checkpoint_transport=PGTransport(pg, timeout, torch.device("cpu")))
+
+Sending (``send_checkpoint``) is synchronous: it returns once every destination has every
+tensor, so :meth:`PGTransport.disallow_checkpoint` has nothing to wait for. The state dict is
+flattened with torch's pytree (dicts, lists, tuples, OrderedDicts, namedtuples); leaves that are
+tensors are sent as raw bytes, every other leaf travels pickled with the structure.
+
+Wire format, per destination, all with the process group's ``send`` (tags in parentheses)::
+
+    header (1): int64[4] = [MAGIC, VERSION, step, len(meta)]
+    meta   (2): uint8[len(meta)]: pickle of _Meta (treespec, paths, leaves, tensor metadata)
+    data (3+k): uint8[...]: message k of the plan: one tensor's bytes, or a bucket of small ones
+
+The plan is computed from the tensors' sizes alone, on both sides: tensors of at least
+``_SMALL`` bytes go alone (and can be received in place), smaller ones are packed into buckets
+of up to ``_BUCKET`` bytes (one message instead of hundreds; a few hundred microseconds each).
+Empty tensors send nothing. The same tensor object appearing twice (tied weights) is sent once
+and stays shared on the receiver. At most ``_MAX_INFLIGHT`` messages are outstanding per side.
+
+DTensors (FSDP2 / HSDP). Only the local shard is sent, with its placements, global shape and
+stride and the sender's mesh (pickled, used only as a fallback). The receiver rebuilds each
+DTensor on *its own* mesh: when ``state_dict`` (the template callable) returns a DTensor at the
+same path, the shard is received into that DTensor's local tensor and the template DTensor is
+returned, after checking that the placements, the global shape and the local shape agree (a
+different layout raises :class:`~ftclient.checkpointing.CheckpointTransferError` naming the
+key). Without a template DTensor the sender's mesh is unpickled and used if this process is in
+it (the same layout in every replica group, as in HSDP); otherwise the error asks for a
+template. In HSDP, rank ``r`` of a recovering group receives from rank ``r`` of the source
+group, whose shard is the one it needs.
+
+Receiving (``recv_checkpoint``) is bounded by its timeout as a whole (not per message). Tensors
+received in place are the template's own tensors; the others are allocated on ``device`` and
+moved to the CPU, contiguous, with their dtype, shape, ``requires_grad`` and ``nn.Parameter``
+type; DTensor shards stay on ``device``. A header that is not this transport's, or a checkpoint
+of another step, raises (:class:`~ftclient.checkpointing.CheckpointStepMismatchError` for the
+step). Both ends must use ftclient's PGTransport: torchft's pickles its own classes.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Generic, TypeVar
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.utils._pytree import KeyPath, keystr, tree_flatten_with_path, tree_unflatten
+
+from ftclient.checkpointing.http_transport import CheckpointStepMismatchError, CheckpointTransferError
+from ftclient.checkpointing.transport import CheckpointTransport
+
+logger: logging.Logger = logging.getLogger(__name__)
+
+__all__ = ["PGTransport"]
+
+T = TypeVar("T")
+
+_MAGIC = 0x46544350475431  # "FTCPGT1"
+_VERSION = 1
+_TAG_HEADER = 1
+_TAG_META = 2
+_TAG_DATA = 3
+_SMALL = 256 << 10  # tensors below this many bytes are bucketed
+_BUCKET = 4 << 20  # a bucket's byte budget
+_MAX_INFLIGHT = 32  # messages posted and not yet waited for, per side
+_ALIGN = 16  # bytes: each tensor's offset in a bucket, so that it can be viewed as its dtype
+
+
+@dataclass(frozen=True)
+class _TensorMeta:
+    """One distinct tensor that is sent (for a DTensor: its local shard)."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    requires_grad: bool
+    is_parameter: bool
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n * _element_size(self.dtype)
+
+
+@dataclass(frozen=True)
+class _TensorLeaf:
+    index: int  # into _Meta.tensors
+
+
+@dataclass(frozen=True)
+class _DTensorLeaf:
+    index: int  # the local shard, into _Meta.tensors
+    placements: tuple[Any, ...]
+    shape: tuple[int, ...]  # global
+    stride: tuple[int, ...]  # global
+    mesh_index: int  # into _Meta.meshes
+    requires_grad: bool
+
+
+@dataclass(frozen=True)
+class _MeshInfo:
+    shape: tuple[int, ...]
+    dim_names: tuple[str, ...] | None
+    pickled: bytes | None  # None when the mesh could not be pickled
+
+
+@dataclass(frozen=True)
+class _Meta:
+    step: int
+    treespec: Any
+    paths: list[KeyPath]
+    leaves: list[object]  # _TensorLeaf | _DTensorLeaf | any picklable value
+    tensors: list[_TensorMeta]
+    meshes: list[_MeshInfo]
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _plan(nbytes: list[int]) -> list[list[int]]:
+    """The messages: lists of tensor indices, each sent as one buffer. Deterministic in
+    ``nbytes``, so both sides compute the same plan."""
+    plan: list[list[int]] = []
+    bucket: list[int] = []
+    size = 0
+    for i, n in enumerate(nbytes):
+        if n == 0:
+            continue
+        if n >= _SMALL:
+            plan.append([i])
+            continue
+        if bucket and size + n > _BUCKET:
+            plan.append(bucket)
+            bucket, size = [], 0
+        bucket.append(i)
+        size += n
+    if bucket:
+        plan.append(bucket)
+    return plan
+
+
+def _layout(indices: list[int], nbytes: list[int]) -> tuple[list[int], int]:
+    """Offsets of a message's tensors in its buffer (aligned) and the buffer's size."""
+    offsets: list[int] = []
+    pos = 0
+    for i in indices:
+        pos = -(-pos // _ALIGN) * _ALIGN
+        offsets.append(pos)
+        pos += nbytes[i]
+    return offsets, pos
+
+
+def _bytes_of(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t``'s elements as a flat uint8 tensor on ``device``; a copy only when it must be."""
+    t = t.detach()
+    if t.device != device:
+        t = t.to(device)
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _is_streamed(v: object) -> bool:
+    """Whether a leaf's bytes are sent (else it is pickled with the structure)."""
+    if isinstance(v, DTensor):
+        return True
+    return (type(v) in (torch.Tensor, nn.Parameter) and v.layout == torch.strided  # type: ignore[attr-defined]
+            and not v.is_quantized and v.device.type != "meta")  # type: ignore[attr-defined]
+
+
+def _prepare(state_dict: object, step: int) -> tuple[_Meta, list[torch.Tensor]]:
+    """The metadata and the distinct tensors to send, in index order (references, no copies)."""
+    flat, treespec = tree_flatten_with_path(state_dict)
+    tensors: list[torch.Tensor] = []
+    metas: list[_TensorMeta] = []
+    seen: dict[int, object] = {}  # id(leaf) -> its leaf descriptor (tied tensors are sent once)
+    meshes: list[_MeshInfo] = []
+    mesh_ids: dict[int, int] = {}
+    paths: list[KeyPath] = []
+    leaves: list[object] = []
+    for path, v in flat:
+        paths.append(path)
+        if not (isinstance(v, torch.Tensor) and _is_streamed(v)):
+            leaves.append(v)
+            continue
+        if id(v) in seen:
+            leaves.append(seen[id(v)])
+            continue
+        local = v._local_tensor if isinstance(v, DTensor) else v
+        index = len(tensors)
+        tensors.append(local)
+        if isinstance(v, DTensor):  # the DTensor leaf carries requires_grad; its shard is plain
+            metas.append(_TensorMeta(local.dtype, tuple(local.shape), False, False))
+        else:
+            metas.append(_TensorMeta(local.dtype, tuple(local.shape), v.requires_grad, type(v) is nn.Parameter))
+        leaf: object
+        if isinstance(v, DTensor):
+            mesh = v.device_mesh
+            if id(mesh) not in mesh_ids:
+                try:
+                    pickled: bytes | None = pickle.dumps(mesh, protocol=pickle.HIGHEST_PROTOCOL)
+                except Exception:  # noqa: BLE001 -- only the no-template fallback needs it
+                    pickled = None
+                mesh_ids[id(mesh)] = len(meshes)
+                meshes.append(_MeshInfo(tuple(mesh.shape), mesh.mesh_dim_names, pickled))
+            leaf = _DTensorLeaf(index, tuple(v.placements), tuple(v.shape), tuple(v.stride()),
+                                mesh_ids[id(mesh)], v.requires_grad)
+        else:
+            leaf = _TensorLeaf(index)
+        seen[id(v)] = leaf
+        leaves.append(leaf)
+    return _Meta(step, treespec, paths, leaves, metas, meshes), tensors
+
+
+class _Deadline:
+    def __init__(self, timeout: timedelta, what: str) -> None:
+        self.end = time.monotonic() + timeout.total_seconds()
+        self.timeout = timeout
+        self.what = what
+
+    def post(self, start: Callable[[], Any], part: str) -> Any:
+        """Start an operation (``pg.send``/``pg.recv``); errors name the transfer and ``part``."""
+        try:
+            return start()
+        except Exception as e:  # noqa: BLE001 -- re-raised with what was being transferred
+            raise CheckpointTransferError(f"{self.what} failed at {part}: {e}") from e
+
+    def wait(self, work: Any, part: str) -> None:
+        """Wait for ``work`` until the deadline; errors name the transfer and ``part``."""
+        remaining = self.end - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"{self.what} timed out after {self.timeout.total_seconds():g}s at {part}")
+        try:
+            ok = work.wait(timedelta(seconds=remaining))
+        except Exception as e:  # noqa: BLE001 -- re-raised with what was being transferred
+            if "timed out" in str(e).lower() or "timeout" in str(e).lower():
+                raise TimeoutError(f"{self.what} timed out after {self.timeout.total_seconds():g}s at {part}: "
+                                   f"{e}") from e
+            raise CheckpointTransferError(f"{self.what} failed at {part}: {e}") from e
+        if ok is False:
+            raise TimeoutError(f"{self.what} timed out after {self.timeout.total_seconds():g}s at {part}")
+
+
+class PGTransport(CheckpointTransport[T], Generic[T]):
+    """Checkpoint transport over a process group's ``send``/``recv`` (torchft's constructor).
+
+    Args:
+        pg: the process group to send on; ranks are its ranks (for a Manager: the replica
+            groups' process group, whose replica ranks the quorum names).
+        timeout: default bound for a whole transfer (the Manager passes its own).
+        device: where tensors are staged for the process group (``cpu`` for Gloo, the GPU
+            for NCCL).
+        state_dict: optional template callable: on receive, tensors whose path, dtype and shape
+            match a template tensor are received into it (and DTensors rebuilt on its mesh).
+            For a Manager, the template has the Manager's layout: ``{"user": {key: ...},
+            "torchft": ...}``.
+    """
+
+    def __init__(self, pg: Any, timeout: timedelta, device: torch.device,
+                 state_dict: Callable[[], object] | None = None) -> None:
+        self._pg = pg
+        self._timeout = timeout
+        self._device = torch.device(device)
+        self._state_dict = state_dict
+
+    def metadata(self) -> str:
+        return "<n/a>"  # the process group is the address; nothing to look up
+
+    def disallow_checkpoint(self) -> None:
+        pass  # send_checkpoint returns after the last byte was sent
+
+    def __repr__(self) -> str:
+        return f"PGTransport(pg={self._pg!r}, device={self._device})"
+
+    # sender ---------------------------------------------------------------------------------------
+
+    def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: T, timeout: timedelta) -> None:
+        """Send the checkpoint of ``step`` to every rank of ``dst_ranks``; returns when all of it
+        was sent. Raises ``TimeoutError`` after ``timeout`` for the whole transfer."""
+        started = time.monotonic()
+        meta, tensors = _prepare(state_dict, step)
+        try:
+            buf = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:
+            raise TypeError(f"the state dict of step {step} cannot be sent: {e}. Every non-tensor value in it "
+                            "must be picklable.") from e
+        deadline = _Deadline(timeout, f"sending the checkpoint of step {step} to ranks {dst_ranks}")
+        header = torch.tensor([_MAGIC, _VERSION, step, len(buf)], dtype=torch.int64, device=self._device)
+        meta_t = torch.frombuffer(bytearray(buf), dtype=torch.uint8).to(self._device)
+        pending: deque[tuple[Any, str, object]] = deque()  # (work, what, buffer kept alive)
+
+        def post(t: torch.Tensor, tag: int, what: str) -> None:
+            for dst in dst_ranks:
+                part = f"{what} to rank {dst}"
+                pending.append((deadline.post(lambda: self._pg.send([t], dst, tag), part), part, t))
+            while len(pending) > _MAX_INFLIGHT * max(1, len(dst_ranks)):
+                work, part, _ = pending.popleft()
+                deadline.wait(work, part)
+
+        post(header, _TAG_HEADER, "the header")
+        post(meta_t, _TAG_META, "the metadata")
+        total = 0
+        nbytes = [m.nbytes for m in meta.tensors]
+        for k, indices in enumerate(_plan(nbytes)):
+            if len(indices) == 1:
+                data = _bytes_of(tensors[indices[0]], self._device)
+            else:
+                offsets, size = _layout(indices, nbytes)
+                data = torch.zeros(size, dtype=torch.uint8, device=self._device)
+                for i, pos in zip(indices, offsets):
+                    data[pos:pos + nbytes[i]] = _bytes_of(tensors[i], self._device)
+            total += data.numel()
+            post(data, _TAG_DATA + k, f"message {k} (tensors {indices[0]}..{indices[-1]})")
+        while pending:
+            work, part, _ = pending.popleft()
+            deadline.wait(work, part)
+        logger.info("sent the checkpoint of step %d (%d tensors, %.1f MiB) to ranks %s in %.3fs", step,
+                    len(tensors), total / 2**20, dst_ranks, time.monotonic() - started)
+
+    # receiver -------------------------------------------------------------------------------------
+
+    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> T:
+        """Receive the checkpoint of ``step`` from ``src_rank`` (``metadata`` is unused)."""
+        started = time.monotonic()
+        deadline = _Deadline(timeout, f"receiving the checkpoint of step {step} from rank {src_rank}")
+        template: dict[KeyPath, object] = {}
+        if self._state_dict is not None:
+            template = dict(tree_flatten_with_path(self._state_dict())[0])
+
+        header = torch.zeros(4, dtype=torch.int64, device=self._device)
+        deadline.wait(deadline.post(lambda: self._pg.recv([header], src_rank, _TAG_HEADER), "the header"),
+                      "the header")
+        magic, version, sent_step, meta_len = (int(x) for x in header.cpu().tolist())
+        if magic != _MAGIC or version != _VERSION:
+            raise CheckpointTransferError(
+                f"rank {src_rank} did not send an ftclient PGTransport checkpoint (header {header.tolist()}): "
+                "both ends of a recovery must use ftclient's PGTransport")
+        if sent_step != step:
+            raise CheckpointStepMismatchError(f"rank {src_rank} sent step {sent_step} but step {step} was requested")
+        meta_t = torch.empty(meta_len, dtype=torch.uint8, device=self._device)
+        deadline.wait(deadline.post(lambda: self._pg.recv([meta_t], src_rank, _TAG_META), "the metadata"),
+                      "the metadata")
+        with warnings.catch_warnings():  # torch's TreeSpec warns about its own LeafSpec when unpickled
+            warnings.simplefilter("ignore", FutureWarning)
+            meta: _Meta = pickle.loads(meta_t.cpu().numpy().tobytes())
+
+        # Where each distinct tensor goes: a template tensor (in place) or a new one.
+        targets: list[torch.Tensor | None] = [None] * len(meta.tensors)
+        for path, leaf in zip(meta.paths, meta.leaves):
+            if isinstance(leaf, (_TensorLeaf, _DTensorLeaf)) and targets[leaf.index] is None:
+                targets[leaf.index] = self._target(path, leaf, meta.tensors[leaf.index], template.get(path))
+        received = self._receive(src_rank, meta.tensors, targets, deadline)
+
+        values: list[object] = []
+        for path, leaf in zip(meta.paths, meta.leaves):
+            if isinstance(leaf, _TensorLeaf):
+                values.append(received[leaf.index])
+            elif isinstance(leaf, _DTensorLeaf):
+                values.append(self._dtensor(path, leaf, received[leaf.index], template.get(path), meta))
+            else:
+                values.append(leaf)
+        # Tied tensors: one object per distinct tensor, DTensors included.
+        shared: dict[int, object] = {}
+        for i, (path, leaf) in enumerate(zip(meta.paths, meta.leaves)):
+            if isinstance(leaf, (_TensorLeaf, _DTensorLeaf)):
+                values[i] = shared.setdefault(leaf.index, values[i])
+        logger.info("received the checkpoint of step %d (%d tensors) from rank %d in %.3fs", step, len(meta.tensors),
+                    src_rank, time.monotonic() - started)
+        return tree_unflatten(values, meta.treespec)
+
+    def _target(self, path: KeyPath, leaf: object, tm: _TensorMeta, tmpl: object) -> torch.Tensor | None:
+        """The template tensor to receive into, if it fits (DTensor: its local shard)."""
+        if isinstance(leaf, _DTensorLeaf):
+            if not isinstance(tmpl, DTensor):
+                return None
+            self._check_layout(path, leaf, tm, tmpl)
+            local = tmpl._local_tensor
+        else:
+            if not isinstance(tmpl, torch.Tensor) or isinstance(tmpl, DTensor) or not _is_streamed(tmpl):
+                return None
+            local = tmpl
+        if local.dtype != tm.dtype or tuple(local.shape) != tm.shape:
+            return None
+        return local
+
+    @staticmethod
+    def _check_layout(path: KeyPath, leaf: _DTensorLeaf, tm: _TensorMeta, tmpl: DTensor) -> None:
+        mine = (tuple(tmpl.placements), tuple(tmpl.shape), tuple(tmpl._local_tensor.shape), tmpl.dtype)
+        theirs = (leaf.placements, leaf.shape, tm.shape, tm.dtype)
+        if mine != theirs:
+            raise CheckpointTransferError(
+                f"DTensor {keystr(path)} has another layout on the source replica: (placements, global shape, "
+                f"local shape, dtype) {theirs} there, {mine} here; recovery needs the same sharding in both "
+                "replica groups")
+
+    def _receive(self, src_rank: int, metas: list[_TensorMeta], targets: list[torch.Tensor | None],
+                 deadline: _Deadline) -> list[torch.Tensor]:
+        """Receive every message of the plan; the tensors in index order."""
+        out: list[torch.Tensor | None] = list(targets)
+        for i, m in enumerate(metas):
+            if m.nbytes == 0 and out[i] is None:
+                out[i] = self._fresh(m, torch.empty(0, dtype=torch.uint8, device=self._device), False)
+        pending: deque[tuple[Any, str, Callable[[], None]]] = deque()
+
+        def finish_one() -> None:
+            work, part, done = pending.popleft()
+            deadline.wait(work, part)
+            done()
+
+        nbytes = [m.nbytes for m in metas]
+        for k, indices in enumerate(_plan(nbytes)):
+            direct = targets[indices[0]] if len(indices) == 1 else None
+            if direct is not None and direct.is_contiguous() and direct.device == self._device:
+                buf = direct.detach().reshape(-1).view(torch.uint8)  # in place
+
+                def done() -> None:
+                    pass
+            else:
+                offsets, size = _layout(indices, nbytes)
+                buf = torch.empty(size, dtype=torch.uint8, device=self._device)
+
+                def done(buf: torch.Tensor = buf, indices: list[int] = indices, offsets: list[int] = offsets) -> None:
+                    for i, pos in zip(indices, offsets):
+                        part = buf[pos:pos + nbytes[i]]
+                        target = targets[i]
+                        if target is not None:
+                            with torch.no_grad():
+                                target.copy_(part.view(metas[i].dtype).view(metas[i].shape))
+                        else:
+                            out[i] = self._fresh(metas[i], part, len(indices) > 1)
+            part = f"message {k} (tensors {indices[0]}..{indices[-1]})"
+            pending.append((deadline.post(lambda: self._pg.recv([buf], src_rank, _TAG_DATA + k), part), part, done))
+            if len(pending) > _MAX_INFLIGHT:
+                finish_one()
+        while pending:
+            finish_one()
+        assert all(t is not None for t in out)
+        return out  # type: ignore[return-value]
+
+    def _fresh(self, m: _TensorMeta, data: torch.Tensor, in_bucket: bool) -> torch.Tensor:
+        """A new tensor from received bytes (on the CPU, as torchft's receiver does)."""
+        t = data.view(m.dtype).view(m.shape) if m.nbytes else torch.empty(m.shape, dtype=m.dtype)
+        if t.device.type != "cpu":
+            t = t.cpu()
+        elif in_bucket:
+            t = t.clone()  # a slice of a bucket: don't keep the whole bucket alive
+        if m.is_parameter:
+            return nn.Parameter(t, requires_grad=m.requires_grad)
+        return t.requires_grad_(m.requires_grad) if m.requires_grad else t
+
+    def _dtensor(self, path: KeyPath, leaf: _DTensorLeaf, local: torch.Tensor, tmpl: object, meta: _Meta) -> object:
+        if isinstance(tmpl, DTensor):
+            if local is not tmpl._local_tensor:  # the template's shard did not fit: a layout error
+                self._check_layout(path, leaf, meta.tensors[leaf.index], tmpl)
+            return tmpl
+        info = meta.meshes[leaf.mesh_index]
+        mesh = None
+        if info.pickled is not None:
+            try:
+                mesh = pickle.loads(info.pickled)
+            except Exception:  # noqa: BLE001 -- reported below
+                mesh = None
+        if mesh is None or mesh.get_coordinate() is None:
+            raise CheckpointTransferError(
+                f"DTensor {keystr(path)} (mesh {info.shape} {info.dim_names}, placements {leaf.placements}) cannot "
+                "be rebuilt here: this process is not in the source's mesh. Give PGTransport a state_dict= "
+                "template (the Manager's layout) so that DTensors are received on this replica's own mesh")
+        if mesh.device_type != local.device.type:
+            local = local.to(self._device if self._device.type == mesh.device_type else mesh.device_type)
+        t = DTensor.from_local(local.detach(), mesh, leaf.placements, run_check=False, shape=torch.Size(leaf.shape),
+                               stride=leaf.stride)
+        return t.requires_grad_(leaf.requires_grad) if leaf.requires_grad else t

@@ -1,0 +1,242 @@
+"""ftclient.checkpointing.PGTransport: checkpoints over a process group's send/recv.
+
+Unit tests run real Gloo ranks as threads of the test process (torch's ``ProcessGroupGloo``
+backend over an in-memory store; nothing is started): a state dict of every kind of leaf
+(dtypes, views, non-contiguous and conjugate tensors, 0-d and empty tensors, tensors large
+enough to go alone and hundreds small enough to be bucketed, Parameters, tied tensors, sparse
+tensors and plain values in nested containers) arrives bitwise equal at two destinations at
+once; a template is received into in place (its own tensor objects come back, a non-contiguous
+one is copied into, one of another shape is left alone); the wrong step, a foreign header and a
+silent peer fail within the timeout; the plan buckets small tensors deterministically.
+
+Integration tests run real processes. HSDP on CPU: 4 processes, 2 replica groups of 2 ranks,
+FSDP2 (``fully_shard``) on each group's shard mesh, PGTransport on the replicate dimension's
+group: group 1 receives group 0's model and AdamW state (DTensors) into its own state dict
+(its own mesh and placements, the template's objects), loads it and ends with group 0's full
+parameters; without a template the sender's mesh is refused with an error asking for one.
+A Manager with ``checkpoint_transport=PGTransport(pg, ...)`` heals a replica group that is
+behind from its peer through a real 3-node lighthouse cluster.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ftclient.checkpointing import CheckpointStepMismatchError, CheckpointTransferError, CheckpointTransport
+from ftclient.checkpointing import pg_transport
+from ftclient.checkpointing.pg_transport import PGTransport
+
+pytestmark = pytest.mark.timeout(60)
+
+T5 = timedelta(seconds=5)
+CPU = torch.device("cpu")
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    return t.view(torch.uint8) if t.numel() else t
+
+
+def assert_bitwise_equal(got: Any, expected: Any, path: str = "") -> None:
+    """Same structure, same Python values, tensors with the same type, dtype, shape and bits."""
+    assert type(got) is type(expected), f"{path}: {type(got)} != {type(expected)}"
+    if isinstance(expected, torch.Tensor):
+        if expected.layout != torch.strided:
+            assert torch.equal(got.to_dense(), expected.to_dense()), path
+            return
+        assert got.dtype == expected.dtype and got.shape == expected.shape, path
+        assert got.requires_grad == expected.requires_grad, path
+        assert torch.equal(_bits(got), _bits(expected)), path
+    elif isinstance(expected, dict):
+        assert list(got) == list(expected), path
+        for k in expected:
+            assert_bitwise_equal(got[k], expected[k], f"{path}[{k!r}]")
+    elif isinstance(expected, (list, tuple)):
+        assert len(got) == len(expected), path
+        for i, (g, e) in enumerate(zip(got, expected)):
+            assert_bitwise_equal(g, e, f"{path}[{i}]")
+    else:
+        assert got == expected, path
+
+
+def gloo_ranks(world_size: int, timeout: timedelta = T5) -> list[dist.ProcessGroup]:
+    """``world_size`` real Gloo ranks of one group in this process (built concurrently)."""
+    store = dist.HashStore()
+    out: list[Any] = [None] * world_size
+
+    def build(rank: int) -> None:
+        out[rank] = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+
+    run_threads([lambda r=r: build(r) for r in range(world_size)])
+    return out
+
+
+def run_threads(calls: list[Callable[[], Any]], timeout: float = 30.0) -> list[Any]:
+    """Run ``calls`` on threads; their results in order, or the first error."""
+    results: list[Any] = [None] * len(calls)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except BaseException as e:  # noqa: BLE001 -- handed to the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    assert not any(t.is_alive() for t in threads), f"still running after {timeout}s"
+    if errors:
+        raise errors[0]
+    return results
+
+
+def rich_state_dict() -> dict[str, Any]:
+    g = torch.Generator().manual_seed(0)
+    big = torch.randn(512, 600, generator=g)  # 1.2 MB: sent alone
+    shared = torch.randn(7, generator=g)
+    base = torch.arange(100, dtype=torch.float64)
+    return {
+        "big": big,
+        "transposed": big[:40, :50].t(),  # non-contiguous view
+        "slice": base[10:20],  # a view: only its 10 elements travel
+        "conj": torch.randn(3, dtype=torch.complex64, generator=g).conj(),
+        "neg": torch.randn(4, generator=g)._neg_view(),
+        "dtypes": [torch.ones(3, dtype=d) for d in (torch.bfloat16, torch.float16, torch.int64, torch.uint8,
+                                                     torch.int8, torch.float64)],
+        "bool": torch.tensor([True, False, True]),
+        "scalar": torch.tensor(3.5),
+        "empty": torch.empty(0, 4),
+        "param": nn.Parameter(torch.randn(5, generator=g)),
+        "frozen": nn.Parameter(torch.randn(2, generator=g), requires_grad=False),
+        "grad_tensor": torch.randn(3, generator=g).requires_grad_(),
+        "tied": {"a": shared, "b": shared},
+        "many_small": [torch.full((300,), float(i)) for i in range(400)],  # 480 KB: 1 bucket+
+        "many_medium": [torch.full((60_000,), float(i)) for i in range(20)],  # 240 KB each: 2 buckets
+        "sparse": torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (4,), check_invariants=True),
+        "values": collections.OrderedDict(step=7, name="ckpt", nothing=None, pair=(1, 2.5), nested={"x": [1, 2]}),
+    }
+
+
+# -- the plan -------------------------------------------------------------------------------------------
+
+
+def test_plan_sends_large_tensors_alone_and_buckets_small_ones_deterministically() -> None:
+    small, bucket = pg_transport._SMALL, pg_transport._BUCKET
+    assert pg_transport._plan([small, 10, 0, 20, small * 4, 30]) == [[0], [4], [1, 3, 5]]
+    sizes = [10, small * 2] + [small - 1] * 40 + [0, 7]
+    plan = pg_transport._plan(sizes)
+    assert plan[0] == [1]  # large: alone, in order of appearance
+    buckets = plan[1:]
+    assert len(buckets) == 3 and [i for msg in buckets for i in msg] == [0, *range(2, 42), 43]  # no empty one
+    assert all(sum(sizes[i] for i in msg) <= bucket for msg in buckets)
+    assert pg_transport._plan(sizes) == plan
+
+
+# -- transfers between in-process Gloo ranks ----------------------------------------------------------------
+
+
+def test_state_dict_arrives_bitwise_equal_at_two_destinations() -> None:
+    pgs = gloo_ranks(3)
+    sd = rich_state_dict()
+    transports = [PGTransport(pg, T5, CPU) for pg in pgs]
+    _, got1, got2 = run_threads([
+        lambda: transports[0].send_checkpoint([1, 2], step=7, state_dict=sd, timeout=T5),
+        lambda: transports[1].recv_checkpoint(0, transports[0].metadata(), step=7, timeout=T5),
+        lambda: transports[2].recv_checkpoint(0, "<n/a>", step=7, timeout=T5),
+    ])
+    for got in (got1, got2):
+        assert_bitwise_equal(got, sd)
+        assert got["tied"]["a"] is got["tied"]["b"]  # sent once, shared again
+        assert got["slice"].numel() == 10 and not got["transposed"].is_conj()
+        assert got["many_small"][0]._base is None  # bucket slices don't keep the bucket alive
+    assert got1["big"] is not got2["big"]
+    assert isinstance(transports[0], CheckpointTransport)
+    transports[0].disallow_checkpoint()  # nothing to wait for: sending is synchronous
+    transports[0].shutdown()
+
+
+def test_template_tensors_are_received_in_place() -> None:
+    pgs = gloo_ranks(2)
+    src = {"w": torch.randn(600, 300), "b": torch.randn(8), "t": torch.randn(6, 4).t().contiguous().t(),
+           "other_shape": torch.randn(3), "only_there": torch.randn(2)}
+    tmpl = {"w": torch.zeros(600, 300), "b": torch.zeros(8), "t": torch.zeros(4, 6).t(),  # non-contiguous
+            "other_shape": torch.zeros(4)}
+    before_other = tmpl["other_shape"].clone()
+    sender = PGTransport(pgs[0], T5, CPU)
+    receiver = PGTransport(pgs[1], T5, CPU, state_dict=lambda: tmpl)
+    _, got = run_threads([lambda: sender.send_checkpoint([1], 3, src, T5),
+                          lambda: receiver.recv_checkpoint(0, "<n/a>", 3, T5)])
+    for k in ("w", "b", "t"):
+        assert got[k] is tmpl[k], k  # the template's own tensor, filled
+        assert torch.equal(tmpl[k], src[k]), k
+    assert got["other_shape"] is not tmpl["other_shape"] and torch.equal(got["other_shape"], src["other_shape"])
+    assert torch.equal(tmpl["other_shape"], before_other)  # a template of another shape is left alone
+    assert torch.equal(got["only_there"], src["only_there"])
+
+
+def test_wrong_step_and_foreign_header_are_refused() -> None:
+    pgs = gloo_ranks(2)
+    sender, receiver = PGTransport(pgs[0], T5, CPU), PGTransport(pgs[1], T5, CPU)
+    short = timedelta(seconds=1)
+    # The sender's small header and metadata complete without the receiver reading the rest,
+    # or time out: either way it returns or raises within its timeout.
+    results: list[Any] = []
+
+    def send() -> None:
+        try:
+            sender.send_checkpoint([1], 5, {"x": torch.ones(2)}, short)
+            results.append("sent")
+        except TimeoutError as e:
+            results.append(e)
+
+    def recv() -> None:
+        with pytest.raises(CheckpointStepMismatchError, match="rank 0 sent step 5 but step 6 was requested"):
+            receiver.recv_checkpoint(0, "<n/a>", 6, T5)
+
+    run_threads([send, recv])
+    assert len(results) == 1
+
+    pgs = gloo_ranks(2)
+    foreign = torch.tensor([1, 2, 3, 4], dtype=torch.int64)  # e.g. another transport's first message
+    receiver = PGTransport(pgs[1], T5, CPU)
+
+    def recv_foreign() -> None:
+        with pytest.raises(CheckpointTransferError, match="did not send an ftclient PGTransport checkpoint"):
+            receiver.recv_checkpoint(0, "<n/a>", 1, T5)
+
+    run_threads([lambda: pgs[0].send([foreign], 1, pg_transport._TAG_HEADER).wait(), recv_foreign])
+
+
+def test_a_silent_peer_fails_the_transfer_within_its_timeout() -> None:
+    pgs = gloo_ranks(2, timeout=timedelta(seconds=30))
+    receiver = PGTransport(pgs[1], T5, CPU)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="receiving the checkpoint of step 2 from rank 0 timed out"):
+        receiver.recv_checkpoint(0, "<n/a>", 2, timedelta(seconds=1))
+    assert 0.9 <= time.monotonic() - t0 < 4.0
+
+    pgs = gloo_ranks(2, timeout=timedelta(seconds=30))  # Gloo closed the pair that timed out
+    sender = PGTransport(pgs[0], T5, CPU)
+    big = {"x": torch.zeros(64 << 20, dtype=torch.uint8)}  # too large to sit in socket buffers
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="sending the checkpoint of step 2 to ranks \\[1\\] timed out"):
+        sender.send_checkpoint([1], 2, big, timedelta(seconds=1))
+    assert 0.9 <= time.monotonic() - t0 < 4.0
+
+
+def test_unpicklable_values_are_named() -> None:
+    pgs = gloo_ranks(1)
+    with pytest.raises(TypeError, match="must be picklable"):
+        PGTransport(pgs[0], T5, CPU).send_checkpoint([0], 1, {"f": lambda: 1}, T5)
