@@ -3,8 +3,10 @@
 This module owns the data-parallel model wrapper: torch's DistributedDataParallel runs over a
 single-rank :class:`~ftclient.process_group.ProcessGroupDummy` (its start-up broadcast and
 shape checks become no-ops) and every gradient bucket is averaged across the quorum by a
-communication hook that calls ``manager.allreduce(bucket.buffer())``. The Manager decides who
-participates, records errors instead of raising, and divides by the number of participants.
+communication hook that calls ``manager.allreduce(bucket.buffer())`` and returns that work's
+future (``Work.get_future()``, as torchft's hook does; a manager that returns a Future directly
+is accepted too). The Manager decides who participates, records errors instead of raising, and
+divides by the number of participants.
 """
 
 
@@ -49,7 +51,8 @@ class DistributedDataParallel(parallel.DistributedDataParallel):
     * ``process_group`` cannot be passed: the quorum's group belongs to the Manager.
 
     Args:
-        manager: the Manager (anything with ``allreduce(tensor) -> Future[Tensor]``).
+        manager: the Manager (anything with ``allreduce(tensor)`` returning a ``Work`` whose
+            ``get_future()`` resolves to the tensor, or such a Future itself).
         module: the model.
         **kwargs: passed to ``torch.nn.parallel.DistributedDataParallel``.
     """

@@ -8,12 +8,23 @@ Per step, every rank of every replica group:
    on ``{store_address}/torchft/{quorum_id}/{group_rank}``; a group that is behind (or, with
    ``init_sync``, not the primary on step 0) fetches the checkpoint of ``max_step`` from its
    recovery source through the checkpoint transport, and up-to-date groups serve theirs.
-2. ``allreduce(tensor)`` (gradients): never raises; a failure is recorded (``errored()``) and
-   the returned future resolves with the input tensor.
-3. ``should_commit()`` (before ``optimizer.step()``): a barrier over the replica group that is
-   True iff every rank has no error and enough replica groups participate. True advances the
-   step; False counts a commit failure (reported to the lighthouse with the next quorum) and
-   raises after ``max_retries`` consecutive ones.
+2. ``allreduce(tensor)`` (gradients): returns a ``torch.distributed.Work`` (:class:`ManagedWork`:
+   ``wait()``, ``get_future()``, ``synchronize()``, ``block_current_stream()``, as torchft's);
+   never raises for a failed collective: the failure is recorded (``errored()``), ``wait()``
+   returns False and the work's future resolves with the input tensor.
+3. ``should_commit()`` (before ``optimizer.step()``): syncs the accelerator's current stream (and
+   the recovery stream), then a barrier over the replica group that is True iff every rank has
+   no error and enough replica groups participate. True advances the step; False counts a commit
+   failure (reported to the lighthouse with the next quorum) and raises after ``max_retries``
+   consecutive ones.
+
+Accelerators (CUDA, or any ``torch.accelerator``; everything below is a no-op without one): the
+quorum thread sets the device that was current when ``start_quorum()`` was called; checkpoints
+are sent and received on a dedicated recovery stream, which ``should_commit()`` (and a
+synchronous quorum's healing) waits for before the recovered state is used; an allreduce's
+work remembers the stream it was started on, and its result is ordered after the collective on
+that stream (``wait()`` / ``block_current_stream()`` / ``synchronize()`` do not block the CPU
+for a CUDA-aware process group such as NCCL).
 
 Liveness (a lighthouse cluster with ``Watch``; :mod:`ftclient.liveness`): the manager server
 keeps a liveness stream to the leader, and the leader pushes a notice when a member of a quorum
@@ -45,23 +56,24 @@ import uuid
 from concurrent.futures import Future as ConcurrentFuture
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from enum import Enum
 from typing import Any, Callable, Iterator, TypeVar, cast
 
 import torch
+import torch.distributed as dist
 from torch.distributed import ReduceOp, TCPStore
 
 from . import _env
-from ._timeouts import future_timeout
+from ._timeouts import WATCHDOG, future_timeout
 from .checkpointing import HTTPTransport
 from .liveness import DEFAULT_KEEPALIVE_INTERVAL, PeerDied, PeerDiedError
 from .manager_server import LocalManagerClient, ManagerClient, ManagerServer
 from .process_group import abort_process_group
 from .quorum_results import QuorumResult
 
-__all__ = ["ExceptionWithTraceback", "Manager", "WorldSizeMode"]
+__all__ = ["ExceptionWithTraceback", "ManagedWork", "Manager", "WorldSizeMode"]
 
 T = TypeVar("T")
 
@@ -75,6 +87,51 @@ NOTICE_WAKE = b"wake"
 # After a liveness notice, how long collectives in flight may still complete on their own before
 # they are aborted (see _peer_died).
 ABORT_GRACE_S = 0.1
+
+
+class _Accelerator:
+    """The Manager's use of the accelerator (``torch.accelerator``: CUDA, XPU, ...). Every method
+    is a no-op (or answers None / -1) when no accelerator is available, so the CPU path runs the
+    same code. One instance, :data:`_ACCELERATOR`, which tests may replace."""
+
+    def available(self) -> bool:
+        accelerator = getattr(torch, "accelerator", None)
+        return bool(accelerator is not None and accelerator.is_available())
+
+    def current_device(self) -> int:
+        """The calling thread's current device index, -1 without an accelerator."""
+        return torch.accelerator.current_device_index() if self.available() else -1
+
+    def set_device(self, index: int) -> None:
+        """Make ``index`` the calling thread's device (the quorum thread's, for the process group
+        and the checkpoint transport); nothing for a negative index."""
+        if index >= 0 and self.available():
+            torch.accelerator.set_device_index(index)
+
+    def new_stream(self) -> Any | None:
+        """A new stream on the current device (the recovery stream), None without an accelerator."""
+        return torch.Stream() if self.available() else None
+
+    def current_stream(self) -> Any | None:
+        return torch.accelerator.current_stream() if self.available() else None
+
+    def stream_context(self, stream: Any | None) -> Any:
+        """``with`` this: ``stream`` is the current stream inside (nothing for None)."""
+        return stream if stream is not None else nullcontext()
+
+    def record_event(self) -> Any | None:
+        """An event recorded on the current stream, None without an accelerator."""
+        stream = self.current_stream()
+        return stream.record_event() if stream is not None else None
+
+    def synchronize(self) -> None:
+        """Block until the current stream's queued work is done."""
+        stream = self.current_stream()
+        if stream is not None:
+            stream.synchronize()
+
+
+_ACCELERATOR = _Accelerator()
 
 
 class WorldSizeMode(Enum):
@@ -272,6 +329,11 @@ class Manager:
         self._full_replica_id = replica_id or "?"
 
         self._pg = pg
+        # Accelerator streams (all None on CPU): checkpoints move on the recovery stream; its
+        # event, recorded after a transfer, is waited for before the recovered state is used.
+        self._accel = _ACCELERATOR
+        self._recovery_stream = self._accel.new_stream()
+        self._recovery_event: Any | None = None
         self._manager: ManagerServer | None = None
         self._client: ManagerClient | LocalManagerClient | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ftclient_async_quorum")
@@ -552,7 +614,8 @@ class Manager:
             self._step_quorum_id = None
         self._healing = False
         self._quorum_future = self._executor.submit(self._async_quorum, allow_heal, shrink_only,
-                                                    timeout or self._quorum_timeout)
+                                                    timeout or self._quorum_timeout,
+                                                    self._accel.current_device())
         if not self._use_async_quorum:
             self.wait_quorum()
             if self._healing:
@@ -566,7 +629,11 @@ class Manager:
             raise RuntimeError("call start_quorum before wait_quorum")
         self._quorum_future.result()
 
-    def _async_quorum(self, allow_heal: bool, shrink_only: bool, quorum_timeout: timedelta) -> None:
+    def _async_quorum(self, allow_heal: bool, shrink_only: bool, quorum_timeout: timedelta,
+                      device: int = -1) -> None:
+        # The caller's device: the process group's configure and the checkpoint transfers below
+        # allocate on the current device of this (the quorum) thread.
+        self._accel.set_device(device)
         assert self._client is not None
         quorum = self._client._quorum(
             group_rank=self._group_rank, step=self._step, checkpoint_metadata=self._checkpoint_transport.metadata(),
@@ -601,6 +668,7 @@ class Manager:
                 self._quorum_known(quorum.quorum_id)
                 return
             try:
+                self._accel.synchronize()  # nothing queued on the current stream uses the old group
                 self._pg.configure(store_prefixed_addr, self._replica_id if self._replica_id is not None else "0",
                                    quorum.replica_rank, quorum.replica_world_size, quorum_id=quorum.quorum_id,
                                    group_rank=self._group_rank, group_world_size=self._group_world_size)
@@ -618,6 +686,12 @@ class Manager:
 
         if not allow_heal:
             return
+        with self._accel.stream_context(self._recovery_stream):
+            self._send_or_recover(quorum)
+            self._recovery_event = self._accel.record_event()  # on the recovery stream
+
+    def _send_or_recover(self, quorum: QuorumResult) -> None:
+        """Serve our checkpoint to the groups that heal from us; fetch ours if we heal."""
         try:
             if quorum.recover_dst_replica_ranks:
                 self._info(f"peers need recovery from us: {quorum.recover_dst_replica_ranks}")
@@ -643,10 +717,17 @@ class Manager:
             self._exception(f"got exception in recovery: {e}")
             self.report_error(e)
 
+    def _wait_recovery_stream(self) -> None:
+        """Block until the last checkpoint transfer's work on the recovery stream is done."""
+        event, self._recovery_event = self._recovery_event, None
+        if event is not None:
+            event.synchronize()
+
     def _apply_pending_state_dict(self) -> None:
         assert self._healing, "only a healing replica group applies a recovered state_dict"
         assert self._quorum_future is not None
         self._quorum_future.result()
+        self._wait_recovery_stream()
         pending, self._pending_state_dict = self._pending_state_dict, None
         if pending is None:
             assert self.errored() is not None, "no recovered state_dict and no recorded error"
@@ -662,24 +743,32 @@ class Manager:
     # -- collectives and commit ------------------------------------------------------------------
 
     def allreduce(self, tensor: torch.Tensor, should_quantize: bool = False,
-                  reduce_op: ReduceOp = ReduceOp.AVG) -> "torch.futures.Future[torch.Tensor]":
-        """Allreduce ``tensor`` in place across the participating replica groups.
+                  reduce_op: ReduceOp = ReduceOp.AVG) -> "ManagedWork":
+        """Allreduce ``tensor`` in place across the participating replica groups; returns a
+        ``torch.distributed.Work`` (:class:`ManagedWork`).
 
         AVG is a SUM divided by ``num_participants()``; a replica group that is not
         participating (healing, or a spare) contributes zeros. Never raises for a failed
-        collective: the error is recorded and the future resolves with ``tensor`` (then
-        ``should_commit()`` returns False). After an error, further calls are no-ops.
-        ``should_quantize`` is accepted for compatibility and ignored (no quantized path).
+        collective: the error is recorded (then ``should_commit()`` returns False), the work's
+        ``wait()`` returns False and its future resolves with ``tensor`` (whose content is then
+        undefined). After an error, further calls are no-ops that return a completed work.
+
+        ``should_quantize=True`` raises ``NotImplementedError``: ftclient has no quantized
+        collectives (torchft's are fp8 Triton kernels, CUDA only).
         """
+        if should_quantize:
+            raise NotImplementedError(
+                "Manager.allreduce(should_quantize=True): ftclient has no quantized collectives "
+                "(torchft's fp8 path needs CUDA and Triton); pass should_quantize=False")
         if self.errored():
-            return _completed(tensor)
+            return ManagedWork._completed(self, tensor, "skipped: this step already failed")
         self.wait_quorum()
         with self._liveness_lock:
             notice = self._dead_quorums.get(self._step_quorum_id) if self._step_quorum_id is not None else None
             if notice is not None and self._errored is None:
                 self._errored = ExceptionWithTraceback(PeerDiedError(notice))
         if notice is not None:  # a member of this step's quorum died: it would never complete
-            return _completed(tensor)
+            return ManagedWork._completed(self, tensor, "skipped: a member of this step's quorum died")
         num_participants = self.num_participants()
         if not self.is_participating():
             tensor.zero_()
@@ -692,21 +781,22 @@ class Manager:
             self._inflight += 1  # a notice from now on aborts it (before: the group is aborted already)
         try:
             work = self._pg.allreduce([tensor], pg_op)
-
-            def finish(fut: "torch.futures.Future[Any]") -> torch.Tensor:
-                fut.value()  # raises the collective's error, if any
-                if reduce_op == ReduceOp.AVG and num_participants > 0:
-                    tensor.div_(num_participants)
-                return tensor
-
-            out = self.wrap_future(work.get_future().then(finish), tensor)
         except Exception as e:  # noqa: BLE001 -- recorded, never raised
             self._collective_settled()
             self._exception(f"got exception in allreduce -- skipping remaining: {e}")
             self.report_error(e)
-            return _completed(tensor)
-        out.add_done_callback(lambda _: self._collective_settled())
-        return out
+            return ManagedWork._completed(self, tensor, f"the allreduce failed to start: {e}")
+        divisor = num_participants if reduce_op == ReduceOp.AVG and num_participants > 0 else None
+        return ManagedWork(self, work, tensor, divisor, self._timeout, on_settled=self._collective_settled)
+
+    def _collective_failed(self, e: Exception) -> None:
+        """A collective of this step failed (or timed out): record it, unless the step already
+        failed because a peer died (its abort is what failed the collective)."""
+        if self._peer_died_error() is not None:
+            self._log.debug("%s collective aborted: %s", self._prefix(), e)
+            return
+        self._exception(f"got exception in allreduce -- skipping remaining: {e}")
+        self.report_error(e)
 
     def _collective_settled(self) -> None:
         with self._liveness_lock:
@@ -717,6 +807,10 @@ class Manager:
 
         Raises ``RuntimeError`` after more than ``max_retries`` consecutive False answers.
         """
+        # The step's kernels (and a checkpoint transfer's) must be done before the decision:
+        # an asynchronous error or a late collective would otherwise go unnoticed.
+        self._wait_recovery_stream()
+        self._accel.synchronize()
         if err := self._pg.errored():
             self.report_error(err)
         if self._healing:
@@ -789,7 +883,144 @@ class Manager:
         return self._last_quorum
 
 
-def _completed(tensor: torch.Tensor) -> "torch.futures.Future[torch.Tensor]":
-    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-    fut.set_result(tensor)
-    return fut
+def _done_event(fut: "torch.futures.Future[Any]") -> threading.Event:
+    done = threading.Event()
+    fut.add_done_callback(lambda _: done.set())
+    return done
+
+
+class ManagedWork(dist._Work):
+    """What :meth:`Manager.allreduce` returns: a ``torch.distributed.Work`` over the process
+    group's work, with torchft's ``_ManagedWork`` behaviour.
+
+    * The result (the tensor, divided by the number of participants for AVG) is in place once
+      the work is done; an error or the manager's timeout is reported to the manager
+      (``errored()``, the step does not commit) and the work completes with the input tensor.
+    * ``wait(timeout=None)``: returns True when the tensor holds the allreduced result, False
+      when it does not (the allreduce failed, or was skipped because the step had already
+      failed; never raises). With an accelerator it orders the current stream after the result instead
+      of blocking the CPU (for a CUDA-aware process group such as NCCL). A ``timeout`` that
+      passes first is reported as an error and returns False.
+    * ``get_future()``: a ``torch.futures.Future`` resolving to the tensor (CUDA-aware for a
+      tensor on an accelerator: waiting on it orders the current stream after the result).
+    * ``block_current_stream()`` / ``synchronize()``: order the current stream after the result;
+      on CPU (no stream) they wait like ``wait()``.
+    * Like torchft, the stream calls must come from the stream the allreduce was started on
+      (``RuntimeError`` otherwise).
+    """
+
+    def __init__(self, manager: Manager, work: dist._Work | None, tensor: torch.Tensor, divisor: int | None,
+                 timeout: timedelta | None, on_settled: Callable[[], None] | None = None) -> None:
+        super().__init__()
+        self._manager = manager
+        self._work = work
+        self._tensor = tensor
+        self._stream = manager._accel.current_stream()
+        self._error: Exception | None = None
+        self._lock = threading.Lock()
+        self._settled = False
+        self._on_settled = on_settled
+        # A tensor on an accelerator needs a CUDA-aware future: completing it records an event on
+        # the callback's stream, waiting on it makes the current stream wait for that event.
+        devices = [tensor.device] if tensor.device.type not in ("cpu", "meta") else None
+        self._fut: torch.futures.Future[torch.Tensor] = (
+            torch.futures.Future(devices=devices) if devices else torch.futures.Future())
+        self._timer: Any | None = None
+        if work is None:
+            return
+        self._timer = (WATCHDOG.schedule(timeout.total_seconds(), self._on_timeout)
+                       if timeout is not None else None)
+
+        def on_done(f: "torch.futures.Future[Any]") -> None:
+            # On an accelerator torch runs this on a stream ordered after the collective.
+            try:
+                f.value()  # raises the collective's error, if any
+            except Exception as e:  # noqa: BLE001 -- recorded, never raised
+                self._settle(e)
+                return
+            # Under the settle lock: after a timeout the late result leaves the tensor alone.
+            self._settle(None, (lambda: tensor.div_(divisor)) if divisor is not None else None)
+
+        work.get_future().add_done_callback(on_done)  # last: a completed work calls back at once
+
+    @classmethod
+    def _completed(cls, manager: Manager, tensor: torch.Tensor, reason: str) -> "ManagedWork":
+        """A work that is already done with ``tensor`` untouched: no allreduce ran (``wait()``
+        returns False; the step's error is already recorded)."""
+        w = cls(manager, None, tensor, None, None)
+        w._error = RuntimeError(reason)
+        w._settled = True
+        w._fut.set_result(tensor)
+        return w
+
+    def _on_timeout(self) -> None:
+        self._settle(TimeoutError(f"allreduce did not complete within the manager's timeout "
+                                  f"({self._manager._timeout.total_seconds():g}s)"))
+
+    def _settle(self, error: Exception | None, apply: Callable[[], object] | None = None) -> None:
+        with self._lock:
+            if self._settled:
+                return
+            if apply is not None:
+                try:
+                    apply()
+                except Exception as e:  # noqa: BLE001 -- recorded, never raised
+                    error = e
+            self._settled = True
+            self._error = error
+        if self._timer is not None:
+            self._timer.cancel()
+        try:
+            if error is not None:
+                self._manager._collective_failed(error)
+        finally:
+            if self._on_settled is not None:
+                self._on_settled()
+            self._fut.set_result(self._tensor)
+
+    def _check_stream(self) -> None:
+        if self._stream is not None and self._stream != self._manager._accel.current_stream():
+            raise RuntimeError("ManagedWork: wait()/block_current_stream()/synchronize() must be called on the "
+                               f"stream the allreduce was started on ({self._stream}), not "
+                               f"{self._manager._accel.current_stream()}")
+
+    def _wait_settled(self, timeout: timedelta | None) -> bool:
+        """Block the CPU until the work is settled; False (and an error reported) if ``timeout``
+        passes first."""
+        if timeout is None:
+            _done_event(self._fut).wait()  # bounded: the manager's timeout settles it
+            return True
+        if _done_event(self._fut).wait(max(timeout.total_seconds(), 0.0)):
+            return True
+        self._manager._collective_failed(TimeoutError(
+            f"allreduce not completed within wait(timeout={timeout.total_seconds():g}s)"))
+        return False
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        self._check_stream()
+        if not self._wait_settled(timeout):
+            return False
+        self._fut.wait()  # an accelerator's current stream now waits for the result
+        return self._error is None
+
+    def block_current_stream(self, timeout: timedelta | None = None) -> None:
+        self.wait(timeout)
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def get_future(self) -> "torch.futures.Future[torch.Tensor]":
+        return self._fut
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def is_success(self) -> bool:
+        return self._fut.done() and self._error is None
+
+    def exception(self) -> Exception | None:  # type: ignore[override]
+        return self._error
+
+    def __repr__(self) -> str:
+        state = "pending" if not self._fut.done() else ("failed" if self._error is not None else "done")
+        return f"ManagedWork({state}, work={self._work!r})"

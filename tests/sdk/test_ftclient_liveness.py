@@ -310,7 +310,7 @@ def groups() -> Iterator[Groups]:
 
 def full_step(m: Manager, value: float) -> tuple[list[float], bool]:
     m.start_quorum()
-    out = m.allreduce(torch.tensor([value])).wait().tolist()
+    out = m.allreduce(torch.tensor([value])).get_future().wait().tolist()
     return out, m.should_commit()
 
 
@@ -322,12 +322,13 @@ def test_a_notice_for_the_steps_quorum_fails_its_allreduce_at_once(groups: Group
 
     # Both get quorum 1 again; a is in its allreduce, b never joins it (it "died").
     groups.all(a.start_quorum, b.start_quorum)
-    fut = a.allreduce(torch.tensor([5.0]))
+    work = a.allreduce(torch.tensor([5.0]))
     time.sleep(0.2)
-    assert not fut.done()
+    assert not work.is_completed()
     pushed = time.monotonic()
     groups.stream_of(a).push_peer_died(1, [b.replica_id])
-    assert fut.wait().tolist() == [5.0]  # the input back: never raises
+    assert work.wait() is False  # failed: never raises
+    assert work.get_future().wait().tolist() == [5.0]  # the input back
     assert time.monotonic() - pushed < 1.0, "the allreduce did not fail at once"
     err = a.errored()
     assert err is not None and isinstance(err.original_exception, PeerDiedError)
@@ -336,7 +337,7 @@ def test_a_notice_for_the_steps_quorum_fails_its_allreduce_at_once(groups: Group
     # b was only slow (a false death): its allreduce completes the Gloo operation a aborted; a's
     # tensors are not touched by it, and b's step fails too (a's contribution is the input).
     t = torch.tensor([5.0])
-    assert b.allreduce(torch.tensor([9.0])).wait().tolist() == [7.0]
+    assert b.allreduce(torch.tensor([9.0])).get_future().wait().tolist() == [7.0]
     assert t.tolist() == [5.0] and b.errored() is None  # b saw a complete allreduce
     b.report_error(RuntimeError("b is out of this test"))
     assert b.should_commit() is False
@@ -346,7 +347,7 @@ def test_a_notice_for_the_steps_quorum_fails_its_allreduce_at_once(groups: Group
     a.start_quorum()
     groups.stream_of(a).push_peer_died(1, [b.replica_id])
     wait_for("the second notice", lambda: a.peer_died_notices == 2, 5)
-    assert a.allreduce(torch.tensor([7.0])).wait().tolist() == [7.0]
+    assert a.allreduce(torch.tensor([7.0])).get_future().wait().tolist() == [7.0]
     assert a.errored() is None and a.should_commit() is True and a.current_step() == 2
 
 
@@ -377,17 +378,17 @@ def test_the_groups_other_ranks_get_the_notice_through_the_store(groups: Groups)
     b = groups.group("b", world_size=2)
     assert groups.all(*[lambda m=m: full_step(m, 1.0) for m in a + b]) == [([1.0], True)] * 4
     groups.all(*[m.start_quorum for m in a + b])
-    futs = [m.allreduce(torch.tensor([2.0])) for m in a]  # group b's ranks never join
+    works = [m.allreduce(torch.tensor([2.0])) for m in a]  # group b's ranks never join
     time.sleep(0.2)
     pushed = time.monotonic()
     groups.stream_of(a[0]).push_peer_died(1, [b[0].replica_id])
-    for fut in futs:
-        assert fut.wait().tolist() == [2.0]
+    for work in works:
+        assert work.wait() is False and work.get_future().wait().tolist() == [2.0]
     assert time.monotonic() - pushed < 1.0, "a rank's allreduce did not fail at once"
     assert all(isinstance(m.errored().original_exception, PeerDiedError) for m in a)  # type: ignore[union-attr]
     assert groups.all(*[m.should_commit for m in a]) == [False, False]
     # Group b was only slow: its ranks complete the Gloo operations the others aborted.
-    assert [m.allreduce(torch.tensor([4.0])).wait().tolist() for m in b] == [[3.0], [3.0]]
+    assert [m.allreduce(torch.tensor([4.0])).get_future().wait().tolist() for m in b] == [[3.0], [3.0]]
 
 
 @pytest.mark.integration
@@ -444,8 +445,8 @@ def test_a_notice_after_the_steps_collectives_completed_fails_only_later_ones(gr
     (a,), (b,) = groups.group("a"), groups.group("b")
     assert groups.all(lambda: full_step(a, 1.0), lambda: full_step(b, 3.0)) == [([2.0], True), ([2.0], True)]
     groups.all(a.start_quorum, b.start_quorum)
-    outs = groups.all(lambda: a.allreduce(torch.tensor([1.0])).wait().tolist(),
-                      lambda: b.allreduce(torch.tensor([5.0])).wait().tolist())
+    outs = groups.all(lambda: a.allreduce(torch.tensor([1.0])).get_future().wait().tolist(),
+                      lambda: b.allreduce(torch.tensor([5.0])).get_future().wait().tolist())
     assert outs == [[3.0], [3.0]]
     # b dies after the step's allreduce completed (e.g. it committed and exited): the average a
     # holds includes b's part, so a's step may commit.
@@ -458,7 +459,7 @@ def test_a_notice_after_the_steps_collectives_completed_fails_only_later_ones(gr
     groups.node.quorum_size = 1
     a.start_quorum()  # the fake hands out quorum 1 again (issued before the death was known)
     started = time.monotonic()
-    assert a.allreduce(torch.tensor([2.0])).wait().tolist() == [2.0]
+    assert a.allreduce(torch.tensor([2.0])).get_future().wait().tolist() == [2.0]
     assert time.monotonic() - started < 1.0
     assert isinstance(a.errored().original_exception, PeerDiedError)  # type: ignore[union-attr]
     assert a.should_commit() is False

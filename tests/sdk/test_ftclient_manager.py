@@ -168,9 +168,10 @@ def step(r: Rank, grad: list[float] | None = None, error: Exception | None = Non
     m.start_quorum()
     out = None
     if grad is not None:
-        fut = m.allreduce(torch.tensor(grad))
-        assert isinstance(fut, torch.futures.Future)
-        out = fut.wait().tolist()
+        work = m.allreduce(torch.tensor(grad))
+        assert isinstance(work, torch.distributed.Work)
+        assert work.wait() is (m.errored() is None)
+        out = work.get_future().wait().tolist()
     m.wait_quorum()
     participating, participants = m.is_participating(), m.num_participants()
     if error is not None:
@@ -261,7 +262,7 @@ def test_group_behind_in_step_heals_from_an_up_to_date_group(harness: Harness) -
     def behind_step() -> Step:
         b.manager.start_quorum()
         # Async quorum: the healing group takes part in the collective with zeros.
-        out = b.manager.allreduce(torch.tensor([100.0, 100.0])).wait().tolist()
+        out = b.manager.allreduce(torch.tensor([100.0, 100.0])).get_future().wait().tolist()
         assert b.manager.is_participating() is False
         assert b.state["w"].tolist() == [0.0, 0.0]  # the checkpoint is applied in should_commit
         committed = b.manager.should_commit()
@@ -328,7 +329,9 @@ def test_failed_allreduce_never_raises_and_max_retries(harness: Harness) -> None
     def failing_step(r: Rank) -> tuple[list[float], bool, bool]:
         r.manager.start_quorum()
         t = torch.tensor([5.0, 6.0])
-        out = r.manager.allreduce(t).wait()
+        work = r.manager.allreduce(t)
+        assert work.wait() is False  # failed: never raises
+        out = work.get_future().wait()
         assert out is t  # the input tensor, untouched by the failed collective
         return out.tolist(), r.manager.errored() is not None, r.manager.should_commit()
 
