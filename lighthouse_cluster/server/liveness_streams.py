@@ -11,6 +11,12 @@ goes to the coordinator (``declare_dead``: the rules' health input, nothing else
 replica is a member of the quorum the trainers run, every other member with an open stream gets
 ``PeerDied`` on its own stream, so it aborts that quorum's collectives instead of waiting.
 
+A replica declared dead while it was alive (cut off from the leader, or too slow to keep up its
+keep-alives) learns it when its stream reconnects: right after ``accepted`` the leader sends it a
+``PeerDied`` naming the replica itself and the quorum it was a member of. The other members left
+that quorum when they were told; its own collectives of that quorum are stuck (or would complete
+with the remains of theirs), so it aborts them and asks for the next quorum at once.
+
 Leadership: when this node stops serving (or serves a new term) every stream is ended
 UNAVAILABLE and forgotten without a death; the clients reconnect to the new leader. A new leader
 has no streams, so it declares nobody dead before they reconnect: the coordinator's warm-up seeds
@@ -25,6 +31,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Protocol
 
@@ -44,6 +51,9 @@ CHECK_PERIOD_S = 0.05
 # A client that opens a stream must name its replica within this long.
 FIRST_MESSAGE_TIMEOUT_S = 10.0
 MAX_REPLICA_ID_CHARS = 1024  # as a Quorum call's requester.replica_id
+# Declared-dead notices kept for replicas that may come back (a restarted process has a new id,
+# so most never do): the oldest are dropped past this many.
+MAX_KEPT_DEATH_NOTICES = 4096
 # Metric labels of the two kinds of death (Death.reason carries the detail).
 STREAM_CLOSED_LABEL = "stream_closed"
 KEEPALIVE_TIMEOUT_LABEL = "keepalive_timeout"
@@ -121,6 +131,9 @@ class LivenessStreams:
         self._task: asyncio.Task[None] | None = None
         self.deaths: dict[str, int] = {STREAM_CLOSED_LABEL: 0, KEEPALIVE_TIMEOUT_LABEL: 0}
         self.notices_sent = 0
+        # replica id -> the notice it gets if it opens a stream again (declared dead as a member
+        # of a quorum; see the module docstring)
+        self._declared_dead: OrderedDict[str, cpb.PeerDied] = OrderedDict()
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -160,6 +173,7 @@ class LivenessStreams:
     def _close_all(self, code: grpc.StatusCode, message: str) -> None:
         # Forgotten first: their handlers' ends are then no deaths.
         self.liveness.clear()
+        self._declared_dead.clear()
         watchers, self._watchers = list(self._watchers.values()), {}
         for w in watchers:
             w.end(code, message)
@@ -209,6 +223,7 @@ class LivenessStreams:
         for d in deaths:
             if d.replica_id in members:
                 by_reason.setdefault(d.reason, []).append(d.replica_id)
+                self._keep_death_notice(d, running.quorum_id)
         for reason, dead in by_reason.items():
             event = cpb.WatchEvent(peer_died=cpb.PeerDied(quorum_id=running.quorum_id, replica_ids=sorted(dead),
                                                           reason=reason))
@@ -221,6 +236,14 @@ class LivenessStreams:
             self.notices_sent += len(told)
             log.info("quorum %d: %s died (%s); told %s", running.quorum_id, ", ".join(sorted(dead)), reason,
                      ", ".join(told) or "nobody (no other member has a stream open)")
+
+    def _keep_death_notice(self, death: Death, quorum_id: int) -> None:
+        self._declared_dead[death.replica_id] = cpb.PeerDied(
+            quorum_id=quorum_id, replica_ids=[death.replica_id],
+            reason=f"this replica was declared dead by leader {self._node_id} ({death.reason})")
+        self._declared_dead.move_to_end(death.replica_id)
+        while len(self._declared_dead) > MAX_KEPT_DEATH_NOTICES:
+            self._declared_dead.popitem(last=False)
 
     # -- the RPC ----------------------------------------------------------------------------------
 
@@ -266,6 +289,11 @@ class LivenessStreams:
         try:
             await context.write(cpb.WatchEvent(accepted=cpb.WatchAccepted(
                 leader_id=self._node_id, term=rounds.term or 0, liveness_timeout_ms=timeout_ms)))
+            own = self._declared_dead.pop(rid, None)
+            if own is not None:
+                log.info("told %s, back after it was declared dead as a member of quorum %d", rid, own.quorum_id)
+                self.notices_sent += 1
+                await context.write(cpb.WatchEvent(peer_died=own))
             while True:
                 event = await watcher.events.get()
                 if isinstance(event, _End):

@@ -235,6 +235,37 @@ def test_keepalives_that_stop_are_a_death_after_the_timeout() -> None:
     asyncio.run(main())
 
 
+def test_a_replica_declared_dead_is_told_so_when_its_stream_comes_back() -> None:
+    """A cut-off replica: its keep-alives stop, it is declared dead as a member of quorum 4; when
+    it reconnects (the same replica id), the leader's first notice names the replica itself. A
+    replica that was not declared dead, or was told once already, gets no notice."""
+    async def main() -> None:
+        hub = Hub(timeout_ms=500)
+        hub.rounds.quorum = Quorum(4, (Member("a"), Member("b")), 1)
+        await hub.open("a")
+        await hub.open("b")
+        hub.clock.now += 0.6
+        hub.streams.check()  # neither sent a keep-alive: both declared dead
+        assert {d[1] for d in hub.rounds.deaths()} == {"a", "b"}
+        await hub.ended("a")
+        hub.rounds.quorum = Quorum(5, (Member("c"),), 1)  # the others went on without them
+
+        back = await hub.open("a")
+        await wait_for_async("a's own notice", back.peer_died, 1.0, interval=0.001)
+        assert back.written[0].WhichOneof("event") == "accepted"
+        assert back.peer_died() == [cpb.PeerDied(
+            quorum_id=4, replica_ids=["a"],
+            reason="this replica was declared dead by leader n1 (keep-alives stopped for 500 ms)")]
+        again = await hub.open("a")  # told once: a later stream gets nothing
+        fresh = await hub.open("c")
+        for ctx in (again, fresh):
+            # A notice is written right after `accepted`, with no await between that yields
+            # (FakeContext.write does not): it would be there by now.
+            assert [e.WhichOneof("event") for e in ctx.written] == ["accepted"]
+        hub.streams.stop()
+    asyncio.run(main())
+
+
 def test_losing_leadership_ends_every_stream_without_a_death() -> None:
     async def main() -> None:
         hub = Hub()
