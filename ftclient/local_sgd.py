@@ -34,6 +34,13 @@ state (``DiLoCo``). A replica group that restarts, or joins mid-run, heals all o
 the next synchronisation's quorum and takes part in that very round.
 
 The Manager must use the synchronous quorum for DiLoCo (``use_async_quorum=False``), as in torchft.
+
+Sharded parameters (FSDP2's ``fully_shard``, i.e. ``DTensor``s, as in torchtitan's HSDP): each rank
+of a replica group averages its *local shard* (``param.to_local()``) with the same rank of the other
+replica groups, which hold the same shard, and writes the result back into its local shard; the
+global backups are local shards too (torchft's ``extract_local_tensor`` layout), and the outer
+optimizer steps the DTensor parameters with DTensor gradients built from the averaged local
+pseudo-gradients. Nothing is gathered.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils.hooks import RemovableHandle
 
 __all__ = [
@@ -123,28 +131,88 @@ def _sync_result(manager: _Manager, fragment: int | None, committed: bool) -> Sy
                       healed=bool(getattr(quorum, "heal", False)))
 
 
-def _check_plain(name: str, p: torch.Tensor) -> None:
-    if type(p) not in (torch.Tensor, nn.Parameter):
+def _check_supported(name: str, p: torch.Tensor) -> None:
+    if type(p) not in (torch.Tensor, nn.Parameter) and not isinstance(p, DTensor):
         raise TypeError(f"parameter {name!r} is a {type(p).__name__}: ftclient's LocalSGD/DiLoCo handle plain "
-                        "tensors only (no DTensor / tensor subclasses)")
+                        "tensors and DTensors (FSDP2) only, no other tensor subclass")
 
 
-def _clone_tree(obj: Any) -> Any:
-    """``obj`` with every tensor cloned (dicts, lists and tuples rebuilt)."""
+def _local(p: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``p``, detached, sharing its storage: the local shard of a DTensor
+    (writes land in the parameter), else ``p`` itself."""
+    t = p.detach()
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _like(p: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """``local`` (this rank's part) as a tensor of ``p``'s kind: a DTensor with ``p``'s mesh,
+    placements, shape and stride for a DTensor ``p``, else ``local`` itself."""
+    if isinstance(p, DTensor):
+        return DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+    return local
+
+
+def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """``obj`` with ``fn`` applied to every tensor (dicts, lists and tuples rebuilt)."""
     if isinstance(obj, torch.Tensor):
-        return obj.detach().clone()
+        return fn(obj)
     if isinstance(obj, dict):
-        out = {k: _clone_tree(v) for k, v in obj.items()}
+        out = {k: _map_tensors(v, fn) for k, v in obj.items()}
         metadata = getattr(obj, "_metadata", None)  # a module state_dict's version info
         if metadata is not None:
             out = OrderedDict(out)
             out._metadata = metadata  # type: ignore[attr-defined]
         return out
     if isinstance(obj, list):
-        return [_clone_tree(v) for v in obj]
+        return [_map_tensors(v, fn) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(_clone_tree(v) for v in obj)
+        return tuple(_map_tensors(v, fn) for v in obj)
     return obj
+
+
+def _clone_tree(obj: Any) -> Any:
+    """``obj`` with every tensor cloned; a DTensor becomes a clone of its local shard."""
+    return _map_tensors(obj, lambda t: _local(t).clone())
+
+
+def _localized(obj: Any) -> Any:
+    """``obj`` with every DTensor replaced by its local shard (a view, not a copy)."""
+    return _map_tensors(obj, lambda t: _local(t) if isinstance(t, DTensor) else t)
+
+
+def _load_module_state(module: nn.Module, state: dict[str, Any]) -> None:
+    """``module.load_state_dict(state)`` where ``state`` holds local shards for the module's
+    DTensor entries (as :func:`_clone_tree` saves them)."""
+    current = module.state_dict()
+    out = OrderedDict((k, _like(current[k], v) if isinstance(current.get(k), DTensor) and not isinstance(v, DTensor)
+                       else v) for k, v in state.items())
+    metadata = getattr(state, "_metadata", None)
+    if metadata is not None:
+        out._metadata = metadata  # type: ignore[attr-defined]
+    module.load_state_dict(out)
+
+
+def _load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """``optimizer.load_state_dict`` of a copy of ``state``, whose per-parameter tensors of a
+    DTensor parameter may be local shards (as :func:`_clone_tree` / :func:`_localized` save
+    them): those shaped like the parameter's local shard become DTensors like the parameter."""
+    state = _clone_tree(state)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for index, per_param in state.get("state", {}).items():
+        if not (isinstance(index, int) and 0 <= index < len(params) and isinstance(params[index], DTensor)):
+            continue
+        p = params[index]
+        local_shape = _local(p).shape
+        for key, value in list(per_param.items()):
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape == local_shape:
+                per_param[key] = _like(p, value)
+    optimizer.load_state_dict(state)
+
+
+def _is_ftclient_manager(manager: object) -> bool:
+    from .manager import Manager  # here: the manager's module is heavy and needs nothing from this one
+
+    return isinstance(manager, Manager)
 
 
 def _env_bucketization() -> bool:
@@ -205,9 +273,13 @@ class _Average:
             else:
                 flat = torch.cat([t.reshape(-1) for t in members])
                 target = flat
+            if target.numel() == 0:
+                continue  # an empty local shard (FSDP2 on more ranks than rows): nothing to average
             self.calls += 1
             try:
                 work = manager.allreduce(target, should_quantize=should_quantize)
+            except NotImplementedError:
+                raise  # a setting the manager does not support (should_quantize): not a failed step
             except Exception as e:  # noqa: BLE001 -- ftclient's Manager never raises; others might
                 manager.report_error(e)
                 work = None
@@ -293,7 +365,7 @@ class LocalSGD(_StepHooks):
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1, got {sync_every}")
         for name, p in model.named_parameters():
-            _check_plain(name, p)
+            _check_supported(name, p)
         self._manager = manager
         self._model = model
         self._optimizer = optimizer
@@ -326,13 +398,13 @@ class LocalSGD(_StepHooks):
         """Synchronise now: quorum, average, commit. Returns whether the average was applied."""
         self._manager.start_quorum()
         params = [p for p in self._model.parameters()]
-        averaged = [p.detach().clone() for p in params]
+        averaged = [_local(p).clone() for p in params]  # a DTensor's local shard
         _Average(self._manager, averaged, None, False).wait()
         committed = self._manager.should_commit()
         if committed:
             with torch.no_grad():
                 for p, avg in zip(params, averaged):
-                    p.copy_(avg)
+                    _local(p).copy_(avg)
         self._local_step = 0
         self.syncs += 1
         self.last_sync = _sync_result(self._manager, None, committed)
@@ -359,7 +431,7 @@ class _Fragment:
         if not self.named_params:
             raise ValueError(f"model fragment {index} has no parameters")
         for name, p in self.named_params:
-            _check_plain(name, p)
+            _check_supported(name, p)
         outer_params = {id(p) for g in outer_optimizer.param_groups for p in g["params"]}
         missing = [name for name, p in self.named_params if id(p) not in outer_params]
         if missing:
@@ -372,7 +444,7 @@ class _Fragment:
         device = backup_device or torch.device("cpu")
         self.backup: dict[str, torch.Tensor] = {}
         for name, p in self.named_params:
-            t = torch.empty(p.shape, dtype=p.dtype, device=device)
+            t = torch.empty(_local(p).shape, dtype=p.dtype, device=device)  # a DTensor's local shard
             if pin_memory and t.device.type == "cpu" and _pin_memory_possible():
                 t = t.pin_memory()
             self.backup[name] = t
@@ -386,19 +458,19 @@ class _Fragment:
     def save_backup(self) -> None:
         with torch.no_grad():
             for name, p in self.named_params:
-                self.backup[name].copy_(p.detach())
+                self.backup[name].copy_(_local(p))
 
     def restore(self) -> None:
         with torch.no_grad():
             for name, p in self.named_params:
-                p.copy_(self.backup[name])
+                _local(p).copy_(self.backup[name])
 
     def prepare(self, manager: _Manager, cap_bytes: int | None, should_quantize: bool) -> int:
         """Compute the pseudo-gradients (global - local) and start averaging them. Returns the
         number of allreduce calls."""
         assert self._average is None, "the previous synchronisation of this fragment was not performed"
         with torch.no_grad():
-            self._pseudograds = [self.backup[name].to(p.device) - p.detach() for name, p in self.named_params]
+            self._pseudograds = [self.backup[name].to(p.device) - _local(p) for name, p in self.named_params]
         self._average = _Average(manager, self._pseudograds, cap_bytes, should_quantize)
         return self._average.calls
 
@@ -409,7 +481,7 @@ class _Fragment:
         average, self._average = self._average, None
         pseudograds, self._pseudograds = self._pseudograds, None
         average.wait()
-        local = [p.detach().clone() for _, p in self.named_params] if alpha > 0 else None
+        local = [_local(p).clone() for _, p in self.named_params] if alpha > 0 else None
         self.restore()
         committed = manager.should_commit()
         if not committed:
@@ -419,7 +491,7 @@ class _Fragment:
             for p in self.foreign_params:
                 p.grad = None
             for (_, p), g in zip(self.named_params, pseudograds):
-                p.grad = g
+                p.grad = _like(p, g)  # a DTensor parameter gets a DTensor gradient
             self.outer_optimizer.step()
         finally:
             for (_, p) in self.named_params:
@@ -430,7 +502,7 @@ class _Fragment:
         if local is not None:
             with torch.no_grad():
                 for (_, p), mine in zip(self.named_params, local):
-                    p.lerp_(mine, alpha)
+                    _local(p).lerp_(mine, alpha)
         return True
 
     # recovery
@@ -438,7 +510,9 @@ class _Fragment:
     def state_dict(self) -> dict[str, Any]:
         # References: the backup and the outer state change only after should_commit, which
         # closes the checkpoint transport first.
-        return {"original_parameters": dict(self.backup), "outer_optimizer": self.outer_optimizer.state_dict()}
+        # DTensor states (an FSDP2 model's momentum buffers) travel as their local shards.
+        return {"original_parameters": dict(self.backup),
+                "outer_optimizer": _localized(self.outer_optimizer.state_dict())}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         with torch.no_grad():
@@ -446,7 +520,7 @@ class _Fragment:
                 if name not in self.backup:
                     raise KeyError(f"fragment {self.index} has no parameter {name!r}")
                 self.backup[name].copy_(t)
-        self.outer_optimizer.load_state_dict(_clone_tree(state["outer_optimizer"]))
+        _load_optimizer_state(self.outer_optimizer, state["outer_optimizer"])
 
 
 class DiLoCo(_StepHooks):
@@ -476,7 +550,8 @@ class DiLoCo(_StepHooks):
         use_bucketization: average the pseudo-gradients in flat buckets (fewer, larger
             allreduces); also turned on by ``TORCHFT_USE_BUCKETIZATION=True``.
         bucket_cap_mb: bucket size in MiB (default :data:`DEFAULT_BUCKET_CAP_MB`).
-        should_quantize: passed to ``manager.allreduce`` (ftclient's Manager ignores it).
+        should_quantize: passed to ``manager.allreduce``; ftclient's Manager has no quantized
+            collectives, so with it DiLoCo raises ``NotImplementedError`` here.
         fragment_sync_delay: inner steps between starting a fragment's average and using it
             (Streaming DiLoCo's tau); less than a round.
         fragment_update_alpha: after a committed round the fragment becomes
@@ -498,6 +573,9 @@ class DiLoCo(_StepHooks):
         fragment_sync_delay: int = 0,
         fragment_update_alpha: float = 0.0,
     ) -> None:
+        if should_quantize and _is_ftclient_manager(manager):
+            raise NotImplementedError("DiLoCo(should_quantize=True): ftclient's Manager has no quantized collectives "
+                                      "(torchft's fp8 path needs CUDA and Triton); pass should_quantize=False")
         if getattr(manager, "_use_async_quorum", False):
             raise ValueError("DiLoCo needs the synchronous quorum: create the Manager with use_async_quorum=False")
         fragments = list(model_fragments)
@@ -638,6 +716,7 @@ class DiLoCo(_StepHooks):
 
     def _local_state(self) -> dict[str, Any]:
         # Copies: with fragment_sync_delay > 0 the inner steps go on while a peer downloads.
+        # DTensors (FSDP2) as their local shards: rank r heals from rank r of a peer group.
         return {"fragments": [_clone_tree(f.module.state_dict()) for f in self._fragments],
                 "inner_optimizer": _clone_tree(self._optimizer.state_dict())}
 
@@ -646,5 +725,5 @@ class DiLoCo(_StepHooks):
             raise ValueError(f"the peer's DiLoCo has {len(state['fragments'])} fragments, this one "
                              f"{len(self._fragments)}")
         for f, sd in zip(self._fragments, state["fragments"]):
-            f.module.load_state_dict(sd)
-        self._optimizer.load_state_dict(_clone_tree(state["inner_optimizer"]))
+            _load_module_state(f.module, sd)
+        _load_optimizer_state(self._optimizer, state["inner_optimizer"])

@@ -10,7 +10,7 @@ Covered: the work is a ``dist.Work``; ``wait()`` (True, result in place), ``get_
 collective or at launch) is reported to the manager, its work's ``wait()`` returns False and its
 future gives the input back, later allreduces of the step are completed no-ops, and the step does
 not commit; a ``wait(timeout=)`` shorter than the collective fails the step instead of hanging;
-``should_quantize=True`` raises ``NotImplementedError``; with a recording stand-in for the
+``should_quantize=True`` raises ``NotImplementedError`` (in DiLoCo's constructor too); with a recording stand-in for the
 accelerator: the quorum thread sets the caller's device, checkpoint work runs on the recovery
 stream, ``should_commit`` waits for the recovery event and syncs the current stream before it
 asks the group, and a work's stream calls from another stream are refused.
@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp, TCPStore
 
 from ftclient import manager as manager_mod
+from ftclient.local_sgd import DiLoCo
 from ftclient.manager import ManagedWork, Manager
 from ftclient.process_group import ProcessGroupGloo
 from support.fake_watch import FakeWatchNode
@@ -229,6 +230,11 @@ def test_should_quantize_raises_not_implemented(one: tuple[Groups, Manager]) -> 
         m.allreduce(t, should_quantize=True)
     assert m.errored() is None and t.tolist() == [1.0]
     assert m.should_commit() is True
+    # DiLoCo says so when it is built, not by failing every round.
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(NotImplementedError, match="quantized collectives"):
+        DiLoCo(m, [model], torch.optim.SGD(model.parameters(), lr=0.1),
+               torch.optim.SGD(model.parameters(), lr=0.7), sync_every=2, should_quantize=True)
 
 
 # -- accelerator streams, with a recording stand-in -------------------------------------------------
