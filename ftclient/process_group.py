@@ -5,7 +5,9 @@ replica groups of the quorum:
 
 - :class:`ProcessGroup`: the reconfigurable process-group API the Manager drives
   (``configure`` on every new quorum, ``allreduce``, ``size``, ``errored``, ``abort``,
-  ``shutdown``).
+  ``shutdown``), torch's other collectives, and ``register(name)`` / ``unregister()`` /
+  ``group_name``: a registered group is in torch's registry, so functional collectives
+  (``torch.distributed._functional_collectives.all_reduce(x, "avg", pg)``) accept it.
 - :class:`ProcessGroupGloo`: a fresh torch Gloo process group per quorum, rendezvoused over a
   TCPStore client + PrefixStore built from ``"host:port/prefix"``. Every operation carries a
   deadline: its work and future fail with :class:`TimeoutError` once the configured timeout has
@@ -14,7 +16,8 @@ replica groups of the quorum:
   dummy work afterwards, so model code never sees a failure; the error surfaces through
   ``errored()`` (the Manager votes against committing) and is cleared by ``configure``.
 - :class:`ManagedProcessGroup`: a process group whose allreduce goes through a Manager
-  (``manager.allreduce``) and whose size is the number of quorum participants.
+  (``manager.allreduce``), whose other collectives go to the Manager's process group, and
+  whose size is the number of quorum participants.
 - :class:`ProcessGroupDummy`: a single-rank group that completes everything at once (used by
   :mod:`ftclient.ddp` to soak up DDP's own start-up collectives).
 
@@ -38,7 +41,16 @@ from typing import Any, Callable, Protocol
 
 import torch
 import torch.distributed as dist
-from torch.distributed import AllreduceOptions, BroadcastOptions, ReduceOp
+from torch._C._distributed_c10d import AllgatherOptions  # not re-exported by torch.distributed
+from torch.distributed import (
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    ReduceOp,
+    ReduceScatterOptions,
+)
 from torch.futures import Future
 
 from ._timeouts import WATCHDOG
@@ -143,8 +155,9 @@ class _FutureWork(dist._Work):
 
 def _wait_future(fut: Future[Any], timeout: timedelta | None) -> None:
     """Block until ``fut`` is done; with a timeout, raise TimeoutError when it is not done by
-    then (the future itself is left alone)."""
-    if timeout is None:
+    then (the future itself is left alone). A zero timeout means none: that is what torch's C++
+    side passes (``kNoTimeout``) when functional collectives wait on a Python work."""
+    if timeout is None or timeout <= timedelta(0):
         fut.wait()
         return
     done = threading.Event()
@@ -153,8 +166,31 @@ def _wait_future(fut: Future[Any], timeout: timedelta | None) -> None:
         raise TimeoutError(f"work not completed within wait(timeout={timeout.total_seconds():g}s)")
 
 
+def _work_future(work: dist._Work, op_name: str) -> Future[Any]:
+    """The future of a torch work. Gloo's reduce_scatter, ``_reduce_scatter_base``, send and
+    recv works have none: a helper thread waits for such a work (Gloo bounds the wait by the
+    operation's timeout) and completes a future for it."""
+    try:
+        return work.get_future()
+    except RuntimeError as e:
+        if "not implemented" not in str(e):
+            raise
+    fut: Future[Any] = Future()
+
+    def waiter() -> None:
+        try:
+            work.wait()
+        except Exception as e:  # noqa: BLE001 -- handed to the future
+            fut.set_exception(e)
+            return
+        fut.set_result(None)
+
+    threading.Thread(target=waiter, daemon=True, name=f"ftclient-gloo-{op_name}").start()
+    return fut
+
+
 class _DeadlineWork(dist._Work):
-    """Wraps a Gloo work: its future completes with the Gloo result, or fails with the Gloo
+    """Wraps a Gloo work (or several, launched together as one operation): its future completes with the Gloo result, or fails with the Gloo
     error, or fails with TimeoutError when the deadline passes first, or fails with the error
     given to :meth:`abort`. Whichever comes first settles it; the others are no-ops. Errors are
     reported to ``on_error`` (the owning process group's error record).
@@ -165,7 +201,7 @@ class _DeadlineWork(dist._Work):
 
     def __init__(
         self,
-        inner: dist._Work,
+        inner: dist._Work | list[dist._Work],
         result: object,
         op_name: str,
         timeout: timedelta,
@@ -192,10 +228,15 @@ class _DeadlineWork(dist._Work):
 
         self._timer = WATCHDOG.schedule(timeout_s, on_timeout)
 
+        inners = inner if isinstance(inner, list) else [inner]
+
         def inner_done(f: Future[Any]) -> None:
             try:
                 try:
-                    f.value()
+                    value = f.value()
+                    if len(inners) > 1:  # collect_all: each part's own error
+                        for part in value:
+                            part.value()
                 except Exception as e:
                     self._finish(RuntimeError(f"{op_name} failed: {e}"))
                     return
@@ -205,7 +246,10 @@ class _DeadlineWork(dist._Work):
                     on_inner_done()
 
         # Registered last: the inner future may already be complete and call back at once.
-        inner.get_future().add_done_callback(inner_done)
+        if len(inners) == 1:
+            _work_future(inners[0], op_name).add_done_callback(inner_done)
+        else:
+            torch.futures.collect_all([_work_future(w, op_name) for w in inners]).add_done_callback(inner_done)
 
     def abort(self, error: Exception) -> bool:
         """Fail the work with ``error`` unless it is already settled; True if it was not."""
@@ -250,8 +294,9 @@ class _DeadlineWork(dist._Work):
 
 
 def _reduce_op(opts: object) -> ReduceOp:
-    """The ReduceOp of ``opts``: a ReduceOp, a ReduceOp.RedOpType or AllreduceOptions."""
-    if isinstance(opts, AllreduceOptions):
+    """The ReduceOp of ``opts``: a ReduceOp, a ReduceOp.RedOpType, or AllreduceOptions,
+    AllreduceCoalescedOptions or ReduceScatterOptions (None: SUM)."""
+    if isinstance(opts, (AllreduceOptions, AllreduceCoalescedOptions, ReduceScatterOptions)):
         return opts.reduceOp
     if isinstance(opts, ReduceOp):
         return opts
@@ -259,7 +304,7 @@ def _reduce_op(opts: object) -> ReduceOp:
         return ReduceOp(opts)
     if opts is None:
         return ReduceOp.SUM
-    raise TypeError(f"allreduce expects a ReduceOp or AllreduceOptions, got {type(opts).__name__}")
+    raise TypeError(f"expected a ReduceOp or reduce options, got {type(opts).__name__}")
 
 
 def _same_op(a: ReduceOp, b: ReduceOp.RedOpType) -> bool:
@@ -277,15 +322,58 @@ def abort_process_group(pg: object, error: Exception) -> None:
         abort()
 
 
+# Registration: the torch backend plugin whose creator hands torch the group being registered.
+
+_REGISTRY_LOCK = threading.Lock()
+_REGISTERING: list["ProcessGroup"] = []
+_PLUGIN = "ftclient"
+
+
+def _create_registered_group(store: object, rank: int, world_size: int, timeout: object) -> "ProcessGroup":
+    """The creator of the ``ftclient`` backend plugin: torch's ``new_group`` asks it for the
+    group, and it answers with the ftclient group being registered (torch then keeps that very
+    object: it is a ``torch.distributed.ProcessGroup``)."""
+    if not _REGISTERING:
+        raise RuntimeError("the 'ftclient' backend only registers existing ftclient process groups: "
+                           "call ProcessGroup.register(name) instead of new_group(backend='ftclient')")
+    return _REGISTERING[-1]
+
+
+def _ensure_plugin() -> None:
+    if _PLUGIN.upper() in dist.Backend._plugins:
+        return
+    devices = ["cpu"]
+    if torch.cuda.is_available():
+        devices.append("cuda")
+    elif hasattr(torch, "xpu") and torch.xpu.is_available():
+        devices.append("xpu")
+    dist.Backend.register_backend(_PLUGIN, _create_registered_group, devices=devices)
+
+
+def _noop() -> None:
+    return None
+
+
 class ProcessGroup(dist.ProcessGroup):
     """Base of ftclient's process groups: a ``torch.distributed.ProcessGroup`` that can be
     reconfigured (new store prefix, rank and world size) on every quorum.
 
-    Subclasses implement :meth:`configure`, :meth:`allreduce` and :meth:`size`.
+    Subclasses implement :meth:`configure`, :meth:`allreduce` and :meth:`size`, and whichever
+    other collectives they support (the ones here raise NotImplementedError): ``allgather``,
+    ``_allgather_base``, ``allgather_into_tensor_coalesced``, ``allreduce_coalesced``,
+    ``broadcast``, ``reduce_scatter``, ``_reduce_scatter_base``,
+    ``reduce_scatter_tensor_coalesced``, ``alltoall_base``, ``send``, ``recv``, ``barrier``.
+    Their signatures are torch's, so ``torch.distributed.all_gather(..., group=pg)`` and the
+    like call them.
+
+    :meth:`register` puts the group in torch's registry of process groups, which functional
+    collectives (``torch.distributed._functional_collectives.all_reduce(x, "avg", pg)``) and
+    DeviceMesh need; the registration survives every reconfiguration.
     """
 
     def __init__(self) -> None:
         super().__init__(0, 1)  # torch's static rank/size are unused; see size()
+        self._group_name: str | None = None
 
     def configure(
         self,
@@ -309,6 +397,99 @@ class ProcessGroup(dist.ProcessGroup):
         """Reduce ``tensors`` in place across the group; ``opts`` is a ReduceOp or
         AllreduceOptions. Returns a Work whose future's value is ``tensors``."""
         raise NotImplementedError(f"{type(self).__name__} does not implement allreduce")
+
+    def _unsupported(self, op_name: str) -> NotImplementedError:
+        return NotImplementedError(f"{type(self).__name__} does not implement {op_name}")
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: object = None) -> dist._Work:
+        """Reduce every tensor of ``tensors`` in place in one operation."""
+        raise self._unsupported("allreduce_coalesced")
+
+    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+                  opts: object = None) -> dist._Work:
+        """Gather ``input_tensors`` from every member into ``output_tensors`` (one list per
+        input, one tensor per member)."""
+        raise self._unsupported("allgather")
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> dist._Work:
+        """Gather ``input`` from every member into ``output``, concatenated in rank order
+        (``torch.distributed.all_gather_into_tensor``)."""
+        raise self._unsupported("_allgather_base")
+
+    def allgather_into_tensor_coalesced(self, output_tensors: list[torch.Tensor],
+                                        input_tensors: list[torch.Tensor], opts: object = None) -> dist._Work:
+        """``_allgather_base`` for each (output, input) pair, as one operation."""
+        raise self._unsupported("allgather_into_tensor_coalesced")
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: object = 0) -> dist._Work:
+        """Broadcast ``tensors`` from ``opts`` (a root rank or BroadcastOptions)."""
+        raise self._unsupported("broadcast")
+
+    def broadcast_one(self, tensor: torch.Tensor, root: int) -> dist._Work:
+        """Broadcast one tensor from rank ``root`` (torchft's helper)."""
+        opts = BroadcastOptions()
+        opts.rootRank = root
+        return self.broadcast([tensor], opts)
+
+    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                       opts: object = None) -> dist._Work:
+        """Reduce ``input_tensors[i]`` (one tensor per member) across the group and leave
+        member r's part in ``output_tensors[i]`` on member r."""
+        raise self._unsupported("reduce_scatter")
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> dist._Work:
+        """Reduce ``input`` across the group and leave this member's chunk (rank order) in
+        ``output`` (``torch.distributed.reduce_scatter_tensor``)."""
+        raise self._unsupported("_reduce_scatter_base")
+
+    def reduce_scatter_tensor_coalesced(self, output_tensors: list[torch.Tensor],
+                                        input_tensors: list[torch.Tensor], opts: object = None) -> dist._Work:
+        """``_reduce_scatter_base`` for each (output, input) pair, as one operation."""
+        raise self._unsupported("reduce_scatter_tensor_coalesced")
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                      input_split_sizes: list[int], opts: object = None) -> dist._Work:
+        """Scatter ``input``'s chunks to the members and gather theirs into ``output``
+        (``torch.distributed.all_to_all_single``; empty split sizes mean equal chunks)."""
+        raise self._unsupported("alltoall_base")
+
+    def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> dist._Work:
+        """Send ``tensors`` to member ``dst_rank``."""
+        raise self._unsupported("send")
+
+    def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int = 0) -> dist._Work:
+        """Receive into ``tensors`` from member ``src_rank``."""
+        raise self._unsupported("recv")
+
+    def barrier(self, opts: object = None) -> dist._Work:
+        """Complete once every member reached the barrier."""
+        raise self._unsupported("barrier")
+
+    # torch 2.13's names for the tensor forms (torch.distributed's functions call these; the
+    # C++ side prefers them too): each delegates to the name above, which subclasses implement.
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> dist._Work:
+        """torch's newer name for :meth:`_allgather_base`."""
+        return self._allgather_base(output, input, opts)
+
+    def all_gather_single_coalesced(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                                    opts: object = None) -> dist._Work:
+        """torch's newer name for :meth:`allgather_into_tensor_coalesced`."""
+        return self.allgather_into_tensor_coalesced(output_tensors, input_tensors, opts)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> dist._Work:
+        """torch's newer name for :meth:`_reduce_scatter_base`."""
+        return self._reduce_scatter_base(output, input, opts)
+
+    def reduce_scatter_single_coalesced(self, output_tensors: list[torch.Tensor],
+                                        input_tensors: list[torch.Tensor], opts: object = None) -> dist._Work:
+        """torch's newer name for :meth:`reduce_scatter_tensor_coalesced`."""
+        return self.reduce_scatter_tensor_coalesced(output_tensors, input_tensors, opts)
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                          input_split_sizes: list[int], opts: object = None) -> dist._Work:
+        """torch's newer name for :meth:`alltoall_base`."""
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
 
     def size(self) -> int:
         """Number of members of the current group."""
@@ -334,6 +515,73 @@ class ProcessGroup(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return "ftclient"
+
+    # registration ---------------------------------------------------------------------------
+
+    def register(self, name: str) -> "ProcessGroup":
+        """Register this group in torch's process-group registry under the description
+        ``"{backend}:{name}"`` and return it (the same object, as torchft's ``register``
+        returns the group torch created). Afterwards :attr:`group_name` is torch's name for it,
+        and functional collectives, ``torch.distributed.get_world_size(pg)`` and DeviceMesh
+        accept it. Once per group; the registration survives every :meth:`configure`.
+
+        Like torchft, this creates a one-rank torch group for this rank with
+        ``torch.distributed.new_group``, so the default process group must be initialized
+        (``torch.distributed.init_process_group``, as torchrun/torchtitan do; a one-process
+        job can use ``init_process_group("gloo", rank=0, world_size=1,
+        store=torch.distributed.HashStore())``). Every rank of the default group registers its
+        groups in the same order, as with any ``new_group``."""
+        if not dist.is_initialized():
+            raise RuntimeError(
+                f"{type(self).__name__}.register({name!r}) needs torch's default process group: call "
+                "torch.distributed.init_process_group first (torchrun and torchtitan do; one process "
+                "alone can use init_process_group('gloo', rank=0, world_size=1, store=torch.distributed.HashStore()))"
+            )
+        with _REGISTRY_LOCK:
+            if self._group_name is not None:
+                raise RuntimeError(f"{self!r} is already registered (group_name {self._group_name!r}); "
+                                   "call unregister() first")
+            _ensure_plugin()
+            _REGISTERING.append(self)
+            try:
+                created = dist.new_group(ranks=[dist.get_rank()], backend=_PLUGIN,
+                                         group_desc=f"{self.getBackendName()}:{name}")
+            finally:
+                _REGISTERING.pop()
+        if created is not self:  # torch keeps a ProcessGroup returned by a plugin as it is
+            raise RuntimeError(f"torch registered {created!r} instead of {self!r}")
+        logger.info("registered %r as torch process group %r (%s)", self, self._group_name, name)
+        return self
+
+    def unregister(self) -> None:
+        """Remove the group from torch's registry (:meth:`register` undone). Unlike torchft's,
+        the group itself is left configured and usable."""
+        with _REGISTRY_LOCK:
+            name = self._group_name
+            if name is None:
+                raise ValueError(f"{self!r} is not registered")
+            if self in dist.distributed_c10d._world.pg_map:
+                # torch's destroy_process_group shuts the group down: keep it as it is.
+                self.__dict__["shutdown"] = _noop
+                try:
+                    dist.destroy_process_group(self)
+                finally:
+                    del self.__dict__["shutdown"]
+            self._group_name = None
+
+    @property
+    def group_name(self) -> str:  # type: ignore[override]
+        """torch's name for the group once :meth:`register` ran (functional collectives take
+        it, or the group itself); ValueError before."""
+        if self._group_name is None:
+            raise ValueError(f"ProcessGroup name not set: call {type(self).__name__}.register(name) first "
+                             "(functional collectives need a registered group)")
+        return self._group_name
+
+    def _set_group_name(self, name: str) -> None:
+        # torch names the group it registers through this (the C++ base keeps names on its
+        # backends, and these groups have none).
+        self._group_name = name
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -508,16 +756,36 @@ class ProcessGroupGloo(ProcessGroup):
     death) never writes into tensors the trainer has moved on with (DDP reuses its gradient
     buckets every step). The copy costs one memcpy of the tensors each way.
 
+    Collectives: allreduce (SUM, AVG, MIN, MAX, PRODUCT, ...; AVG is a SUM divided by the
+    group's size), allreduce_coalesced, broadcast, allgather, ``_allgather_base``
+    (all_gather_into_tensor), allgather_into_tensor_coalesced, reduce_scatter,
+    ``_reduce_scatter_base`` (reduce_scatter_tensor), reduce_scatter_tensor_coalesced,
+    alltoall_base (all_to_all_single), send, recv and barrier.
+
     Args:
-        timeout: bound on configure (store connection and rendezvous) and on each operation.
+        timeout: bound on configure (store connection and rendezvous) and on each operation
+            (a ``timedelta``, or seconds).
+        pg: a ready ``torch.distributed`` process group (or Gloo backend) to use until the
+            first :meth:`configure` replaces it, as torchft's ``pg=`` argument; None (the
+            default) starts unconfigured.
     """
 
-    def __init__(self, timeout: timedelta = DEFAULT_TIMEOUT) -> None:
+    def __init__(self, timeout: timedelta | float = DEFAULT_TIMEOUT, pg: Any = None) -> None:
         super().__init__()
+        if not isinstance(timeout, timedelta):
+            timeout = timedelta(seconds=float(timeout))
         self._timeout = timeout
         self._backend: _Backend | None = None
         self._world_size: int | None = None
         self._rank: int | None = None
+        if pg is not None:
+            if isinstance(pg, ProcessGroup):
+                raise TypeError(
+                    f"ProcessGroupGloo(pg=...) takes a torch.distributed process group, not ftclient's "
+                    f"{type(pg).__name__}: use that group directly (it is reconfigurable itself)"
+                )
+            self._backend = _Backend(pg)
+            self._rank, self._world_size = pg.rank(), pg.size()
         self._quorum_id: int | None = None
         self._replica_id: str | None = None
         self._error: Exception | None = None
@@ -708,39 +976,59 @@ class ProcessGroupGloo(ProcessGroup):
             self._pending.discard(work)
 
     # collectives ----------------------------------------------------------------------------
+    #
+    # Every operation runs on staged copies of its tensors: Gloo reads the staged inputs and
+    # writes the staged outputs, which are copied into the caller's tensors only if the
+    # operation settles by completing (see the class docstring).
+
+    def _avg_divisor(self, op: ReduceOp, tensors: list[torch.Tensor]) -> tuple[ReduceOp, int | None]:
+        """Gloo has no AVG: it becomes a SUM divided by the group's size afterwards."""
+        if not _same_op(op, ReduceOp.AVG):
+            return op, None
+        if not all(torch.is_floating_point(t) for t in tensors):
+            raise ValueError("ReduceOp.AVG needs floating point tensors")
+        return ReduceOp(ReduceOp.SUM), self.size()
+
+    def _staged_run(self, op_name: str, launch: Callable[..., Any], outputs: list[torch.Tensor],
+                    staged_outputs: list[torch.Tensor], result: object,
+                    divide_by: int | None = None) -> dist._Work:
+        def post() -> None:
+            for t, staged in zip(outputs, staged_outputs):
+                if divide_by is not None:
+                    staged.div_(divide_by)
+                t.copy_(staged)
+
+        return self._run(op_name, launch, result, post)
+
+    def _options(self, kind: Callable[[], Any], op: ReduceOp | None = None) -> Any:
+        opts = kind()
+        if op is not None:
+            opts.reduceOp = op
+        opts.timeout = self._timeout
+        return opts
 
     def allreduce(self, tensors: list[torch.Tensor], opts: object = ReduceOp.SUM) -> dist._Work:
-        op = _reduce_op(opts)
-        divide_by: int | None = None
-        if _same_op(op, ReduceOp.AVG):  # Gloo has no AVG: sum, then divide
-            if not all(torch.is_floating_point(t) for t in tensors):
-                raise ValueError("ReduceOp.AVG needs floating point tensors")
-            op = ReduceOp(ReduceOp.SUM)
-            divide_by = self.size()
-        # Gloo reduces a staged copy; the result is copied back only if the operation settles by
-        # completing (see the class docstring).
-        staged = [t.detach().clone() for t in tensors]
+        op, divide_by = self._avg_divisor(_reduce_op(opts), tensors)
+        staged = _clones(tensors)
+        gloo_opts = self._options(AllreduceOptions, op)
+        return self._staged_run("allreduce", lambda b: b.allreduce(staged, gloo_opts), tensors, staged,
+                                tensors, divide_by)
 
-        def post() -> None:
-            for t, s in zip(tensors, staged):
-                if divide_by is not None:
-                    s.div_(divide_by)
-                t.copy_(s)
-
-        gloo_opts = AllreduceOptions()
-        gloo_opts.reduceOp = op
-        gloo_opts.timeout = self._timeout
-        return self._run("allreduce", lambda b: b.allreduce(staged, gloo_opts), tensors, post)
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: object = ReduceOp.SUM) -> dist._Work:
+        """Reduce every tensor of ``tensors`` in place in one Gloo operation (AVG: a SUM
+        divided by the group's size)."""
+        op, divide_by = self._avg_divisor(_reduce_op(opts), tensors)
+        staged = _clones(tensors)
+        gloo_opts = self._options(AllreduceCoalescedOptions, op)
+        return self._staged_run("allreduce_coalesced", lambda b: b.allreduce_coalesced(staged, gloo_opts),
+                                tensors, staged, tensors, divide_by)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: object = 0) -> dist._Work:
         """Broadcast ``tensors`` from ``opts`` (a root rank or BroadcastOptions)."""
-        if isinstance(opts, BroadcastOptions):
-            gloo_opts = opts
-        else:
-            gloo_opts = BroadcastOptions()
-            gloo_opts.rootRank = int(opts)  # type: ignore[call-overload]
-        gloo_opts.timeout = self._timeout
-        return self._run("broadcast", lambda b: b.broadcast(tensors, gloo_opts), tensors)
+        gloo_opts = self._options(BroadcastOptions)
+        gloo_opts.rootRank = int(opts.rootRank) if isinstance(opts, BroadcastOptions) else int(opts)  # type: ignore[call-overload]
+        staged = _clones(tensors)
+        return self._staged_run("broadcast", lambda b: b.broadcast(staged, gloo_opts), tensors, staged, tensors)
 
     def allgather(
         self,
@@ -749,13 +1037,93 @@ class ProcessGroupGloo(ProcessGroup):
         opts: object = None,
     ) -> dist._Work:
         """Gather ``input_tensors`` from every member into ``output_tensors``."""
-        return self._run(
-            "allgather", lambda b: b.allgather(output_tensors, input_tensors), output_tensors
+        staged_out = [[torch.empty_like(t) for t in outs] for outs in output_tensors]
+        staged_in = _clones(input_tensors)
+        gloo_opts = self._options(AllgatherOptions)
+        return self._staged_run(
+            "allgather", lambda b: b.allgather(staged_out, staged_in, gloo_opts),
+            [t for outs in output_tensors for t in outs], [t for outs in staged_out for t in outs],
+            output_tensors,
         )
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> dist._Work:
+        """Gather every member's ``input`` into ``output`` in rank order."""
+        return self.allgather_into_tensor_coalesced([output], [input], opts, op_name="_allgather_base")
+
+    def allgather_into_tensor_coalesced(self, output_tensors: list[torch.Tensor],
+                                        input_tensors: list[torch.Tensor], opts: object = None,
+                                        op_name: str = "allgather_into_tensor_coalesced") -> dist._Work:
+        """``_allgather_base`` for each (output, input) pair, as one operation (Gloo runs them
+        one after the other)."""
+        staged_out = [torch.empty_like(t) for t in output_tensors]
+        staged_in = _clones(input_tensors)
+
+        def launch(b: Any) -> list[dist._Work]:
+            return [b._allgather_base(o, i, self._options(AllgatherOptions)) for o, i in zip(staged_out, staged_in)]
+
+        return self._staged_run(op_name, launch, output_tensors, staged_out, output_tensors)
+
+    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                       opts: object = ReduceOp.SUM) -> dist._Work:
+        """Reduce ``input_tensors[i]`` across the group; member r gets part r in
+        ``output_tensors[i]`` (AVG: a SUM divided by the group's size)."""
+        op, divide_by = self._avg_divisor(_reduce_op(opts), output_tensors)
+        staged_out = [torch.empty_like(t) for t in output_tensors]
+        staged_in = [_clones(parts) for parts in input_tensors]
+        gloo_opts = self._options(ReduceScatterOptions, op)
+        return self._staged_run("reduce_scatter", lambda b: b.reduce_scatter(staged_out, staged_in, gloo_opts),
+                                output_tensors, staged_out, output_tensors, divide_by)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
+                             opts: object = ReduceOp.SUM) -> dist._Work:
+        """Reduce ``input`` across the group; this member's chunk (rank order) goes to ``output``."""
+        return self.reduce_scatter_tensor_coalesced([output], [input], opts, op_name="_reduce_scatter_base")
+
+    def reduce_scatter_tensor_coalesced(self, output_tensors: list[torch.Tensor],
+                                        input_tensors: list[torch.Tensor], opts: object = ReduceOp.SUM,
+                                        op_name: str = "reduce_scatter_tensor_coalesced") -> dist._Work:
+        """``_reduce_scatter_base`` for each (output, input) pair, as one operation."""
+        op, divide_by = self._avg_divisor(_reduce_op(opts), output_tensors)
+        staged_out = [torch.empty_like(t) for t in output_tensors]
+        staged_in = _clones(input_tensors)
+
+        def launch(b: Any) -> list[dist._Work]:
+            return [b._reduce_scatter_base(o, i, self._options(ReduceScatterOptions, op))
+                    for o, i in zip(staged_out, staged_in)]
+
+        return self._staged_run(op_name, launch, output_tensors, staged_out, output_tensors, divide_by)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                      input_split_sizes: list[int], opts: object = None) -> dist._Work:
+        """Send ``input``'s chunks to the members, receive theirs into ``output`` (empty split
+        sizes: equal chunks)."""
+        staged_out, staged_in = torch.empty_like(output), input.detach().clone()
+        gloo_opts = self._options(AllToAllOptions)
+        return self._staged_run(
+            "alltoall_base",
+            lambda b: b.alltoall_base(staged_out, staged_in, list(output_split_sizes), list(input_split_sizes),
+                                      gloo_opts),
+            [output], [staged_out], [output],
+        )
+
+    def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> dist._Work:
+        """Send ``tensors`` to member ``dst_rank`` (a copy: the caller may reuse them at once)."""
+        staged = _clones(tensors)
+        return self._run("send", lambda b: b.send(staged, dst_rank, tag), tensors)
+
+    def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int = 0) -> dist._Work:
+        """Receive into ``tensors`` from member ``src_rank``."""
+        staged = [torch.empty_like(t) for t in tensors]
+        return self._staged_run("recv", lambda b: b.recv(staged, src_rank, tag), tensors, staged, tensors)
 
     def barrier(self, opts: object = None) -> dist._Work:
         """Wait until every member reached the barrier."""
-        return self._run("barrier", lambda b: b.barrier(), None)
+        gloo_opts = self._options(BarrierOptions)
+        return self._run("barrier", lambda b: b.barrier(gloo_opts), None)
+
+
+def _clones(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.detach().clone() for t in tensors]
 
 
 class ProcessGroupDummy(ProcessGroup):
@@ -802,6 +1170,36 @@ class ProcessGroupDummy(ProcessGroup):
     def _allgather_base(
         self, output: torch.Tensor, input: torch.Tensor, opts: object = None
     ) -> dist._Work:
+        output.copy_(input)
+        return _DummyWork([output])
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: object = None) -> dist._Work:
+        return _DummyWork(tensors)
+
+    def allgather_into_tensor_coalesced(self, output_tensors: list[torch.Tensor],
+                                        input_tensors: list[torch.Tensor], opts: object = None) -> dist._Work:
+        for out, inp in zip(output_tensors, input_tensors):
+            out.copy_(inp)
+        return _DummyWork(output_tensors)
+
+    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                       opts: object = None) -> dist._Work:
+        for out, parts in zip(output_tensors, input_tensors):
+            out.copy_(parts[0])
+        return _DummyWork(output_tensors)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> dist._Work:
+        output.copy_(input)
+        return _DummyWork([output])
+
+    def reduce_scatter_tensor_coalesced(self, output_tensors: list[torch.Tensor],
+                                        input_tensors: list[torch.Tensor], opts: object = None) -> dist._Work:
+        for out, inp in zip(output_tensors, input_tensors):
+            out.copy_(inp)
+        return _DummyWork(output_tensors)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                      input_split_sizes: list[int], opts: object = None) -> dist._Work:
         output.copy_(input)
         return _DummyWork([output])
 
@@ -956,8 +1354,46 @@ class ErrorSwallowingProcessGroupWrapper(ProcessGroup):
     def barrier(self, opts: object = None) -> dist._Work:
         return self._swallow(lambda: self._pg.barrier(opts), None)
 
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: object = ReduceOp.SUM) -> dist._Work:
+        return self._swallow(lambda: self._pg.allreduce_coalesced(tensors, opts), tensors)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> dist._Work:
+        return self._swallow(lambda: self._pg._allgather_base(output, input, opts), [output])
+
+    def allgather_into_tensor_coalesced(self, output_tensors: list[torch.Tensor],
+                                        input_tensors: list[torch.Tensor], opts: object = None) -> dist._Work:
+        return self._swallow(
+            lambda: self._pg.allgather_into_tensor_coalesced(output_tensors, input_tensors, opts), output_tensors)
+
+    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                       opts: object = ReduceOp.SUM) -> dist._Work:
+        return self._swallow(lambda: self._pg.reduce_scatter(output_tensors, input_tensors, opts), output_tensors)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
+                             opts: object = ReduceOp.SUM) -> dist._Work:
+        return self._swallow(lambda: self._pg._reduce_scatter_base(output, input, opts), [output])
+
+    def reduce_scatter_tensor_coalesced(self, output_tensors: list[torch.Tensor],
+                                        input_tensors: list[torch.Tensor], opts: object = ReduceOp.SUM) -> dist._Work:
+        return self._swallow(
+            lambda: self._pg.reduce_scatter_tensor_coalesced(output_tensors, input_tensors, opts), output_tensors)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                      input_split_sizes: list[int], opts: object = None) -> dist._Work:
+        return self._swallow(
+            lambda: self._pg.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts), [output])
+
+    def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> dist._Work:
+        return self._swallow(lambda: self._pg.send(tensors, dst_rank, tag), tensors)
+
+    def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int = 0) -> dist._Work:
+        return self._swallow(lambda: self._pg.recv(tensors, src_rank, tag), tensors)
+
     def size(self) -> int:
         return self._pg.size()
+
+    def rank(self) -> int:
+        return self._pg.rank()
 
     def shutdown(self) -> None:
         self._pg.shutdown()
@@ -993,13 +1429,24 @@ def as_future(result: object) -> Future[Any]:
 
 
 class ManagedProcessGroup(ProcessGroup):
-    """A process group that sends allreduces through a Manager.
+    """A process group whose collectives go through a Manager (torchft's ``ManagedProcessGroup``;
+    torchtitan registers one as ``"dp_replicate"`` for HSDP).
 
     ``allreduce([t], op)`` calls ``manager.allreduce(t)`` for ``ReduceOp.AVG`` and
     ``manager.allreduce(t, reduce_op=op)`` for any other op, so errors are handled (recorded,
     never raised) by the Manager and averages use the number of participants. :meth:`size` is
-    the Manager's ``num_participants()``, which changes from quorum to quorum. The Manager
-    owns reconfiguration, so :meth:`configure` is refused.
+    the Manager's ``num_participants()``, which changes from quorum to quorum.
+
+    Every other collective (allgather, ``_allgather_base``, broadcast, reduce_scatter,
+    ``_reduce_scatter_base``, the coalesced ones, alltoall_base, send, recv, barrier) is passed
+    through to the Manager's own process group (``manager._pg``, reconfigured on every quorum)
+    once the step's quorum is ready. Its ranks are those of that group (every member of the
+    quorum, a healing group included; :meth:`rank` is this group's), which equal the
+    participants' in a steady state. Failures are handled the Manager's way too: recorded
+    through ``manager.report_error`` (the step will not commit) and never raised; the work then
+    completes with the caller's tensors untouched, and once the step has an error further
+    collectives return at once without communicating. The Manager owns reconfiguration, so
+    :meth:`configure` is refused.
 
     Args:
         manager: the Manager of this replica group.
@@ -1008,6 +1455,14 @@ class ManagedProcessGroup(ProcessGroup):
     def __init__(self, manager: _ManagerLike) -> None:
         super().__init__()
         self._manager = manager
+
+    @property
+    def parent(self) -> Any:
+        """The Manager's process group (torchft's ``ProcessGroupWrapper.parent``)."""
+        pg = getattr(self._manager, "_pg", None)
+        if pg is None:
+            raise RuntimeError(f"{self._manager!r} has no process group (_pg) to pass collectives to")
+        return pg
 
     def configure(self, *args: Any, **kwargs: Any) -> None:
         raise RuntimeError(
@@ -1027,8 +1482,97 @@ class ManagedProcessGroup(ProcessGroup):
             result = self._manager.allreduce(tensors[0], reduce_op=op)
         return _FutureWork(as_future(result))
 
+    def _errored(self) -> bool:
+        errored = getattr(self._manager, "errored", None)
+        return errored is not None and errored() is not None
+
+    def _pass(self, op_name: str, launch: Callable[[Any], dist._Work], default: object) -> dist._Work:
+        """Run ``launch(manager's pg)`` for the current step; failures go to the Manager."""
+        manager = self._manager
+        if self._errored():
+            return _DummyWork(default)
+        wait_quorum = getattr(manager, "wait_quorum", None)
+        if wait_quorum is not None:
+            wait_quorum()  # the group is configured for this step's quorum
+            if self._errored():
+                return _DummyWork(default)
+        report = getattr(manager, "report_error", None)
+        try:
+            work = launch(self.parent)
+        except Exception as e:
+            if report is None:
+                raise
+            logger.warning("ManagedProcessGroup.%s failed: %s", op_name, e)
+            report(e)
+            return _DummyWork(default)
+        wrap_future = getattr(manager, "wrap_future", None)
+        if wrap_future is None:
+            return work
+        return _FutureWork(wrap_future(work.get_future(), default))
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: object = ReduceOp.SUM) -> dist._Work:
+        """Passed through as it is: an AVG here divides by the process group's size, not by
+        the participants (use :meth:`allreduce` for the Manager's average)."""
+        return self._pass("allreduce_coalesced", lambda pg: pg.allreduce_coalesced(tensors, opts), tensors)
+
+    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+                  opts: object = None) -> dist._Work:
+        return self._pass("allgather", lambda pg: pg.allgather(output_tensors, input_tensors, opts),
+                          output_tensors)
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> dist._Work:
+        return self._pass("_allgather_base", lambda pg: pg._allgather_base(output, input, opts), [output])
+
+    def allgather_into_tensor_coalesced(self, output_tensors: list[torch.Tensor],
+                                        input_tensors: list[torch.Tensor], opts: object = None) -> dist._Work:
+        return self._pass("allgather_into_tensor_coalesced",
+                          lambda pg: pg.allgather_into_tensor_coalesced(output_tensors, input_tensors, opts),
+                          output_tensors)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: object = 0) -> dist._Work:
+        return self._pass("broadcast", lambda pg: pg.broadcast(tensors, opts), tensors)
+
+    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                       opts: object = ReduceOp.SUM) -> dist._Work:
+        return self._pass("reduce_scatter", lambda pg: pg.reduce_scatter(output_tensors, input_tensors, opts),
+                          output_tensors)
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
+                             opts: object = ReduceOp.SUM) -> dist._Work:
+        return self._pass("_reduce_scatter_base", lambda pg: pg._reduce_scatter_base(output, input, opts),
+                          [output])
+
+    def reduce_scatter_tensor_coalesced(self, output_tensors: list[torch.Tensor],
+                                        input_tensors: list[torch.Tensor], opts: object = ReduceOp.SUM) -> dist._Work:
+        return self._pass("reduce_scatter_tensor_coalesced",
+                          lambda pg: pg.reduce_scatter_tensor_coalesced(output_tensors, input_tensors, opts),
+                          output_tensors)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                      input_split_sizes: list[int], opts: object = None) -> dist._Work:
+        return self._pass(
+            "alltoall_base",
+            lambda pg: pg.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts), [output])
+
+    def send(self, tensors: list[torch.Tensor], dst_rank: int, tag: int = 0) -> dist._Work:
+        return self._pass("send", lambda pg: pg.send(tensors, dst_rank, tag), tensors)
+
+    def recv(self, tensors: list[torch.Tensor], src_rank: int, tag: int = 0) -> dist._Work:
+        return self._pass("recv", lambda pg: pg.recv(tensors, src_rank, tag), tensors)
+
+    def barrier(self, opts: object = None) -> dist._Work:
+        return self._pass("barrier", lambda pg: pg.barrier(opts), None)
+
     def size(self) -> int:
         return self._manager.num_participants()
+
+    def rank(self) -> int:
+        """This replica group's rank in the Manager's process group (0 before its first
+        quorum, as torchft's always answers)."""
+        try:
+            return int(self.parent.rank())
+        except Exception:  # noqa: BLE001 -- not configured yet
+            return 0
 
     def errored(self) -> Exception | None:
         errored = getattr(self._manager, "errored", None)
@@ -1039,4 +1583,3 @@ class ManagedProcessGroup(ProcessGroup):
 
     def __repr__(self) -> str:
         return f"ManagedProcessGroup(manager={self._manager!r})"
-
