@@ -1,0 +1,145 @@
+"""The Manager's CUDA stream handling (issue #16 items 2 and 5), on a real GPU; skipped without
+CUDA ("CUDA is not available").
+
+A NCCL-like work stands in for the process group's: its collective (a long GPU sleep, then an
+add of the "peer's" value) runs on a communication stream, and its future is complete at launch
+and CUDA-aware (an event on that stream), as ProcessGroupNCCL's is. A ``ManagedWork`` over it must
+return from ``wait()`` / ``block_current_stream()`` / ``synchronize()`` without blocking the CPU
+for the collective, and still order the current stream after it: the tensor read on the current
+stream is the average. Also: a failed work reports to the manager and gives the input back on a
+CUDA-aware future; the stream calls from another stream are refused; the accelerator helper the
+Manager uses (device of the quorum thread, recovery stream, events, sync) works on CUDA.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+
+SLEEP_CYCLES = 2_000_000_000  # about a second of GPU time on an H100
+NOT_BLOCKED_S = 0.3  # the CPU must be back well before the GPU is done
+
+
+class StubManager:
+    """What a ManagedWork uses of its Manager."""
+
+    def __init__(self) -> None:
+        from ftclient.manager import _ACCELERATOR
+
+        self._accel = _ACCELERATOR
+        self._timeout = timedelta(seconds=30)
+        self.errors: list[Exception] = []
+
+    def _collective_failed(self, e: Exception) -> None:
+        self.errors.append(e)
+
+
+class NcclLikeWork(dist.Work):
+    """SUM with a peer holding ``peer`` on a side stream, after a long GPU sleep; the future is
+    complete at launch, with an event on the side stream (ProcessGroupNCCL's behaviour)."""
+
+    def __init__(self, tensor: torch.Tensor, peer: float, fail: bool = False) -> None:
+        super().__init__()
+        self.stream = torch.cuda.Stream()
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            torch.cuda._sleep(SLEEP_CYCLES)
+            tensor.add_(peer)
+            self._fut: torch.futures.Future[Any] = torch.futures.Future(devices=[tensor.device])
+            if fail:
+                self._fut.set_exception(RuntimeError("injected NCCL failure"))
+            else:
+                self._fut.set_result([tensor])
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        return self._fut
+
+
+def managed(tensor: torch.Tensor, peer: float, fail: bool = False) -> tuple[Any, StubManager]:
+    from ftclient.manager import ManagedWork
+
+    m = StubManager()
+    work = ManagedWork(m, NcclLikeWork(tensor, peer, fail), tensor, 2, m._timeout)  # type: ignore[arg-type]
+    return work, m
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm_up() -> None:
+    """The first work pays for CUDA's lazy set-up (context, stream pool, the sleep kernel): 5 s
+    on an H100, which is not what the timing below is about."""
+    if torch.cuda.is_available():
+        work, _ = managed(torch.ones(1, device="cuda"), 1.0)
+        work.wait()
+        torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("call", ["wait", "block_current_stream", "synchronize", "get_future"])
+def test_the_work_orders_the_current_stream_without_blocking_the_cpu(call: str) -> None:
+    t = torch.full((1024,), 1.0, device="cuda")
+    torch.cuda.synchronize()
+    started = time.monotonic()
+    work, m = managed(t, 3.0)
+    if call == "get_future":
+        assert work.get_future().wait() is t
+    else:
+        assert getattr(work, call)() in (True, None)
+    returned = time.monotonic() - started
+    values = t.cpu()  # on the current stream: after the collective and the division
+    assert returned < NOT_BLOCKED_S, f"{call} blocked the CPU for {returned:.3f}s"
+    assert values.eq(2.0).all(), values[:4]
+    assert m.errors == [] and work.wait() is True
+
+
+def test_a_failed_work_reports_and_gives_the_input_back() -> None:
+    t = torch.full((8,), 5.0, device="cuda")
+    work, m = managed(t, 1.0, fail=True)
+    assert work.wait() is False
+    assert work.get_future().wait() is t
+    assert len(m.errors) == 1 and "injected" in str(m.errors[0])
+
+
+def test_stream_calls_from_another_stream_are_refused() -> None:
+    t = torch.ones(4, device="cuda")
+    work, _ = managed(t, 1.0)
+    with torch.cuda.stream(torch.cuda.Stream()):
+        with pytest.raises(RuntimeError, match="stream the allreduce was started on"):
+            work.block_current_stream()
+    assert work.wait() is True and t.cpu().eq(1.0).all()
+
+
+def test_the_accelerator_helper_on_cuda() -> None:
+    from ftclient.manager import _ACCELERATOR as accel
+
+    assert accel.available()
+    device = torch.cuda.current_device()
+    assert accel.current_device() == device
+    seen: list[int] = []
+
+    def quorum_thread() -> None:
+        accel.set_device(device)
+        seen.append(torch.cuda.current_device())
+
+    th = threading.Thread(target=quorum_thread)
+    th.start()
+    th.join(10)
+    assert seen == [device]
+    recovery = accel.new_stream()
+    assert recovery is not None and recovery != accel.current_stream()
+    x = torch.zeros(1 << 20, device="cuda")
+    with accel.stream_context(recovery):
+        assert accel.current_stream() == recovery
+        torch.cuda._sleep(SLEEP_CYCLES // 4)
+        x.add_(1)
+        event = accel.record_event()
+    assert accel.current_stream() != recovery
+    event.synchronize()  # what should_commit waits for before the recovered state is used
+    assert recovery.query() and x[0].item() == 1.0
+    accel.synchronize()
