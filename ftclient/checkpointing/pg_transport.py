@@ -57,6 +57,7 @@ from datetime import timedelta
 from typing import Any, Callable, Generic, TypeVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import KeyPath, keystr, tree_flatten_with_path, tree_unflatten
@@ -373,11 +374,12 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
         received = self._receive(src_rank, meta.tensors, targets, deadline)
 
         values: list[object] = []
+        meshes: dict[int, Any] = {}  # the sender's meshes, unpickled (no-template DTensors only)
         for path, leaf in zip(meta.paths, meta.leaves):
             if isinstance(leaf, _TensorLeaf):
                 values.append(received[leaf.index])
             elif isinstance(leaf, _DTensorLeaf):
-                values.append(self._dtensor(path, leaf, received[leaf.index], template.get(path), meta))
+                values.append(self._dtensor(path, leaf, received[leaf.index], template.get(path), meta, meshes))
             else:
                 values.append(leaf)
         # Tied tensors: one object per distinct tensor, DTensors included.
@@ -469,19 +471,34 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
             return nn.Parameter(t, requires_grad=m.requires_grad)
         return t.requires_grad_(m.requires_grad) if m.requires_grad else t
 
-    def _dtensor(self, path: KeyPath, leaf: _DTensorLeaf, local: torch.Tensor, tmpl: object, meta: _Meta) -> object:
+    @staticmethod
+    def _source_mesh(meta: _Meta, index: int, cache: dict[int, Any]) -> Any:
+        """The sender's mesh, unpickled once per transfer (``cache``), if this process is one of
+        its ranks (as in HSDP, where every replica group has the same layout in a world of its
+        own)."""
+        if index not in cache:
+            info, mesh = meta.meshes[index], None
+            if info.pickled is not None and dist.is_initialized():
+                try:
+                    mesh = pickle.loads(info.pickled)
+                except Exception:  # noqa: BLE001 -- the caller reports that there is no mesh
+                    mesh = None
+                if mesh is not None and dist.get_rank() not in mesh.mesh.flatten().tolist():
+                    mesh = None
+            cache[index] = mesh
+        return cache[index]
+
+    def _dtensor(self, path: KeyPath, leaf: _DTensorLeaf, local: torch.Tensor, tmpl: object, meta: _Meta,
+                 meshes: dict[int, Any]) -> object:
         if isinstance(tmpl, DTensor):
-            if local is not tmpl._local_tensor:  # the template's shard did not fit: a layout error
+            if local is not tmpl._local_tensor:  # a tied shard, received into another template
                 self._check_layout(path, leaf, meta.tensors[leaf.index], tmpl)
+                with torch.no_grad():
+                    tmpl._local_tensor.copy_(local)
             return tmpl
         info = meta.meshes[leaf.mesh_index]
-        mesh = None
-        if info.pickled is not None:
-            try:
-                mesh = pickle.loads(info.pickled)
-            except Exception:  # noqa: BLE001 -- reported below
-                mesh = None
-        if mesh is None or mesh.get_coordinate() is None:
+        mesh = self._source_mesh(meta, leaf.mesh_index, meshes)
+        if mesh is None:
             raise CheckpointTransferError(
                 f"DTensor {keystr(path)} (mesh {info.shape} {info.dim_names}, placements {leaf.placements}) cannot "
                 "be rebuilt here: this process is not in the source's mesh. Give PGTransport a state_dict= "
