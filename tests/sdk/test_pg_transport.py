@@ -375,3 +375,61 @@ def test_hsdp_dtensor_state_dict_heals_into_the_receivers_own_shards() -> None:
         assert r["after"] == src["after"] == src["before"]  # model and optimizer state
         assert r["next_step"] == src["next_step"]
         assert r["no_template"] and all(c == (True, True, ("S(0)",), True, True) for c in r["no_template"].values())
+
+
+# -- a Manager healing through PGTransport --------------------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_manager_heals_a_group_that_is_behind_through_pg_transport(make_cluster: Callable[..., Any]) -> None:
+    from ftclient import Manager, ProcessGroupGloo
+
+    cluster = make_cluster(min_replicas=2)
+    cluster.wait_for_leader()
+    timeout = timedelta(seconds=10)
+    managers: list[Manager] = []
+    stores: list[dist.TCPStore] = []  # each group's store, alive as long as its manager
+
+    def group(name: str, state: dict[str, torch.Tensor]) -> Manager:
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+        stores.append(store)
+        pg = ProcessGroupGloo(timeout=timeout)
+        holder: list[Manager] = []
+        # The template has the Manager's layout: tensors arrive in the group's own state.
+        transport = PGTransport(pg, timeout, CPU,
+                                state_dict=lambda: {"user": {"default": state}, "torchft": holder[0].state_dict()})
+        m = Manager(pg=pg, load_state_dict=state.update, state_dict=lambda: dict(state), min_replica_size=1,
+                    timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, rank=0, world_size=1,
+                    store_addr="127.0.0.1", store_port=store.port, lighthouse_addr=cluster.endpoints,
+                    replica_id=name, hostname="127.0.0.1", checkpoint_transport=transport)
+        holder.append(m)
+        managers.append(m)
+        return m
+
+    try:
+        ahead_state = {"w": torch.randn(512, 512), "b": torch.arange(5.0)}
+        behind_state = {"w": torch.zeros(512, 512), "b": torch.zeros(5)}
+        w_object = behind_state["w"]
+        a, b = group("ahead", ahead_state), group("behind", behind_state)
+        a.load_state_dict({"step": 3, "batches_committed": 6})
+
+        def step(m: Manager, grad: float) -> tuple[bool, list[float]]:
+            m.start_quorum()
+            out = m.allreduce(torch.full((2,), grad))
+            out.wait()
+            reduced = out.get_future().value() if hasattr(out, "get_future") else out.value()
+            return m.should_commit(), reduced.tolist()
+
+        (ca, ra), (cb, rb) = run_threads([lambda: step(a, 2.0), lambda: step(b, 100.0)])
+        assert b.last_quorum_result is not None and b.last_quorum_result.heal
+        assert ca and cb and ra == rb == [2.0, 2.0]  # the healing group sat the step out
+        assert a.current_step() == b.current_step() == 4 and b.batches_committed() == 7
+        assert behind_state["w"] is w_object  # received in place into the group's own tensor
+        assert torch.equal(behind_state["w"], ahead_state["w"]) and torch.equal(behind_state["b"], ahead_state["b"])
+
+        (ca, ra), (cb, rb) = run_threads([lambda: step(a, 1.0), lambda: step(b, 3.0)])
+        assert ca and cb and ra == rb == [2.0, 2.0]  # healed: both take part
+    finally:
+        for m in managers:
+            m.shutdown(wait=False)
