@@ -98,6 +98,15 @@ def liveness_flag(f: Any) -> Any:
              "A false death costs one quorum change. torchft trainers are unaffected (heartbeat timeout).")(f)
 
 
+def manager_watch_flag(f: Any) -> Any:
+    return click.option(
+        "--watch-manager-connections/--no-watch-manager-connections", "watch_manager_connections", default=True,
+        show_default=True, envvar=ENV + "WATCH_MANAGER_CONNECTIONS",
+        help="The leader keeps an idle connection to each running quorum member's manager server; when it "
+             "closes and a new one is refused (the trainer process died), the member is declared dead at "
+             "once instead of after its heartbeat timeout. Nothing changes for the trainers.")(f)
+
+
 def _exit_config_error(e: ConfigError) -> None:
     click.echo(f"error: {e}", err=True)
     sys.exit(2)
@@ -180,6 +189,7 @@ def main() -> None:
               help="Raft election timeout lower bound (default 150; upper bound is three times it).")
 @lease_flag
 @liveness_flag
+@manager_watch_flag
 @click.option("--event-loop", type=click.Choice(LOOPS), default=DEFAULT_LOOP, show_default=True,
               envvar=ENV + "EVENT_LOOP", help="asyncio event loop of the node (uvloop: faster; asyncio: the standard one).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
@@ -194,7 +204,8 @@ def serve(node_id: str, peers: tuple[str, ...], client_bind: str | None, raft_bi
           insecure: bool, http_bind: str | None, admin_token: str | None, tls_cert: str | None, tls_key: str | None,
           tls_client_ca: str | None, tls_ca: str | None, join: bool, min_replicas: int, join_timeout_ms: int,
           quorum_tick_ms: int, heartbeat_timeout_ms: int, election_timeout_ms: int | None, quorum_lease_ms: int,
-          liveness_timeout_ms: int, event_loop: str, log_level: str, log_format: str, schema_version: int) -> None:
+          liveness_timeout_ms: int, watch_manager_connections: bool, event_loop: str, log_level: str,
+          log_format: str, schema_version: int) -> None:
     """Run one lighthouse node in the foreground (SIGTERM hands leadership over, then exits)."""
     from lighthouse_cluster.local.supervise import die_with_parent_from_env
     from lighthouse_cluster.server.logs import configure_logging
@@ -218,7 +229,7 @@ def serve(node_id: str, peers: tuple[str, ...], client_bind: str | None, raft_bi
             election_timeout_ms=election_timeout_ms, raft_dial=list(raft_dial), http_bind=http_bind,
             admin_token=admin_token, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca, tls_ca=tls_ca,
             join=join, quorum_lease_ms=quorum_lease_ms, schema_version=schema_version,
-            liveness_timeout_ms=liveness_timeout_ms)
+            liveness_timeout_ms=liveness_timeout_ms, watch_manager_connections=watch_manager_connections)
     except ConfigError as e:
         _exit_config_error(e)
     configure_logging(log_level, log_format, node_id)

@@ -116,6 +116,10 @@ class NodeConfig:
     # --liveness-timeout-ms: a replica whose liveness stream (Watch) sent no keep-alive for this
     # long is declared dead (a closed stream is one at once); see liveness_streams.py.
     liveness_timeout_ms: int = DEFAULT_LIVENESS_TIMEOUT_MS
+    # --watch-manager-connections: the leader watches a connection to every running quorum
+    # member's manager server and declares the member dead when it closes and is refused
+    # (torchft trainers' deaths; see manager_connections.py).
+    watch_manager_connections: bool = True
     raft: RaftSettings = field(default_factory=RaftSettings)
     max_member_bytes: int = MAX_MEMBER_BYTES  # a serialized QuorumMember, every field counted
     # The newest replicated schema this node writes and reports (--schema-version, hidden: below
@@ -200,6 +204,7 @@ def build_node_config(
     quorum_lease_ms: int = DEFAULT_LEASE_MS,
     schema_version: int = SCHEMA_VERSION,
     liveness_timeout_ms: int = DEFAULT_LIVENESS_TIMEOUT_MS,
+    watch_manager_connections: bool = True,
 ) -> NodeConfig:
     """Validate raw settings into a NodeConfig, or raise ConfigError naming the problem."""
     check_node_id(node_id)
@@ -269,6 +274,7 @@ def build_node_config(
         quorum_tick_ms=quorum_tick_ms,
         quorum_lease_ms=quorum_lease_ms,
         liveness_timeout_ms=liveness_timeout_ms,
+        watch_manager_connections=watch_manager_connections,
         raft=raft,
         raft_dial=dial,
         http_bind=http,

@@ -57,6 +57,8 @@ MAX_KEPT_DEATH_NOTICES = 4096
 # Metric labels of the two kinds of death (Death.reason carries the detail).
 STREAM_CLOSED_LABEL = "stream_closed"
 KEEPALIVE_TIMEOUT_LABEL = "keepalive_timeout"
+# A death learnt from a member's manager server (manager_connections.py), not from a stream.
+CONNECTION_LOST_LABEL = "manager_connection_lost"
 
 
 class LivenessRounds(Protocol):
@@ -129,7 +131,7 @@ class LivenessStreams:
         self._ids = itertools.count(1)
         self._term: int | None = None  # the term the open streams were accepted in
         self._task: asyncio.Task[None] | None = None
-        self.deaths: dict[str, int] = {STREAM_CLOSED_LABEL: 0, KEEPALIVE_TIMEOUT_LABEL: 0}
+        self.deaths: dict[str, int] = {STREAM_CLOSED_LABEL: 0, KEEPALIVE_TIMEOUT_LABEL: 0, CONNECTION_LOST_LABEL: 0}
         self.notices_sent = 0
         # replica id -> the notice it gets if it opens a stream again (declared dead as a member
         # of a quorum; see the module docstring)
@@ -209,12 +211,32 @@ class LivenessStreams:
 
     # -- deaths -----------------------------------------------------------------------------------
 
-    def _declare(self, deaths: list[Death], rounds: LivenessRounds) -> None:
+    def has_stream(self, replica_id: str) -> bool:
+        """Whether the replica has a liveness stream open here."""
+        return replica_id in self._watchers
+
+    def running_members(self) -> dict[str, str] | None:
+        """The running quorum's members (replica id -> manager address) while this node serves
+        as leader, else None (what ``manager_connections`` watches)."""
+        rounds = self._serving_rounds()
+        if rounds is None:
+            return None
+        running = rounds.running_quorum()
+        return {} if running is None else {m.replica_id: m.address for m in running.participants}
+
+    def declare_dead(self, replica_id: str, reason: str) -> None:
+        """A death learnt elsewhere (a member's manager server closed its connection): declared
+        as the streams' are (the coordinator, the metric, the other members' notices)."""
+        rounds = self._serving_rounds()
+        if rounds is not None:
+            self._declare([Death(replica_id, reason)], rounds, label=CONNECTION_LOST_LABEL)
+
+    def _declare(self, deaths: list[Death], rounds: LivenessRounds, label: str | None = None) -> None:
         """Tell the coordinator, count, and push PeerDied to the other members of the running
         quorum (read before the deaths: declaring one may issue the next quorum)."""
         running = rounds.running_quorum()
         for d in deaths:
-            self.deaths[death_label(d)] += 1
+            self.deaths[label or death_label(d)] += 1
             rounds.declare_dead(d.replica_id, d.reason)
         if running is None:
             return

@@ -6,7 +6,8 @@ read from the node at scrape time by ``NodeCollector`` (role, term, indexes, cur
 heartbeating replicas, forwarded and re-routed quorum calls, rounds issued on the lease or through
 a commit, open liveness streams and replica deaths by reason). Nothing here does I/O. What is
 read, and from what, is ``MetricsSource`` (the node, with the Raft node and coordinator it holds),
-``RoutingCounts`` (``routing.Router``) and ``LivenessCounts`` (``liveness_streams.LivenessStreams``).
+``RoutingCounts`` (``routing.Router``), ``LivenessCounts`` (``liveness_streams.LivenessStreams``) and
+``ConnectionCounts`` (``manager_connections.ManagerConnections``).
 """
 
 from __future__ import annotations
@@ -103,13 +104,22 @@ class LivenessCounts(Protocol):
         """Replica deaths declared on this node, by reason label."""
 
 
+class ConnectionCounts(Protocol):
+    """The leader's watched manager connections (``manager_connections.ManagerConnections``)."""
+
+    @property
+    def connected(self) -> int: ...
+
+
 class NodeCollector(Collector):
     """Reads the node's state at scrape time."""
 
-    def __init__(self, node: MetricsSource, routing: RoutingCounts, liveness: LivenessCounts) -> None:
+    def __init__(self, node: MetricsSource, routing: RoutingCounts, liveness: LivenessCounts,
+                 connections: ConnectionCounts) -> None:
         self.node = node
         self.routing = routing
         self.liveness = liveness
+        self.connections = connections
 
     def collect(self) -> Iterator[Any]:
         node = self.node
@@ -158,20 +168,25 @@ class NodeCollector(Collector):
         yield gauge("liveness_streams", "Open liveness streams (Watch; the serving leader only)",
                     self.liveness.open_streams)
         deaths = CounterMetricFamily(
-            PREFIX + "replica_deaths", "Replica groups declared dead by their liveness streams, by reason: "
-            "'stream_closed' (the stream ended) or 'keepalive_timeout' (no keep-alive for --liveness-timeout-ms)",
+            PREFIX + "replica_deaths", "Replica groups declared dead before their heartbeat timeout, by reason: "
+            "'stream_closed' (the liveness stream ended), 'keepalive_timeout' (no keep-alive for "
+            "--liveness-timeout-ms) or 'manager_connection_lost' (the member's manager server closed the "
+            "leader's connection and refused a new one: a torchft trainer's death)",
             labels=["node", "reason"])
         for reason, count in sorted(self.liveness.deaths.items()):
             deaths.add_metric([node_id, reason], count)
         yield deaths
+        yield gauge("manager_connections", "Connections up from the serving leader to the running quorum's "
+                    "manager servers (members without a liveness stream)", self.connections.connected)
 
 
 class NodeMetrics:
     """The node's registry and the histograms it observes into."""
 
-    def __init__(self, node: MetricsSource, routing: RoutingCounts, liveness: LivenessCounts) -> None:
+    def __init__(self, node: MetricsSource, routing: RoutingCounts, liveness: LivenessCounts,
+                 connections: ConnectionCounts) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(NodeCollector(node, routing, liveness))
+        self.registry.register(NodeCollector(node, routing, liveness, connections))
         self.quorum_commit_seconds = Histogram(
             PREFIX + "quorum_commit_seconds", "Raft commit latency of issued quorum rounds",
             registry=self.registry, buckets=LATENCY_BUCKETS)

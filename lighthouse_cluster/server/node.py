@@ -43,6 +43,7 @@ from lighthouse_cluster.server.grpc_services import (
 )
 from lighthouse_cluster.server.loop_bridge import loop_future
 from lighthouse_cluster.server.liveness_streams import LivenessStreams
+from lighthouse_cluster.server.manager_connections import ManagerConnections
 from lighthouse_cluster.server.member_table import load_members, save_members
 from lighthouse_cluster.server.forwarding import PeerChannels
 from lighthouse_cluster.server.metrics import NodeMetrics
@@ -98,7 +99,9 @@ class LighthouseNode:
         self._watch_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
         self.liveness = LivenessStreams(self, config.node_id, config.liveness_timeout_ms / 1000.0)
-        self.metrics = NodeMetrics(self, self.router, self.liveness)
+        self.connections = ManagerConnections(self.liveness, self.liveness.declare_dead, self.liveness.has_stream,
+                                              grace_s=config.liveness_timeout_ms / 1000.0)
+        self.metrics = NodeMetrics(self, self.router, self.liveness, self.connections)
         self.health = health.aio.HealthServicer()
         self._health_serving: bool | None = None
         self.http = None  # http_endpoints.HttpEndpoints when --http-bind is set
@@ -157,6 +160,8 @@ class LighthouseNode:
         )
         self.router.start()
         self.liveness.start()
+        if self.config.watch_manager_connections:
+            self.connections.start()
         self._watch_task = asyncio.get_running_loop().create_task(self._watch())
         if self.http is not None:
             log.info("node %s serving /metrics, /livez, /readyz and the dashboard on http://%s", cfg.node_id,
@@ -182,6 +187,7 @@ class LighthouseNode:
         if self.coordinator is not None:
             self.coordinator.stop_leading()
         self.liveness.stop()
+        self.connections.stop()
         await self.router.stop()
         self._health_serving = False
         await self.health.enter_graceful_shutdown()

@@ -201,7 +201,7 @@ def test_a_closed_stream_is_a_death_and_the_other_members_are_told() -> None:
             await wait_for_async(f"{r}'s notice", lambda r=r: ctxs[r].peer_died(), 1.0, interval=0.001)
             assert ctxs[r].peer_died() == [cpb.PeerDied(quorum_id=7, replica_ids=["c"], reason=STREAM_CLOSED)]
         assert ctxs["outsider"].peer_died() == []
-        assert hub.streams.deaths == {"stream_closed": 1, "keepalive_timeout": 0}
+        assert hub.streams.deaths == {"stream_closed": 1, "keepalive_timeout": 0, "manager_connection_lost": 0}
         assert hub.streams.open_streams == 3 and hub.streams.notices_sent == 2
         ctxs["outsider"].inbox.put_nowait(grpc.aio.EOF)  # a half-close ends the stream: a death, no notice
         assert await hub.ended("outsider") is None  # ended with OK
@@ -230,7 +230,7 @@ def test_keepalives_that_stop_are_a_death_after_the_timeout() -> None:
         await wait_for_async("a's notice", lambda: ctxs["a"].peer_died(), 1.0, interval=0.001)
         assert ctxs["a"].peer_died()[0] == cpb.PeerDied(quorum_id=4, replica_ids=["b"],
                                                         reason="keep-alives stopped for 500 ms")
-        assert hub.streams.deaths == {"stream_closed": 0, "keepalive_timeout": 1}
+        assert hub.streams.deaths == {"stream_closed": 0, "keepalive_timeout": 1, "manager_connection_lost": 0}
         hub.streams.stop()
     asyncio.run(main())
 

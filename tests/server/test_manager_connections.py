@@ -1,0 +1,181 @@
+"""The leader's watch of the running quorum's manager servers (#15 item 5):
+``server/manager_connections.py``.
+
+Unit tests: which addresses are dialed, and which members are watched. Integration tests run a
+real cluster and real manager-server processes (a gRPC server on the port each replica names as
+its ``address``, as torchft's and ftclient's managers do): a member whose manager server is
+SIGKILLed (and whose heartbeats stop, as a dead trainer's do) is left out of the survivors' next
+quorum in well under a second, not after the 5 s heartbeat timeout; a member whose address
+cannot be reached is never declared dead; with ``--no-watch-manager-connections`` the death costs
+the heartbeat timeout again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any, Callable
+
+import grpc
+import pytest
+
+from lighthouse_cluster.proto import torchft_pb2 as pb
+from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
+from lighthouse_cluster.server.manager_connections import ManagerConnections, manager_target
+from test_liveness_streams import DEATHS, distinct_ports, heartbeats, members, scrape
+
+# -- unit ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("address, target", [
+    ("http://127.0.0.1:40851", "127.0.0.1:40851"),
+    ("http://trainer-3.job.svc:29500", "trainer-3.job.svc:29500"),
+    ("http://[::1]:5000", "[::1]:5000"),
+    ("http://[::1]:5000/", "[::1]:5000"),
+    ("10.0.0.7:4000", "10.0.0.7:4000"),
+    ("https://host:443", None),       # TLS: not dialed (no credentials for it)
+    ("sim://a", None),                # simulated groups' placeholders
+    ("http://host", None),            # no port
+    ("http://host:99999", None),      # not a port
+    ("http://host:1/path", None),
+    ("", None),
+])
+def test_only_plaintext_grpc_addresses_are_dialed(address: str, target: str | None) -> None:
+    assert manager_target(address) == target
+
+
+class Members:
+    def __init__(self) -> None:
+        self.running: dict[str, str] | None = {}
+
+    def running_members(self) -> dict[str, str] | None:
+        return self.running
+
+
+def test_the_running_quorums_members_without_a_stream_are_watched_and_only_while_leading() -> None:
+    async def main() -> None:
+        members = Members()
+        streams = {"s"}
+        watch = ManagerConnections(members, lambda rid, why: None, streams.__contains__, grace_s=0.5)
+        dialed: list[tuple[str, str]] = []
+
+        async def fake_watch(rid: str, target: str) -> None:
+            dialed.append((rid, target))
+            await asyncio.Event().wait()
+
+        watch._watch = fake_watch  # type: ignore[method-assign]  # no sockets in a unit test
+        members.running = {"a": "http://127.0.0.1:1", "b": "sim://b", "s": "http://127.0.0.1:3"}
+        watch.reconcile()
+        await asyncio.sleep(0)
+        assert dialed == [("a", "127.0.0.1:1")] and watch.watched == 1
+        members.running = {"a": "http://127.0.0.1:1", "c": "http://127.0.0.1:4"}  # next quorum
+        watch.reconcile()
+        await asyncio.sleep(0)
+        assert dialed[1:] == [("c", "127.0.0.1:4")] and watch.watched == 2
+        members.running = {"a": "http://127.0.0.1:9"}  # a's manager moved: re-dialed
+        watch.reconcile()
+        await asyncio.sleep(0)
+        assert dialed[2:] == [("a", "127.0.0.1:9")] and watch.watched == 1
+        members.running = None  # no longer the serving leader
+        watch.reconcile()
+        assert watch.watched == 0
+    asyncio.run(main())
+
+
+# -- integration --------------------------------------------------------------------------------------
+
+MANAGER_SERVER = textwrap.dedent("""
+    # A trainer's manager server as far as the lighthouse can see: a gRPC server on a port.
+    import sys, time, grpc
+    from concurrent import futures
+    server = grpc.server(futures.ThreadPoolExecutor(1))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(port, flush=True)
+    time.sleep(3600)
+""")
+
+
+def spawn_manager_server() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-c", MANAGER_SERVER], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ})
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # bounded: EOF if the process fails
+    assert line.strip().isdigit(), f"manager server did not start: {line!r}"
+    return proc, f"http://127.0.0.1:{line.strip()}"
+
+
+async def quorum_as(address: str, replica_id: str, manager: str, step: int, timeout: float = 30.0) -> pb.Quorum:
+    async with grpc.aio.insecure_channel(address) as channel:
+        response = await pb_grpc.LighthouseServiceStub(channel).Quorum(pb.LighthouseQuorumRequest(
+            requester=pb.QuorumMember(replica_id=replica_id, address=manager, store_address=f"{replica_id}:2",
+                                      step=step, world_size=1)), timeout=timeout)
+        return response.quorum
+
+
+def run_kill(cluster: Any, leader: int) -> tuple[float, dict[Any, float]]:
+    """a, b and c (c's manager address unreachable) in a quorum; b's manager server SIGKILLed and
+    its heartbeats stopped while a and c wait for their next quorum. Returns the seconds from the
+    kill until that quorum ([a, c]) was issued, and the leader's metrics then."""
+    address = cluster.client_addresses[leader]
+    servers = {r: spawn_manager_server() for r in ("a", "b")}
+    managers = {"a": servers["a"][1], "b": servers["b"][1], "c": "http://127.0.0.1:1"}
+
+    async def main() -> tuple[float, dict[Any, float]]:
+        beats = {"ac": asyncio.ensure_future(heartbeats(lambda: [address], ["a", "c"])),
+                 "b": asyncio.ensure_future(heartbeats(lambda: [address], ["b"]))}
+        try:
+            await asyncio.sleep(0.3)  # every one heartbeating: the first round waits for all three
+            first = await asyncio.wait_for(asyncio.gather(
+                *(quorum_as(address, r, managers[r], 1) for r in ("a", "b", "c"))), 30)
+            assert members(first[0]) == ["a", "b", "c"]
+            survivors = [asyncio.ensure_future(quorum_as(address, r, managers[r], 2)) for r in ("a", "c")]
+            await asyncio.sleep(0.5)
+            assert not any(s.done() for s in survivors)  # b is healthy: they wait for it
+            killed = time.monotonic()
+            servers["b"][0].kill()
+            beats.pop("b").cancel()  # a dead trainer's heartbeats stop with it
+            second = await asyncio.wait_for(asyncio.gather(*survivors), 15)
+            issued = time.monotonic() - killed
+            assert members(second[0]) == ["a", "c"] and second[0].quorum_id == first[0].quorum_id + 1
+            return issued, await asyncio.to_thread(scrape, cluster, leader)
+        finally:
+            for task in beats.values():
+                task.cancel()
+            for proc, _ in servers.values():
+                proc.kill()
+                proc.wait(10)
+
+    return asyncio.run(main())
+
+
+CONNECTED = "lighthouse_cluster_manager_connections"
+LOST = (DEATHS, (("reason", "manager_connection_lost"),))
+
+
+@pytest.mark.integration
+def test_a_dead_trainers_manager_server_costs_the_survivors_well_under_a_second(
+        make_cluster: Callable[..., Any]) -> None:
+    cluster = make_cluster(min_replicas=1, heartbeat_timeout_ms=5_000, join_timeout_ms=60_000, **distinct_ports(3))
+    leader, _ = cluster.wait_for_stable_leader()
+    issued, metrics = run_kill(cluster, leader)
+    print(f"manager server SIGKILLed -> next quorum issued {issued * 1000:.0f} ms (heartbeat timeout 5 s)")
+    assert issued < 1.0
+    assert metrics[LOST] == 1
+    # a is watched (c's address is not reachable: it keeps the heartbeat timeout, never declared).
+    assert metrics[(CONNECTED, ())] == 1
+
+
+@pytest.mark.integration
+def test_without_the_watch_the_death_costs_the_heartbeat_timeout(make_cluster: Callable[..., Any]) -> None:
+    cluster = make_cluster(min_replicas=1, heartbeat_timeout_ms=2_000, join_timeout_ms=60_000,
+                           extra_args=["--no-watch-manager-connections"], **distinct_ports(3))
+    leader, _ = cluster.wait_for_stable_leader()
+    issued, metrics = run_kill(cluster, leader)
+    print(f"without the watch: next quorum issued {issued * 1000:.0f} ms after the kill (heartbeat timeout 2 s)")
+    assert issued > 1.5
+    assert metrics[LOST] == 0 and metrics[(CONNECTED, ())] == 0
