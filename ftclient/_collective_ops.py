@@ -116,9 +116,10 @@ def nccl_backend_timeout(timeout: timedelta) -> timedelta:
 def build_backend(kind: str, store: dist.Store, rank: int, world_size: int, timeout: timedelta,
                   device: torch.device | None = None) -> Any:
     """A torch backend of ``kind`` (``"gloo"`` or ``"nccl"``) for ``world_size`` members on
-    ``store``. A NCCL backend is built non-blocking (so :meth:`abort` can end a communicator
-    that waits for a peer) and connects eagerly on ``device`` (the current CUDA device by
-    default), so that a member that never joins is noticed while configuring."""
+    ``store``, returned once every member joined. A NCCL backend is built non-blocking (so
+    ``abort`` can end a communicator that waits for a peer) and connected on ``device`` (the
+    current CUDA device by default) by one small allreduce, so that a member that never joins
+    is noticed while configuring, not by the trainer's first collective."""
     if kind == "gloo":
         return dist.ProcessGroupGloo(store, rank, world_size, timeout)
     if kind != "nccl":
@@ -134,6 +135,16 @@ def build_backend(kind: str, store: dist.Store, rank: int, world_size: int, time
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device())
     backend.eager_connect_single_device(device)
+    # A non-blocking communicator is still connecting when eager_connect returns, and the first
+    # collective would then wait for it inside torch, on the trainer's thread, where nothing can
+    # interrupt it. So the build waits for one small collective: it returns once every member
+    # joined (the caller bounds the wait, on another thread or process).
+    probe = torch.zeros(1, device=device)
+    stream = torch.cuda.Stream(device=device)
+    with torch.cuda.stream(stream):
+        work = backend.allreduce([probe], AllreduceOptions())
+        work.wait()
+    stream.synchronize()
     return backend
 
 
