@@ -4,8 +4,12 @@ torchft's ``ProcessGroupNCCL`` in ftclient's terms. Every :meth:`ProcessGroupNCC
 (the Manager calls it on each new quorum) connects a TCPStore client scoped to the quorum's
 prefix and builds a fresh ``torch.distributed.ProcessGroupNCCL`` backend on the caller's current
 CUDA device: non-blocking (so that ``ncclCommAbort`` can end a communicator that waits for a
-peer) and connected eagerly (a member that never joins is noticed while configuring, within the
-timeout, not by the first collective). The previous communicator is released in the background.
+peer), and configure returns only once one small allreduce on it completed, i.e. once every
+member joined. A member that never joins makes configure raise ``TimeoutError`` at the timeout
+(the build runs on a helper thread); otherwise the trainer's first collective would wait for it
+inside torch, on the trainer's thread, where nothing can interrupt it (seen on an H100: 30 s,
+torch's ``TORCH_NCCL_NONBLOCKING_TIMEOUT``). The previous communicator is released in the
+background.
 
 Collectives are launched on the caller's thread and streams, as torch does. What NCCL cannot do
 by itself is give up: a collective whose peer died waits on the GPU forever, and every later

@@ -1,8 +1,8 @@
 """ftclient.process_group_baby: collectives in a killable child process (ProcessGroupBabyGloo).
 
-Unit tests check the pieces without processes: how reduce ops and roots become plain spec
-arguments, Gloo's AVG emulation in ``launch``, and that an operation before ``configure`` is
-refused. The integration tests run real 2-rank groups (two ProcessGroupBabyGloo in this
+Unit tests check the pieces without processes: how reduce ops become plain spec arguments,
+Gloo's AVG emulation in ``launch``, and that an operation before ``configure`` is refused (also
+by ProcessGroupNCCL, whose collectives are tested on a GPU in ``tests/gpu/test_nccl.py``). The integration tests run real 2-rank groups (two ProcessGroupBabyGloo in this
 process, each with its own child) over a TCPStore hosted by the test:
 
 - SUM/AVG allreduce, broadcast and allgather results are right, in the caller's own tensors;
@@ -30,6 +30,7 @@ from torch.distributed import AllreduceOptions, ReduceOp
 
 from ftclient import _collective_ops
 from ftclient.process_group_baby import ProcessGroupBabyGloo, reduce_op_name
+from ftclient.process_group_nccl import ProcessGroupNCCL
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(240)
@@ -86,6 +87,20 @@ def test_operations_before_configure_are_refused() -> None:
         pg.size()
     assert pg.errored() is None and pg.child_pid is None
     assert pg.getBackendName() == "ftclient-baby-gloo"
+
+
+def test_nccl_group_refuses_operations_before_configure_and_configure_without_cuda() -> None:
+    """ProcessGroupNCCL itself is tested on a GPU (tests/gpu/test_nccl.py); here only what
+    needs none."""
+    pg = ProcessGroupNCCL(timeout=5)
+    assert repr(pg) == "ProcessGroupNCCL(rank=None, world_size=None, quorum_id=None, timeout=5s)"
+    with pytest.raises(RuntimeError, match="before configure"):
+        pg.allreduce([torch.zeros(1)], ReduceOp.SUM)
+    with pytest.raises(ValueError, match="rank must be in"):
+        pg.configure("127.0.0.1:1/p", "replica_0", 2, 2)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="needs CUDA"):
+            pg.configure("127.0.0.1:1/p", "replica_0", 0, 1)
 
 
 # ---------------------------------------------------------------------------------------------
