@@ -49,21 +49,24 @@ from __future__ import annotations
 
 import logging
 import pickle
+import sys
 import time
 import warnings
 from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, TypeGuard, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.utils._pytree import KeyPath, keystr, tree_flatten_with_path, tree_unflatten
 
 from ftclient.checkpointing.http_transport import CheckpointStepMismatchError, CheckpointTransferError
 from ftclient.checkpointing.transport import CheckpointTransport
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 logger: logging.Logger = logging.getLogger(__name__)
 
@@ -131,6 +134,13 @@ class _Meta:
     meshes: list[_MeshInfo]
 
 
+def _is_dtensor(v: object) -> TypeGuard[DTensor]:
+    """``isinstance(v, DTensor)`` without importing DTensor (seconds) in a process that has none:
+    no object is a DTensor until torch.distributed.tensor was imported."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(v, module.DTensor)
+
+
 def _element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
@@ -184,7 +194,7 @@ def _bytes_of(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def _is_streamed(v: object) -> bool:
     """Whether a leaf's bytes are sent (else it is pickled with the structure)."""
-    if isinstance(v, DTensor):
+    if _is_dtensor(v):
         return True
     return (type(v) in (torch.Tensor, nn.Parameter) and v.layout == torch.strided  # type: ignore[attr-defined]
             and not v.is_quantized and v.device.type != "meta")  # type: ignore[attr-defined]
@@ -208,15 +218,15 @@ def _prepare(state_dict: object, step: int) -> tuple[_Meta, list[torch.Tensor]]:
         if id(v) in seen:
             leaves.append(seen[id(v)])
             continue
-        local = v._local_tensor if isinstance(v, DTensor) else v
+        local = v._local_tensor if _is_dtensor(v) else v
         index = len(tensors)
         tensors.append(local)
-        if isinstance(v, DTensor):  # the DTensor leaf carries requires_grad; its shard is plain
+        if _is_dtensor(v):  # the DTensor leaf carries requires_grad; its shard is plain
             metas.append(_TensorMeta(local.dtype, tuple(local.shape), False, False))
         else:
             metas.append(_TensorMeta(local.dtype, tuple(local.shape), v.requires_grad, type(v) is nn.Parameter))
         leaf: object
-        if isinstance(v, DTensor):
+        if _is_dtensor(v):
             mesh = v.device_mesh
             if id(mesh) not in mesh_ids:
                 try:
@@ -394,12 +404,12 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
     def _target(self, path: KeyPath, leaf: object, tm: _TensorMeta, tmpl: object) -> torch.Tensor | None:
         """The template tensor to receive into, if it fits (DTensor: its local shard)."""
         if isinstance(leaf, _DTensorLeaf):
-            if not isinstance(tmpl, DTensor):
+            if not _is_dtensor(tmpl):
                 return None
             self._check_layout(path, leaf, tm, tmpl)
             local = tmpl._local_tensor
         else:
-            if not isinstance(tmpl, torch.Tensor) or isinstance(tmpl, DTensor) or not _is_streamed(tmpl):
+            if not isinstance(tmpl, torch.Tensor) or _is_dtensor(tmpl) or not _is_streamed(tmpl):
                 return None
             local = tmpl
         if local.dtype != tm.dtype or tuple(local.shape) != tm.shape:
@@ -490,7 +500,7 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
 
     def _dtensor(self, path: KeyPath, leaf: _DTensorLeaf, local: torch.Tensor, tmpl: object, meta: _Meta,
                  meshes: dict[int, Any]) -> object:
-        if isinstance(tmpl, DTensor):
+        if _is_dtensor(tmpl):
             if local is not tmpl._local_tensor:  # a tied shard, received into another template
                 self._check_layout(path, leaf, meta.tensors[leaf.index], tmpl)
                 with torch.no_grad():
@@ -505,6 +515,8 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
                 "template (the Manager's layout) so that DTensors are received on this replica's own mesh")
         if mesh.device_type != local.device.type:
             local = local.to(self._device if self._device.type == mesh.device_type else mesh.device_type)
+        from torch.distributed.tensor import DTensor
+
         t = DTensor.from_local(local.detach(), mesh, leaf.placements, run_check=False, shape=torch.Size(leaf.shape),
                                stride=leaf.stride)
         return t.requires_grad_(leaf.requires_grad) if leaf.requires_grad else t

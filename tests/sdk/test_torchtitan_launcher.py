@@ -1,0 +1,262 @@
+"""``python -m ftclient.as_torchft``: torchft programs, torchtitan's fault tolerance among them,
+run on ftclient without editing them.
+
+Every test starts real processes through the launcher (integration). The launcher answers
+``import torchft`` and torchtitan's ``importlib.util.find_spec("torchft")`` with ftclient's
+compatibility package in that process, whatever torchft is installed, runs the target as
+``__main__`` with its own ``sys.argv`` (script, ``-m`` and ``-c``) and exits with its status;
+an uncovered torchft module is an error that names what ftclient lacks, never the installed one.
+
+The torchtitan test uses torchtitan 0.3.0's own ``TorchFTManager``
+(``torchtitan/experiments/torchft/manager.py``) as its trainer builds it, on CPU with
+``process_group="gloo"``: 2 replica groups (one process each, FSDP2 on a one-rank mesh) against
+a real 3-node lighthouse cluster, ``maybe_set_all_reduce_hook`` on the FSDP2 modules (gradients
+averaged across the groups through the ``dp_replicate`` managed group), the loss summed with
+torchtitan's ``dist_sum`` on ``loss_sync_pg`` (functional collectives), ``torchft.Optimizer``,
+and the model and optimizer state registered with ``set_state_dict_fns`` as torchtitan's
+checkpointer does. The groups start from different weights; the second heals from the first at
+step 0 (``init_sync``), every step commits with both groups in one quorum of the cluster, and
+they end with identical weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from support.waiting import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 3
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHFT_", "FTCLIENT_"))}
+    env.update(PYTHONPATH=str(ROOT), **extra)
+    return env
+
+
+def launch(*args: str, cwd: Path = ROOT, **env: str) -> subprocess.Popen[str]:
+    """``python -m ftclient.as_torchft ARGS`` started (each takes seconds to import torch: the
+    test starts them all, then collects them with :func:`result`)."""
+    return subprocess.Popen([sys.executable, "-m", "ftclient.as_torchft", *args], cwd=cwd, env=_env(**env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def result(p: subprocess.Popen[str], timeout: float = 90.0) -> subprocess.CompletedProcess[str]:
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate(timeout=10)
+        raise AssertionError(f"{p.args} still running after {timeout}s:\n{out}\n{err}") from None
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+PROBE = textwrap.dedent('''
+    """Reports what torchft is in this process (written by test_torchtitan_launcher)."""
+    import importlib.machinery, importlib.util, json, os, sys
+
+    import torchft
+    import torchft.process_group
+    from torchft import local_sgd
+    from torchft.checkpointing import PGTransport
+    from torchft.manager import Manager
+
+    import ftclient
+    import ftclient.torchft_compat
+
+    installed = importlib.machinery.PathFinder.find_spec("torchft")  # finds, imports nothing
+    installed_dir = os.path.dirname(installed.origin) if installed is not None else None
+    try:
+        import torchft.torchcomms
+        missing = "imported"
+    except ModuleNotFoundError as e:
+        missing = str(e)
+    print(json.dumps({
+        "name": __name__, "argv": sys.argv,
+        "is_compat": torchft is ftclient.torchft_compat,
+        "find_spec": importlib.util.find_spec("torchft") is not None,
+        "names": [torchft.Manager is ftclient.Manager is Manager, torchft.ProcessGroupGloo is ftclient.ProcessGroupGloo,
+                  torchft.process_group.ManagedProcessGroup is ftclient.ManagedProcessGroup,
+                  local_sgd.DiLoCo is ftclient.DiLoCo, PGTransport.__module__ == "ftclient.checkpointing.pg_transport",
+                  torchft.Optimizer is ftclient.OptimizerWrapper],
+        "installed_dir": installed_dir,
+        "from_installed": sorted(m for m, mod in list(sys.modules.items())
+                                 if installed_dir and (getattr(mod, "__file__", None) or "").startswith(installed_dir)),
+        "missing": missing,
+    }))
+    sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
+''')
+
+
+def test_the_launcher_answers_import_torchft_with_ftclient_for_script_module_and_code(tmp_path: Path) -> None:
+    (tmp_path / "probe.py").write_text(PROBE)
+    started = [
+        launch(str(tmp_path / "probe.py"), "--lr", "0.1", PROBE_EXIT="3"),
+        launch("-m", "probe", "x", cwd=tmp_path),
+        launch("-c", "import json, sys, torchft, ftclient.torchft_compat as c;"
+                     "print(json.dumps([sys.argv, __name__, torchft is c]))", "y"),
+        launch(),
+        # Without the launcher the installed torchft is untouched, and install() after it refuses.
+        subprocess.Popen([sys.executable, "-c", "import torchft, ftclient.as_torchft as a; print(torchft.__file__)\n"
+                          "try:\n    a.install()\nexcept RuntimeError as e:\n    print(e)"],
+                         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+    ]
+    as_script, as_module, as_code, usage, plain = (result(p) for p in started)
+    assert as_script.returncode == 3, as_script.stderr  # the program's exit status
+    assert as_module.returncode == 0, as_module.stderr
+    reports = [json.loads(r.stdout) for r in (as_script, as_module)]
+    assert [r["argv"] for r in reports] == [[str(tmp_path / "probe.py"), "--lr", "0.1"], [str(tmp_path / "probe.py"), "x"]]
+    for r in reports:
+        assert r["name"] == "__main__" and r["is_compat"] and r["find_spec"] and all(r["names"]), r
+        assert r["installed_dir"] is not None, "the tests expect the real torchft installed (interop extra)"
+        assert r["from_installed"] == []  # nothing of the installed torchft was imported
+        assert "No module named 'torchft.torchcomms' under ftclient's torchft compatibility layer" in r["missing"]
+        assert "ftclient has no torchcomms process group" in r["missing"]
+    assert as_code.returncode == 0 and json.loads(as_code.stdout) == [["-c", "y"], "__main__", True], as_code.stderr
+    assert usage.returncode == 2 and "usage: python -m ftclient.as_torchft SCRIPT" in usage.stderr
+    assert plain.returncode == 0, plain.stderr
+    installed_file, refusal = plain.stdout.strip().splitlines()
+    assert installed_file.startswith(reports[0]["installed_dir"])
+    assert refusal.startswith("torchft is already imported in this process")
+
+
+WORKER = textwrap.dedent('''
+    """One torchtitan fault-tolerant replica group (1 rank, FSDP2) on ftclient, through torchtitan
+    0.3.0's TorchFTManager (written by test_torchtitan_launcher; run under ftclient.as_torchft)."""
+    import hashlib, importlib.machinery, json, os, sys
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import torchtitan.experiments.torchft.manager as titan_ft
+    from torchtitan.distributed.utils import dist_sum
+    from torchtitan.experiments.torchft import TorchFTManager
+
+    import ftclient.torchft_compat
+    import torchft
+
+    out_path, group, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    torch.set_num_threads(1)
+    installed = importlib.machinery.PathFinder.find_spec("torchft")
+    installed_dir = os.path.dirname(installed.origin) if installed is not None else "<none>"
+    report = {
+        "torchft_is_compat": torchft is ftclient.torchft_compat,
+        "torchtitan_sees_compat": titan_ft.has_torchft and titan_ft.torchft is ftclient.torchft_compat,
+    }
+
+    # The replica group: its TCPStore (the Manager's MASTER_ADDR/PORT) and a one-rank world for FSDP2.
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo", store=dist.PrefixStore("fsdp", store), rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp_shard",))
+
+    ft = TorchFTManager(TorchFTManager.Config(enable=True, process_group="gloo", process_group_timeout_ms=20000,
+                                              replica_id=group, group_size=2, min_replica_size=1))
+    report["pg"] = type(ft.manager._pg).__module__ + "." + type(ft.manager._pg).__name__
+    report["replicate_pg"] = type(ft.replicate_pg).__module__ + "." + type(ft.replicate_pg).__name__
+    report["dp_info"] = ft.get_dp_info(1, 0)
+
+    torch.manual_seed(100 + group)  # the groups start apart; init_sync heals the second
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    ft.maybe_set_all_reduce_hook([model])
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    ft.manager.set_state_dict_fns(
+        lambda sd: (model.load_state_dict(sd["model"]), opt.load_state_dict(sd["optim"])),
+        lambda: {"model": model.state_dict(), "optim": opt.state_dict()})
+    ft_opt = torchft.Optimizer(ft.manager, opt)
+
+    records = []
+    for step in range(steps):
+        ft_opt.zero_grad()  # starts the quorum (async)
+        x = torch.randn(8, 6, generator=torch.Generator().manual_seed(1000 * group + step))
+        loss = model(x).pow(2).mean()
+        loss.backward()  # FSDP2, then the all-reduce hook on dp_replicate
+        global_loss = dist_sum(loss.detach(), None, ft.loss_sync_pg)  # torchtitan's loss sync
+        before = ft.manager.current_step()
+        ft_opt.step()  # should_commit, then the optimizer step
+        q = ft.manager.last_quorum_result
+        records.append({"step": before, "committed": ft.manager.current_step() == before + 1,
+                        "quorum_id": q.quorum_id, "heal": q.heal, "participants": ft.manager.num_participants(),
+                        "loss": loss.item(), "global_loss": global_loss})
+    digest = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        digest.update(name.encode() + p.full_tensor().detach().numpy().tobytes())
+    report.update(records=records, digest=digest.hexdigest(), replica_id=ft.manager.replica_id,
+                  from_installed=sorted(m for m, mod in list(sys.modules.items())
+                                        if (getattr(mod, "__file__", None) or "").startswith(installed_dir)))
+    ft.manager.shutdown(wait=False)
+    with open(out_path, "w") as f:
+        json.dump(report, f)
+''')
+
+
+def test_torchtitan_torchft_manager_trains_on_ftclient_through_the_cluster(
+        tmp_path: Path, make_cluster: Callable[..., Any]) -> None:
+    pytest.importorskip("torchtitan.experiments.torchft", reason="torchtitan 0.3.0 (the interop extra)")
+    cluster = make_cluster(min_replicas=2)
+    leader = cluster.wait_for_leader()
+    script = tmp_path / "titan_ft_worker.py"
+    script.write_text(WORKER)
+    env = _env(TORCHFT_LIGHTHOUSE=cluster.endpoints, TORCHFT_TIMEOUT_SEC="20", TORCHFT_QUORUM_TIMEOUT_SEC="40",
+               TORCHFT_CONNECT_TIMEOUT_SEC="20")
+    procs, outs = [], []
+    for group in range(2):
+        out = tmp_path / f"group{group}.json"
+        log = open(tmp_path / f"group{group}.log", "w")
+        outs.append(out)
+        procs.append(subprocess.Popen([sys.executable, "-m", "ftclient.as_torchft", str(script), str(out), str(group),
+                                       str(STEPS)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+    logs = lambda: "\n".join(f"--- group {g}:\n{(tmp_path / f'group{g}.log').read_text()[-3000:]}"  # noqa: E731
+                             for g in range(2))
+    try:
+        def finished() -> bool:
+            for p in procs:
+                assert p.poll() in (None, 0), f"a worker exited with {p.poll()}\n{logs()}"
+            return all(p.poll() == 0 for p in procs)
+
+        wait_for("both torchtitan replica groups to finish", finished, timeout=90, context=logs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    a, b = (json.loads(o.read_text()) for o in outs)
+    for r in (a, b):
+        assert r["torchft_is_compat"] and r["torchtitan_sees_compat"], r
+        assert r["from_installed"] == []  # the installed torchft was never imported
+        assert r["pg"] == "ftclient.process_group.ProcessGroupGloo"
+        assert r["replicate_pg"] == "ftclient.process_group.ManagedProcessGroup"
+        assert [s["committed"] for s in r["records"]] == [True] * STEPS, r["records"]
+    assert a["dp_info"] == [2, 0] and b["dp_info"] == [2, 1]
+    # Step 0: the second group healed from the first (init_sync); then both train in one quorum.
+    assert [s["heal"] for s in b["records"]] == [True] + [False] * (STEPS - 1)
+    assert not any(s["heal"] for s in a["records"])
+    assert [s["quorum_id"] for s in a["records"]] == [s["quorum_id"] for s in b["records"]]
+    assert [s["participants"] for s in a["records"]][1:] == [2] * (STEPS - 1)
+    for sa, sb in zip(a["records"][1:], b["records"][1:]):  # torchtitan's loss sync: both losses summed
+        assert abs(sa["global_loss"] - (sa["loss"] + sb["loss"])) < 1e-5
+        assert abs(sa["global_loss"] - sb["global_loss"]) < 1e-6
+    assert a["digest"] == b["digest"]  # averaged gradients through the all-reduce hook: identical weights
+
+    status = cluster.status(leader)
+    assert status is not None and status.has_quorum
+    members = sorted(p.replica_id for p in status.quorum.participants)
+    assert members == sorted([a["replica_id"], b["replica_id"]])
+    assert all(m.startswith("torchtitan_ft_") for m in members)
