@@ -11,7 +11,10 @@ process, each with its own child) over a TCPStore hosted by the test:
 - a reconfigure after the abort spawns fresh children and works (ranks swapped, new prefix);
 - a collective that a live peer never joins fails with TimeoutError at the deadline, the child
   is SIGKILLed, the parent is not blocked, and later collectives fail at once;
-- a child that dies while configure waits for the rendezvous makes configure raise at once.
+- a child that dies while configure waits for the rendezvous makes configure raise at once;
+- ftclient's Manager drives baby groups (two replica groups on a fake lighthouse node): a step
+  commits with the right average, a peer-death notice fails the pending allreduce at once by
+  killing the child, and the next quorum spawns fresh children and commits.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
@@ -29,8 +33,10 @@ import torch.distributed as dist
 from torch.distributed import AllreduceOptions, ReduceOp
 
 from ftclient import _collective_ops
+from ftclient.manager import Manager
 from ftclient.process_group_baby import ProcessGroupBabyGloo, reduce_op_name
 from ftclient.process_group_nccl import ProcessGroupNCCL
+from support.fake_watch import FakeWatchNode
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(240)
@@ -251,3 +257,78 @@ def test_a_child_that_dies_during_configure_fails_it_at_once(store: dist.TCPStor
         thread.join(70)
     assert len(raised) == 1 and "child process exited (exit code -9)" in str(raised[0]), raised
     assert pg.errored() is not None
+
+
+class _NoHealing:
+    """Nobody heals here (init_sync=False, every group at the same step)."""
+
+    def metadata(self) -> str:
+        return "null://"
+
+    def send_checkpoint(self, *args: object, **kwargs: object) -> None:
+        raise AssertionError("no checkpoint should be sent in this test")
+
+    def recv_checkpoint(self, *args: object, **kwargs: object) -> None:
+        raise AssertionError("no checkpoint should be received in this test")
+
+    def disallow_checkpoint(self) -> None:
+        pass
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
+
+
+@pytest.mark.integration
+def test_the_manager_drives_baby_groups_and_a_peer_death_kills_the_child() -> None:
+    timeout = timedelta(seconds=30)
+    pool = ThreadPoolExecutor(4)
+
+    def both(*calls: Callable[[], Any]) -> list[Any]:
+        return [f.result(timeout=CONFIGURE_BOUND_S) for f in [pool.submit(c) for c in calls]]
+
+    def step(m: Manager, value: float) -> tuple[list[float], bool]:
+        m.start_quorum()
+        out = m.allreduce(torch.tensor([value])).get_future().wait().tolist()
+        return out, m.should_commit()
+
+    with FakeWatchNode("n1", quorum_size=2) as node:
+        pgs = [ProcessGroupBabyGloo(timeout=timeout) for _ in range(2)]
+        stores = [dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False) for _ in range(2)]
+        managers: list[Manager] = []
+        try:
+            managers.extend(both(*[lambda i=i: Manager(
+                pg=pgs[i], load_state_dict=None, state_dict=None, min_replica_size=1, use_async_quorum=False,
+                timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, rank=0, world_size=1,
+                store_addr="127.0.0.1", store_port=stores[i].port, lighthouse_addr=node.url, replica_id=f"g{i}",
+                hostname="127.0.0.1", checkpoint_transport=_NoHealing(), init_sync=False,
+                liveness_interval=timedelta(milliseconds=50)) for i in range(2)]))
+            a, b = managers
+            assert both(lambda: step(a, 1.0), lambda: step(b, 3.0)) == [([2.0], True)] * 2
+            first = [pg.child_pid for pg in pgs]
+            assert None not in first
+
+            # The same quorum again: a waits in its allreduce, b never joins ("died").
+            both(a.start_quorum, b.start_quorum)
+            work = a.allreduce(torch.tensor([5.0]))
+            assert not work.is_completed()
+            (stream,) = wait_for("a's liveness stream",
+                                 lambda: [s for s in node.open_streams() if s.replica_id == a.replica_id], 10)
+            pushed = time.monotonic()
+            stream.push_peer_died(1, [b.replica_id])  # the notice reaches a only
+            assert work.wait() is False  # failed (the Manager never raises)
+            assert time.monotonic() - pushed < 2.0, "the allreduce did not fail at once"
+            # a's child was killed (and reaped) before the work failed; b's lives on.
+            assert not _alive(first[0]) and _alive(first[1]) and a.should_commit() is False
+            b.report_error(RuntimeError("b is out of this step"))
+            assert b.should_commit() is False
+
+            # The next quorum spawns fresh children and commits.
+            node.next_quorum_id = 2
+            assert both(lambda: step(a, 2.0), lambda: step(b, 4.0)) == [([3.0], True)] * 2
+            assert pgs[0].child_pid not in first and pgs[1].child_pid not in first
+        finally:
+            for m in managers:
+                m.shutdown(wait=False)
+            for pg in pgs:
+                pg.shutdown()
+            pool.shutdown(wait=False)
