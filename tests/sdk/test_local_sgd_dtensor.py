@@ -16,6 +16,11 @@ parameters, global backups (local shards) and momentum, with the first round che
 new sharded DiLoCo heals from the registered state, which holds no DTensor (it travels as local
 shards through ``torch.save``), and then trains in lockstep with the one it healed from; tensor
 subclasses other than DTensor are still rejected.
+
+And the HSDP set-up with real Managers (4 processes: 2 replica groups x 2 FSDP2 ranks, torchft's
+lighthouse, Gloo across groups, HTTP checkpoints): DiLoCo with a group that joins late, heals its
+local shards from the other group's and then averages with it; every global value is checked
+against the hand-computed one.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 PEER = 1.5  # every value of the other (simulated) replica group
 LR = 0.5  # inner SGD; every gradient is C, so one inner step moves every value by -LR * C
@@ -38,44 +44,52 @@ WORLD = 2
 WORKER_TIMEOUT_S = 240
 
 
+# -- the model: every gradient is the input c ---------------------------------------------------------
+
+
+class _Frag(nn.Module):
+    def __init__(self, rows: int, cols: int, offset: float) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.arange(rows * cols, dtype=torch.float32).view(rows, cols) + offset)
+        self.b = nn.Parameter(torch.arange(rows, dtype=torch.float32) - offset)
+
+    def forward(self, c: torch.Tensor) -> torch.Tensor:
+        return (self.w * c).sum() + (self.b * c).sum()
+
+
+class _Model(nn.Module):
+    def __init__(self, offset: float = 0.0) -> None:
+        super().__init__()
+        self.f0 = _Frag(5, 3, 0.0 + offset)  # 5 rows: local shards of 3 and 2 rows
+        self.f1 = _Frag(1, 4, 100.0 + offset)  # 1 row: rank 1's shards are empty
+
+    def forward(self, c: torch.Tensor) -> torch.Tensor:
+        return self.f0(c) + self.f1(c)
+
+
+def _sharded(offset: float = 0.0) -> _Model:
+    """The model, FSDP2-sharded over the default process group (each fragment, then the root)."""
+    from torch.distributed.fsdp import fully_shard
+
+    m = _Model(offset)
+    fully_shard(m.f0)
+    fully_shard(m.f1)
+    fully_shard(m)
+    return m
+
+
 # -- the worker (each rank of the replica group runs this file as a script) -------------------------
 
 
 def _worker(rank: int, store: str, out: str) -> None:
     import torch.distributed as dist
-    from torch import nn
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor import DTensor
 
     from ftclient.local_sgd import DiLoCo, LocalSGD
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=WORLD)
 
-    class Frag(nn.Module):
-        def __init__(self, rows: int, cols: int, offset: float) -> None:
-            super().__init__()
-            self.w = nn.Parameter(torch.arange(rows * cols, dtype=torch.float32).view(rows, cols) + offset)
-            self.b = nn.Parameter(torch.arange(rows, dtype=torch.float32) - offset)
-
-        def forward(self, c: torch.Tensor) -> torch.Tensor:
-            return (self.w * c).sum() + (self.b * c).sum()
-
-    class Model(nn.Module):
-        def __init__(self, offset: float = 0.0) -> None:
-            super().__init__()
-            self.f0 = Frag(5, 3, 0.0 + offset)  # 5 rows: local shards of 3 and 2 rows
-            self.f1 = Frag(1, 4, 100.0 + offset)  # 1 row: rank 1's shards are empty
-
-        def forward(self, c: torch.Tensor) -> torch.Tensor:
-            return self.f0(c) + self.f1(c)
-
-    def sharded(offset: float = 0.0) -> Model:
-        m = Model(offset)
-        fully_shard(m.f0)
-        fully_shard(m.f1)
-        fully_shard(m)
-        return m
-
+    Model, sharded = _Model, _sharded
     class Done(dist.Work):
         def __init__(self, t: torch.Tensor) -> None:
             super().__init__()
@@ -234,6 +248,82 @@ def _worker(rank: int, store: str, out: str) -> None:
     Path(out).write_text(json.dumps(result))
 
 
+# -- HSDP with real Managers: 2 replica groups x 2 FSDP ranks ------------------------------------------
+
+HSDP_C = (1.0, 3.0)  # each replica group's gradient: round pseudo-gradients 2 * LR * c = 1.0 and 3.0
+HSDP_TARGET = 8  # committed rounds
+HSDP_JOIN_AT = 2  # group 0 trains this many rounds alone; group 1 then joins and heals
+HSDP_WAIT_S = 180.0
+
+
+def _wait_file(path: Path, what: str) -> None:
+    import time
+
+    deadline = time.monotonic() + HSDP_WAIT_S
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: {path} not there after {HSDP_WAIT_S:g}s")
+        time.sleep(0.05)
+
+
+def _hsdp_worker(group: int, rank: int, port: int, lighthouse: str, out_dir: str) -> None:
+    """One rank of one replica group: FSDP2 over the group's 2 ranks (Gloo), DiLoCo over a real
+    ftclient Manager (real Gloo across the groups, HTTP checkpoint transport). Group 0 trains
+    ``HSDP_JOIN_AT`` rounds alone, then lets group 1 (other weights) start its Manager; group 1
+    heals from it at its first synchronisation. Both train until ``HSDP_TARGET`` rounds are
+    committed."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from ftclient import DiLoCo, Manager, ProcessGroupGloo
+
+    out = Path(out_dir)
+    timeout = timedelta(seconds=60)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, timeout=timeout)
+    dist.init_process_group("gloo", store=dist.PrefixStore("fsdp", store), rank=rank, world_size=WORLD)
+    model = _sharded(offset=1000.0 * group)
+    if group == 1:
+        _wait_file(out / "start1", "group 0's go for group 1")
+    manager = Manager(pg=ProcessGroupGloo(timeout=timeout), load_state_dict=None, state_dict=None, min_replica_size=1,
+                      use_async_quorum=False, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
+                      rank=rank, world_size=WORLD, store_addr="127.0.0.1", store_port=port,
+                      lighthouse_addr=lighthouse, replica_id=f"hsdp_{group}", hostname="127.0.0.1")
+    if group == 1 and rank == 0:
+        (out / "joined").write_text("1")
+    inner = torch.optim.SGD(model.parameters(), lr=LR)
+    outer = torch.optim.SGD(model.parameters(), lr=1.0)
+    c = torch.tensor(HSDP_C[group])
+    records: list[dict[str, Any]] = []
+    with DiLoCo(manager, [model], inner, outer, sync_every=2, use_bucketization=True) as diloco:
+        while manager.current_step() < HSDP_TARGET:
+            inner.zero_grad()
+            model(c).backward()
+            inner.step()
+            if diloco.syncs > len(records):
+                s = diloco.last_sync
+                assert s is not None
+                records.append({"step": s.step, "committed": s.committed, "participants": s.participants,
+                                "healed": s.healed, "quorum_id": s.quorum_id})
+                if group == 0 and s.committed and s.step == HSDP_JOIN_AT:
+                    if rank == 0:
+                        (out / "start1").write_text("1")
+                    _wait_file(out / "joined", "group 1's Manager")
+    result = {
+        "records": records,
+        "params": {n: p.full_tensor().tolist() for n, p in model.named_parameters()},
+        "kinds": sorted({type(p).__name__ for p in model.parameters()}),
+        "backups": {n: t.tolist() for n, t in diloco.global_parameters()},
+        "step": manager.current_step(),
+    }
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    (out / f"g{group}r{rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    manager.shutdown()
+    dist.destroy_process_group()
+
+
 # -- the tests --------------------------------------------------------------------------------------
 
 
@@ -324,6 +414,65 @@ def test_a_sharded_group_heals_from_local_shards_and_trains_in_lockstep(ranks: l
         assert heal["after_old"]["params"] != sharded["params"]  # the two rounds did train
 
 
+@pytest.mark.integration
+def test_hsdp_diloco_with_real_managers_a_late_group_heals_its_shards(tmp_path: Path) -> None:
+    """2 replica groups x 2 FSDP2 ranks, real ftclient Managers on torchft's lighthouse: group 0
+    trains alone, group 1 (other weights) joins, heals its local shards over HTTP and then
+    averages with group 0; every global value is the hand-computed one."""
+    import torchft._torchft as lighthouse_mod
+    from torch.distributed import TCPStore
+
+    lighthouse = lighthouse_mod.LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=20000)
+    stores = [TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False) for _ in range(2)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = {(g, r): subprocess.Popen([sys.executable, __file__, "hsdp", str(g), str(r), str(stores[g].port),
+                                       lighthouse.address(), str(tmp_path)],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for g in range(2) for r in range(WORLD)}
+    logs = {}
+    try:
+        for key, p in procs.items():
+            logs[key] = p.communicate(timeout=WORKER_TIMEOUT_S)[0]
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        lighthouse.shutdown()
+    for key, p in procs.items():
+        assert p.returncode == 0, f"group {key[0]} rank {key[1]} exited with {p.returncode}:\n{logs[key][-4000:]}"
+    res = {(g, r): json.loads((tmp_path / f"g{g}r{r}.json").read_text()) for g in range(2) for r in range(WORLD)}
+
+    # Every rank of both groups ends on the same parameters and global backups, still DTensors.
+    assert {json.dumps(v["params"]) for v in res.values()} == {json.dumps(res[0, 0]["params"])}
+    for g in range(2):
+        assert res[g, 0]["kinds"] == ["DTensor"] and res[g, 0]["step"] == HSDP_TARGET
+        for name, full in res[0, 0]["backups"].items():
+            assert cat_shards([res[g, r]["backups"][name] for r in range(WORLD)]) == cat_shards(
+                [res[0, r]["backups"][name] for r in range(WORLD)]), (g, name)
+
+    # Group 1 healed once, at its first synchronisation, and took part in that round.
+    g0 = res[0, 0]["records"]
+    g1 = res[1, 0]["records"]
+    assert g1[0]["healed"] and g1[0]["committed"] and g1[0]["participants"] == 2
+    assert not any(r["healed"] for r in g1[1:]) and not any(r["healed"] for r in g0)
+    heal_step = g1[0]["step"]
+    assert [r["step"] for r in g1] == list(range(heal_step, HSDP_TARGET + 1))
+    # Group 0 committed every round: alone until group 1 joined, then with it.
+    assert [r["step"] for r in g0] == list(range(1, HSDP_TARGET + 1)) and all(r["committed"] for r in g0)
+    assert [r["participants"] for r in g0[:HSDP_JOIN_AT]] == [1] * HSDP_JOIN_AT
+    assert all(r["participants"] == 2 for r in g0 if r["step"] >= heal_step)
+
+    # By hand: each round moves every global value by the average pseudo-gradient: 1.0 alone or in
+    # the healing round (group 1 holds group 0's weights then), (1.0 + 3.0) / 2 = 2.0 together.
+    total = sum(1.0 if r["participants"] == 1 or r["step"] == heal_step else 2.0 for r in g0)
+    params = res[0, 0]["params"]
+    assert params["f0.w"] == (W0 - total).tolist()
+    assert params["f0.b"] == (torch.arange(5.0) - total).tolist()
+    assert params["f1.w"] == (torch.arange(4.0).view(1, 4) + 100 - total).tolist()
+    assert cat_shards([res[0, r]["backups"]["0.f0.w"] for r in range(WORLD)]) == (W0 - total).tolist()
+
+
 class _OddTensor(torch.Tensor):
     """A tensor subclass that is not a DTensor."""
 
@@ -341,4 +490,7 @@ def test_other_tensor_subclasses_are_still_rejected() -> None:
 
 
 if __name__ == "__main__":
-    _worker(int(sys.argv[1]), sys.argv[2], sys.argv[3])
+    if sys.argv[1] == "hsdp":
+        _hsdp_worker(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6])
+    else:
+        _worker(int(sys.argv[1]), sys.argv[2], sys.argv[3])
