@@ -1428,6 +1428,40 @@ def as_future(result: object) -> Future[Any]:
     return get_future()
 
 
+class _ManagerWork(dist._Work):
+    """The Manager's allreduce work as :class:`ManagedProcessGroup` hands it to torch: the
+    Manager's own (its stream handling kept), except that a zero ``wait`` timeout means none,
+    as torch's C++ side means it (``kNoTimeout``) when a functional collective waits."""
+
+    def __init__(self, work: dist._Work) -> None:
+        super().__init__()
+        self._work = work
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        if timeout is None or timeout <= timedelta(0):
+            return bool(self._work.wait())
+        return bool(self._work.wait(timeout))
+
+    def get_future(self) -> Future[Any]:
+        return self._work.get_future()
+
+    def block_current_stream(self, timeout: timedelta | None = None) -> None:
+        block = getattr(self._work, "block_current_stream", None)
+        if block is None:
+            self.wait(timeout)
+        elif timeout is None or timeout <= timedelta(0):
+            block()
+        else:
+            block(timeout)
+
+    def synchronize(self) -> None:
+        synchronize = getattr(self._work, "synchronize", None)
+        if synchronize is None:
+            self.wait()
+        else:
+            synchronize()
+
+
 class ManagedProcessGroup(ProcessGroup):
     """A process group whose collectives go through a Manager (torchft's ``ManagedProcessGroup``;
     torchtitan registers one as ``"dp_replicate"`` for HSDP).
@@ -1480,6 +1514,8 @@ class ManagedProcessGroup(ProcessGroup):
             result = self._manager.allreduce(tensors[0])
         else:
             result = self._manager.allreduce(tensors[0], reduce_op=op)
+        if isinstance(result, dist._Work):
+            return _ManagerWork(result)
         return _FutureWork(as_future(result))
 
     def _errored(self) -> bool:

@@ -631,3 +631,42 @@ def test_managed_groups_of_real_managers_registered_across_a_new_quorum(
     finally:
         for m in managers:
             m.shutdown(wait=False)
+
+
+def test_managed_allreduce_gives_torch_the_managers_work_with_a_zero_timeout_meaning_none() -> None:
+    class RecordingWork(dist._Work):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[tuple[str, Any]] = []
+
+        def wait(self, timeout: timedelta | None = None) -> bool:
+            self.calls.append(("wait", timeout))
+            return True
+
+        def block_current_stream(self, timeout: timedelta | None = None) -> None:
+            self.calls.append(("block", timeout))
+
+        def synchronize(self) -> None:
+            self.calls.append(("synchronize", None))
+
+        def get_future(self) -> Future[Any]:
+            fut: Future[Any] = Future()
+            fut.set_result("result")
+            return fut
+
+    inner = RecordingWork()
+
+    class WorkManager:
+        def allreduce(self, tensor: torch.Tensor, reduce_op: ReduceOp = ReduceOp.AVG) -> dist.Work:
+            return inner
+
+        def num_participants(self) -> int:
+            return 2
+
+    work = ManagedProcessGroup(WorkManager()).allreduce([torch.ones(1)], ReduceOp.AVG)
+    # torch's C++ side (a functional collective's wait) passes 0 for "no timeout".
+    assert work.wait(timedelta(0)) is True and work.wait(timedelta(seconds=3)) is True
+    work.block_current_stream()
+    work.synchronize()
+    assert work.get_future().value() == "result"
+    assert inner.calls == [("wait", None), ("wait", timedelta(seconds=3)), ("block", None), ("synchronize", None)]
