@@ -1,0 +1,387 @@
+#!/usr/bin/env python3
+"""Fault-tolerant HSDP on CPU, as torchtitan does it: FSDP2 inside each replica group, ftclient across them.
+
+Each replica group is a few ranks (2 by default) that shard the model among themselves with FSDP2
+(``torch.distributed.fsdp.fully_shard`` over a Gloo default process group: it runs on CPU). Across
+replica groups, rank r of every group holds the same shard, and the groups average their shards'
+gradients through ftclient, the way torchtitan's fault-tolerant HSDP does:
+
+* ``ManagedProcessGroup(manager)`` registered as ``"dp_replicate"``;
+* every FSDP module gets ``set_all_reduce_hook(lambda out: dist.all_reduce(out,
+  group=replicate_pg, op=ReduceOp.AVG))``: the reduce-scattered gradient shard is averaged
+  across the participating replica groups by the Manager (a group that is healing contributes
+  nothing);
+* the loss and the number of samples are synced with functional collectives: first over the
+  replica group (``funcol.all_reduce(loss, "avg", dist.group.WORLD)``), then over the managed group
+  (``funcol.all_reduce(..., "avg", replicate_pg)``, ``"sum"`` for the samples);
+* ``ftclient.Optimizer`` starts the quorum in ``zero_grad()`` and steps only if every group may
+  commit.
+
+A replica group that restarts heals from a peer: rank r fetches rank r's shards (the parameters'
+and the optimizer's local tensors; ``state_dict`` / ``load_state_dict`` below turn DTensors into
+local tensors and back). Run two groups against a lighthouse::
+
+    lighthouse-cluster up --min_replicas 2                 # prints the TORCHFT_LIGHTHOUSE value
+    export TORCHFT_LIGHTHOUSE=http://127.0.0.1:29510,http://127.0.0.1:29511,http://127.0.0.1:29512
+    REPLICA_GROUP_ID=0 python examples/train_hsdp.py --steps 100     # terminal 1: 2 ranks
+    REPLICA_GROUP_ID=1 python examples/train_hsdp.py --steps 100     # terminal 2: 2 ranks
+
+This process starts ``--nproc-per-group`` ranks (rank 0 hosts the group's TCPStore); when a rank dies it
+ends the others and, with ``--max-restarts N``, starts the whole group again (as torchrun's
+``--max-restarts`` does: FSDP's process group cannot lose a rank), which then heals from a peer.
+Under torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` set) this process is
+one rank.
+
+Every rank prints ``group= rank= step= loss= quorum_id= participants= committed=`` per step
+(``loss`` is the loss averaged over every rank of every participating group) and, at the end, the
+sha256 of the full (unsharded) parameters and optimizer state: every rank of every group ends with
+the same digests. Environment: torchft's (``REPLICA_GROUP_ID``, ``TORCHFT_LIGHTHOUSE``,
+``TORCHFT_TIMEOUT_SEC`` (default 30), ``TORCHFT_QUORUM_TIMEOUT_SEC``,
+``TORCHFT_CONNECT_TIMEOUT_SEC``, ``TORCHFT_MANAGER_PORT``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+# The ranks train; the launcher (no RANK) only starts them, and spares itself torch's import.
+if "RANK" in os.environ or __name__ != "__main__":
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from torch import nn
+    from torch.distributed import ReduceOp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.tensor import DTensor
+
+    import ftclient
+    from ftclient.process_group import ManagedProcessGroup
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
+                                        nn.Linear(HIDDEN, CLASSES))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.layers(x)
+
+IN, HIDDEN, CLASSES = 32, 64, 8
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--steps", type=int, default=100, help="train until this many steps are committed")
+    ap.add_argument("--step-sleep", type=float, default=0.0,
+                    help="seconds slept at the start of every step (simulated data loading)")
+    ap.add_argument("--output", type=Path, help="rank r writes a JSON summary to NAME.rank<r>.SUFFIX at the end")
+    ap.add_argument("--min-replica-size", type=int, default=1,
+                    help="fewest replica groups a step may commit with (Manager(min_replica_size=...))")
+    ap.add_argument("--min-final-participants", type=int, default=0,
+                    help="after --steps, go on until a committed step had this many replica groups")
+    ap.add_argument("--nproc-per-group", type=int, default=2, help="ranks (FSDP shards) per replica group")
+    ap.add_argument("--max-restarts", type=int, default=0,
+                    help="start the whole replica group again this many times when one of its ranks fails")
+    ap.add_argument("--ready-file", type=Path,
+                    help="rank 0 creates this file once every rank of the group is set up (for scripts that "
+                         "start several groups: see --go-file)")
+    ap.add_argument("--go-file", type=Path,
+                    help="every rank waits (up to 10 minutes) for this file before its first step, so that groups "
+                         "started together are all in the first quorum")
+    ap.add_argument("--batch-size", type=int, default=16, help="samples per rank and step")
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                    help="ftclient's log level (stderr)")
+    return ap.parse_args(argv)
+
+
+def say(line: str) -> None:
+    """One line to stdout in one write: the ranks of a replica group share the stream."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def batch(seed: int, group: int, rank: int, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A synthetic classification batch (labels from a fixed random teacher), different for every
+    (group, rank, step): no download, reproducible."""
+    teacher = torch.randn(IN, CLASSES, generator=torch.Generator().manual_seed(seed + 12345))
+    g = torch.Generator().manual_seed(seed * 1_000_003 + group * 10_007 + rank * 101 + step)
+    x = torch.randn(size, IN, generator=g)
+    return x, (x @ teacher).argmax(dim=1)
+
+
+# -- DTensor state dicts: local shards on the wire ---------------------------------------------------
+
+
+def local(value: Any) -> Any:
+    return value.to_local() if isinstance(value, DTensor) else value
+
+
+def local_tree(value: Any) -> Any:
+    """``value`` with every DTensor replaced by its local shard (sharing its storage)."""
+    if isinstance(value, dict):
+        return {k: local_tree(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(local_tree(v) for v in value)
+    return local(value)
+
+
+def optimizer_state_to_dtensors(optim: torch.optim.Optimizer, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state dict of local shards (from a peer's rank with the same sharding) with
+    each per-parameter tensor made a DTensor like its parameter again."""
+    params = [p for group in optim.param_groups for p in group["params"]]
+    state = {}
+    for index, entries in state_dict["state"].items():
+        p = params[int(index)]
+        state[index] = {
+            k: (DTensor.from_local(v, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+                if isinstance(p, DTensor) and torch.is_tensor(v) and v.dim() > 0 else v)
+            for k, v in entries.items()}
+    return {"state": state, "param_groups": state_dict["param_groups"]}
+
+
+def full_digests(model: nn.Module, optim: torch.optim.Optimizer) -> tuple[str, str]:
+    """sha256 of the full (unsharded) parameters, and of the full optimizer state (a collective
+    within the replica group: every rank calls it)."""
+
+    def full(v: Any) -> Any:
+        return v.full_tensor() if isinstance(v, DTensor) else v
+
+    def digest(items: list[tuple[str, Any]]) -> str:
+        h = hashlib.sha256()
+        for name, v in items:
+            h.update(name.encode())
+            h.update(v.detach().contiguous().numpy().tobytes() if torch.is_tensor(v) else repr(v).encode())
+        return h.hexdigest()
+
+    state = optim.state_dict()["state"]
+    return (digest([(k, full(v)) for k, v in model.state_dict().items()]),
+            digest([(f"{i}.{k}", full(state[i][k])) for i in sorted(state) for k in sorted(state[i])]))
+
+
+# -- one rank ------------------------------------------------------------------------------------------
+
+
+def env_seconds(name: str, default: float) -> timedelta:
+    value = os.environ.get(name)
+    return timedelta(seconds=float(value) if value else default)
+
+
+def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str, store_port: int) -> int:
+    group = int(os.environ.get("REPLICA_GROUP_ID", 0))
+    tag = f"group={group} rank={rank}"
+    torch.manual_seed(args.seed)  # every replica group starts from the same weights
+    torch.set_num_threads(1)
+    timeout = env_seconds("TORCHFT_TIMEOUT_SEC", 30)
+
+    # The replica group's TCPStore: rank 0 hosts it when this script started the ranks (torchrun's
+    # agent hosts its own). The group's own process group (FSDP2 shards over it) uses it too.
+    host_store = rank == 0 and os.environ.get("TRAIN_HSDP_HOST_STORE") == "1"
+    store = dist.TCPStore(store_addr, store_port, is_master=host_store, wait_for_workers=False, timeout=timeout)
+    dist.init_process_group("gloo", store=dist.PrefixStore("train_hsdp/world", store), rank=rank,
+                            world_size=world_size, timeout=timeout)
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("dp_shard",))
+
+    model = Net()
+    for layer in model.layers:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    inner = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False)
+
+    def state_dict() -> dict[str, Any]:
+        return {"model": local_tree(model.state_dict()), "optim": local_tree(inner.state_dict())}
+
+    def load_state_dict(sd: dict[str, Any]) -> None:
+        with torch.no_grad():
+            for name, value in model.state_dict().items():
+                local(value).copy_(sd["model"][name])
+        inner.load_state_dict(optimizer_state_to_dtensors(inner, sd["optim"]))
+
+    manager = ftclient.Manager(
+        pg=ftclient.ProcessGroupGloo(timeout=timeout),
+        load_state_dict=load_state_dict, state_dict=state_dict,
+        min_replica_size=args.min_replica_size, replica_id=f"train_hsdp_{group}",
+        store_addr=store_addr, store_port=store_port, rank=rank, world_size=world_size, timeout=timeout,
+        quorum_timeout=env_seconds("TORCHFT_QUORUM_TIMEOUT_SEC", 60),
+        connect_timeout=env_seconds("TORCHFT_CONNECT_TIMEOUT_SEC", 60),
+    )
+    # torchtitan's fault-tolerant HSDP: the replicate dimension is the Manager's group.
+    replicate_pg = ManagedProcessGroup(manager)
+    replicate_pg.register("dp_replicate")
+
+    def all_reduce_hook(output: torch.Tensor) -> None:
+        dist.all_reduce(output, group=replicate_pg, op=ReduceOp.AVG)
+
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_all_reduce_hook(all_reduce_hook)
+    optimizer = ftclient.Optimizer(manager, inner)
+    criterion = nn.CrossEntropyLoss()
+    say(f"{tag} pid={os.getpid()} attempt={os.environ.get('TRAIN_HSDP_ATTEMPT', '0')} world_size={world_size} "
+        f"lighthouse={os.environ.get('TORCHFT_LIGHTHOUSE', '')}")
+
+    records: list[dict[str, Any]] = []
+    try:
+        if args.ready_file is not None or args.go_file is not None:
+            dist.barrier()  # every rank of the group is set up
+            if args.ready_file is not None and rank == 0:
+                args.ready_file.touch()
+            wait_for_file(args.go_file)
+        while True:
+            t0 = time.time()
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+            step_before = manager.current_step()
+            optimizer.zero_grad()  # starts this step's quorum (in the background)
+            x, y = batch(args.seed, group, rank, step_before, args.batch_size)
+            loss = criterion(model(x), y)
+            loss.backward()  # FSDP2 reduce-scatters in the group; the hook averages across groups
+            # The loss over every rank of every participating group, and the samples behind it.
+            group_loss = funcol.all_reduce(loss.detach(), "avg", dist.group.WORLD)
+            job_loss = funcol.all_reduce(group_loss, "avg", replicate_pg)
+            samples = funcol.all_reduce(torch.tensor([float(len(x) * world_size)]), "sum", replicate_pg)
+            manager.wait_quorum()
+            quorum = manager.last_quorum_result
+            healed = bool(quorum and quorum.heal)
+            healed_to = quorum.max_step if quorum and healed else step_before
+            optimizer.step()  # steps iff every replica group in the quorum may commit
+            step = manager.current_step()
+            committed = step == healed_to + 1
+            err = manager.errored()
+            rec = {"step_before": step_before, "step": step, "loss": round(float(job_loss.item()), 6),
+                   "samples": int(samples.item()), "quorum_id": quorum.quorum_id if quorum else -1,
+                   "participants": manager.num_participants(), "committed": committed, "healed": healed,
+                   "errored": None if err is None else str(err.original_exception)[:300],
+                   "t_start": t0, "t_end": time.time()}
+            rec["duration_s"] = round(rec["t_end"] - t0, 4)
+            records.append(rec)
+            say(f"{tag} step={step} loss={rec['loss']:.4f} quorum_id={rec['quorum_id']} "
+                f"participants={rec['participants']} committed={committed} samples={rec['samples']}"
+                + (f" healed_to={healed_to}" if healed else "") + f" time={rec['duration_s']:.3f}s")
+            if committed and step >= args.steps and rec["participants"] >= args.min_final_participants:
+                return finish(args, tag, rank, world_size, group, model, inner, manager, records)
+    finally:
+        manager.shutdown(wait=False)
+
+
+def wait_for_file(path: Path | None, timeout_s: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while path is not None and not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout_s:.0f}s")
+        time.sleep(0.02)
+
+
+def finish(args: argparse.Namespace, tag: str, rank: int, world_size: int, group: int, model: nn.Module,
+           inner: torch.optim.Optimizer, manager: Any, records: list[dict[str, Any]]) -> int:
+    params, optim_state = full_digests(model, inner)
+    say(f"{tag} final step={manager.current_step()} params_sha256={params} optim_sha256={optim_state}")
+    if args.output is not None:
+        summary = {"replica_group": group, "rank": rank, "world_size": world_size, "pid": os.getpid(),
+                   "attempt": int(os.environ.get("TRAIN_HSDP_ATTEMPT", "0")), "final_step": manager.current_step(),
+                   "params_sha256": params, "optim_sha256": optim_state,
+                   "batches_committed": manager.batches_committed(), "steps": records}
+        path = args.output.with_name(f"{args.output.stem}.rank{rank}{args.output.suffix}")
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(summary, indent=1))
+        tmp.replace(path)
+    return 0
+
+
+# -- the replica group: its store and its ranks ----------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def run_group(args: argparse.Namespace) -> int:
+    """Run the replica group's ranks (rank 0 hosts the group's TCPStore on a free port); when one
+    fails, end the others and start them all again (a fresh store each time) while restarts
+    remain."""
+    group = int(os.environ.get("REPLICA_GROUP_ID", 0))
+    host = socket.gethostname()
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def stop_all() -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()  # a rank may be stuck in a collective with the dead one
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+    try:
+        for attempt in range(args.max_restarts + 1):
+            port = free_port()
+            procs = []
+            for rank in range(args.nproc_per_group):
+                env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank),
+                       "WORLD_SIZE": str(args.nproc_per_group), "LOCAL_WORLD_SIZE": str(args.nproc_per_group),
+                       "MASTER_ADDR": host, "MASTER_PORT": str(port), "TRAIN_HSDP_ATTEMPT": str(attempt),
+                       "TRAIN_HSDP_HOST_STORE": "1"}
+                procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env=env))
+            failed: list[int] = []
+            while not failed:
+                codes = [p.poll() for p in procs]
+                if all(c == 0 for c in codes):
+                    return 0
+                failed = [c for c in codes if c not in (None, 0)]
+                time.sleep(0.05)
+            stop_all()
+            if attempt < args.max_restarts:
+                say(f"group={group} a rank exited with {failed[0]}: restarting the replica group "
+                    f"(restart {attempt + 1} of {args.max_restarts})")
+        return failed[0]
+    finally:
+        stop_all()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
+    logging.getLogger("ftclient").setLevel(args.log_level.upper())
+    env = os.environ
+    if "RANK" in env and "MASTER_PORT" in env:  # torchrun, or a rank started by run_group
+        return train(args, int(env["RANK"]), int(env.get("WORLD_SIZE", 1)), env.get("MASTER_ADDR", "localhost"),
+                     int(env["MASTER_PORT"]))
+    return run_group(args)
+
+
+if __name__ == "__main__":
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        code = 130
+    except Exception as e:  # noqa: BLE001 -- one clear line after the traceback, then exit 1
+        import traceback
+
+        traceback.print_exc()
+        print(f"train_hsdp: error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Leave without joining background threads (heartbeats, checkpoint server, gRPC).
+    os._exit(code)
