@@ -898,9 +898,10 @@ class ManagedWork(dist._Work):
       (``errored()``, the step does not commit) and the work completes with the input tensor.
     * ``wait(timeout=None)``: returns True when the tensor holds the allreduced result, False
       when it does not (the allreduce failed, or was skipped because the step had already
-      failed; never raises). With an accelerator it orders the current stream after the result instead
-      of blocking the CPU (for a CUDA-aware process group such as NCCL). A ``timeout`` that
-      passes first is reported as an error and returns False.
+      failed; never raises). With an accelerator it orders the current stream after the result
+      instead of blocking the CPU (for a CUDA-aware process group such as NCCL). A ``timeout``
+      that passes first is reported as an error and returns False; a zero timeout means none
+      (torch's ``kNoTimeout``).
     * ``get_future()``: a ``torch.futures.Future`` resolving to the tensor (CUDA-aware for a
       tensor on an accelerator: waiting on it orders the current stream after the result).
     * ``block_current_stream()`` / ``synchronize()``: order the current stream after the result;
@@ -986,8 +987,9 @@ class ManagedWork(dist._Work):
 
     def _wait_settled(self, timeout: timedelta | None) -> bool:
         """Block the CPU until the work is settled; False (and an error reported) if ``timeout``
-        passes first."""
-        if timeout is None:
+        passes first. A zero ``timeout`` means none, as torch's ``kNoTimeout`` (what its C++
+        side passes when, say, a functional collective waits)."""
+        if timeout is None or timeout <= timedelta(0):
             _done_event(self._fut).wait()  # bounded: the manager's timeout settles it
             return True
         if _done_event(self._fut).wait(max(timeout.total_seconds(), 0.0)):

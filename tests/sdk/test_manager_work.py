@@ -165,6 +165,12 @@ def test_allreduce_returns_a_work_whose_calls_behave_like_torchfts(two: tuple[Gr
         g.all(getattr(wa, call), getattr(wb, call))
         assert ta.tolist() == tb.tolist() == [0.5], call
 
+    # A zero wait timeout means none (torch's kNoTimeout, as its C++ side passes it).
+    ta, tb = torch.tensor([1.0]), torch.tensor([5.0])
+    wa, wb = g.all(lambda: a.allreduce(ta), lambda: b.allreduce(tb))
+    assert g.all(lambda: wa.wait(timedelta(0)), lambda: wb.wait(timedelta(0))) == [True, True]
+    assert ta.tolist() == tb.tolist() == [3.0] and a.errored() is None
+
     # A reduce op other than AVG is not divided.
     ta, tb = torch.tensor([1.0]), torch.tensor([2.0])
     wa, wb = g.all(lambda: a.allreduce(ta, reduce_op=ReduceOp.SUM), lambda: b.allreduce(tb, reduce_op=ReduceOp.SUM))
