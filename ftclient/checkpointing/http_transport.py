@@ -28,8 +28,11 @@ The manifest is ``{"step", "generation", "tensors": [(dtype, shape, requires_gra
 is_parameter)], "tree": bytes}`` where ``tree`` pickles the state dict with every tensor
 replaced by a persistent id ``("ftclient.tensor", index)``. The same tensor object appearing
 twice (tied weights) is sent once and stays shared; distinct views of one storage are sent as
-independent tensors. Tensor subclasses, sparse and quantized tensors are not streamed: they
-travel inside the pickled structure.
+independent tensors. A DTensor (FSDP2, HSDP) is ``("ftclient.dtensor", index of its local
+shard, its mesh pickled, placements, global shape, stride, requires_grad)``: only the shard is
+streamed, and the receiver rebuilds the DTensor on the mesh as its own process resolves it (the
+same layout in every replica group of HSDP). Other tensor subclasses, sparse and quantized
+tensors are not streamed: they travel inside the pickled structure.
 
 The format is ftclient's own, not torchft's (``/full`` requests are refused with an
 explanation): both ends of a recovery must use ftclient. Peers are trusted (the structure is
@@ -46,6 +49,7 @@ import pickle
 import socket
 import socketserver
 import struct
+import sys
 import threading
 import time
 import urllib.parse
@@ -71,6 +75,7 @@ _PREAMBLE = struct.Struct("<8sQ")
 _RECORD = struct.Struct("<4sIQ")
 _RECORD_TAG = b"TNSR"
 _TENSOR_PID = "ftclient.tensor"
+_DTENSOR_PID = "ftclient.dtensor"
 _IO_CHUNK = 4 << 20  # bytes per socket write / read call (bounds each blocking call)
 _ABORT_GRACE_S = 5.0  # after cutting transfers off, how long their threads may take to let go
 _MAX_ERROR_BODY = 64 << 10
@@ -121,34 +126,74 @@ def _streamable(obj: object) -> bool:
     )
 
 
+def _is_dtensor(v: object) -> bool:
+    """``isinstance(v, DTensor)`` without importing DTensor (seconds) where none can exist."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(v, module.DTensor)
+
+
 class _TreePickler(pickle.Pickler):
-    """Pickles a state dict with tensors replaced by indices into ``self.tensors``."""
+    """Pickles a state dict with tensors replaced by indices into ``self.tensors``; a DTensor
+    by its local shard's index, its mesh (pickled once per mesh), placements, global shape
+    and stride, so its shard is streamed like any tensor."""
 
     def __init__(self, file: io.BytesIO) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.tensors: list[torch.Tensor] = []
         self._index: dict[int, int] = {}
+        self._meshes: dict[int, bytes] = {}
 
-    def persistent_id(self, obj: object) -> object:
-        if not _streamable(obj):
-            return None
-        index = self._index.get(id(obj))
+    def _tensor_index(self, t: torch.Tensor) -> int:
+        index = self._index.get(id(t))
         if index is None:
             index = len(self.tensors)
-            self._index[id(obj)] = index
-            self.tensors.append(obj)  # type: ignore[arg-type]
-        return (_TENSOR_PID, index)
+            self._index[id(t)] = index
+            self.tensors.append(t)
+        return index
+
+    def persistent_id(self, obj: object) -> object:
+        if _is_dtensor(obj):
+            local = obj._local_tensor  # type: ignore[attr-defined]
+            if not _streamable(local):
+                return None  # torch pickles it whole
+            mesh = obj.device_mesh  # type: ignore[attr-defined]
+            if id(mesh) not in self._meshes:  # the same bytes object: pickled once, then memoized
+                self._meshes[id(mesh)] = pickle.dumps(mesh, protocol=pickle.HIGHEST_PROTOCOL)
+            return (_DTENSOR_PID, self._tensor_index(local), self._meshes[id(mesh)],
+                    tuple(obj.placements), tuple(obj.shape), tuple(obj.stride()),  # type: ignore[attr-defined]
+                    obj.requires_grad)  # type: ignore[attr-defined]
+        if not _streamable(obj):
+            return None
+        return (_TENSOR_PID, self._tensor_index(obj))  # type: ignore[arg-type]
 
 
 class _TreeUnpickler(pickle.Unpickler):
     def __init__(self, file: io.BytesIO, tensors: list[torch.Tensor]) -> None:
         super().__init__(file)
         self._tensors = tensors
+        self._meshes: dict[bytes, Any] = {}
+        self._dtensors: dict[int, Any] = {}  # one DTensor per shard: tied DTensors stay shared
 
     def persistent_load(self, pid: object) -> torch.Tensor:
-        if not (isinstance(pid, tuple) and len(pid) == 2 and pid[0] == _TENSOR_PID):
-            raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
-        return self._tensors[pid[1]]
+        if isinstance(pid, tuple) and len(pid) == 2 and pid[0] == _TENSOR_PID:
+            return self._tensors[pid[1]]
+        if isinstance(pid, tuple) and len(pid) == 7 and pid[0] == _DTENSOR_PID:
+            return self._dtensor(*pid[1:])
+        raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+
+    def _dtensor(self, index: int, mesh_bytes: bytes, placements: tuple[Any, ...], shape: tuple[int, ...],
+                 stride: tuple[int, ...], requires_grad: bool) -> torch.Tensor:
+        """The DTensor on the sender's mesh as this process resolves it (torch's own DTensor
+        unpickling does the same; in HSDP every replica group has the same layout)."""
+        if index not in self._dtensors:
+            from torch.distributed.tensor import DTensor
+
+            if mesh_bytes not in self._meshes:
+                self._meshes[mesh_bytes] = pickle.loads(mesh_bytes)
+            t = DTensor.from_local(self._tensors[index], self._meshes[mesh_bytes], placements, run_check=False,
+                                   shape=torch.Size(shape), stride=stride)
+            self._dtensors[index] = t.requires_grad_(requires_grad) if requires_grad else t
+        return self._dtensors[index]
 
 
 @dataclass

@@ -15,7 +15,8 @@ group: group 1 receives group 0's model and AdamW state (DTensors) into its own 
 (its own mesh and placements, the template's objects, its parameters' shards in place), loads
 it and ends with group 0's full parameters and optimizer state, and both take the same next
 step; without a template the DTensors are rebuilt on the sender's mesh layout as resolved in
-the receiving process (its own shard mesh), in new tensors.
+the receiving process (its own shard mesh), in new tensors. The same state over HTTPTransport
+streams every shard and arrives as DTensors on the receiver's shard mesh.
 A Manager with ``checkpoint_transport=PGTransport(pg, ...)`` heals a replica group that is
 behind from its peer through a real 3-node lighthouse cluster.
 """
@@ -33,7 +34,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ftclient.checkpointing import CheckpointStepMismatchError, CheckpointTransferError, CheckpointTransport
+from ftclient.checkpointing import (
+    CheckpointStepMismatchError,
+    CheckpointTransferError,
+    CheckpointTransport,
+    HTTPTransport,
+)
 from ftclient.checkpointing import pg_transport
 from ftclient.checkpointing.pg_transport import PGTransport
 
@@ -302,6 +308,13 @@ def _hsdp_worker(rank: int, store_port: int, out: Any) -> None:
         if group == 0:
             transport.send_checkpoint([1], 4, template(), timeout)
             transport.send_checkpoint([1], 5, template(), timeout)  # to a receiver without template
+            # The same state over HTTPTransport (the Manager's default): DTensor shards streamed.
+            with HTTPTransport(timeout, hostname="127.0.0.1") as http:
+                http.send_checkpoint([1], 6, template(), timeout)
+                report["http_streamed"] = len(http._offer.tensors)  # type: ignore[union-attr]
+                store.set(f"http/{rank}", http.metadata())
+                store.wait([f"http_done/{rank}"])  # bounded by the store's timeout
+                http.disallow_checkpoint()
         else:
             params = dict(model.named_parameters())
             got = transport.recv_checkpoint(0, "<n/a>", 4, timeout)
@@ -320,6 +333,13 @@ def _hsdp_worker(rank: int, store_port: int, out: Any) -> None:
                     torch.equal(v._local_tensor, params[k]._local_tensor),
                     v._local_tensor.data_ptr() != params[k]._local_tensor.data_ptr())
                 for k, v in plain["model"].items()}
+            with HTTPTransport(timeout, hostname="127.0.0.1") as http:
+                fetched = http.recv_checkpoint(0, store.get(f"http/{rank - 2}").decode(), 6, timeout)
+            store.set(f"http_done/{rank - 2}", b"1")
+            report["http"] = {
+                k: (isinstance(v, DTensor), v.device_mesh == mesh["shard"], tuple(map(str, v.placements)),
+                    torch.equal(v._local_tensor, params[k]._local_tensor))
+                for k, v in fetched["model"].items()}
         report["after"] = _full_digests({"model": model.state_dict(), "optim": opt.state_dict()})
         # One more identical step in both groups: they stay identical (the optimizer state too).
         torch.manual_seed(7)
@@ -375,6 +395,9 @@ def test_hsdp_dtensor_state_dict_heals_into_the_receivers_own_shards() -> None:
         assert r["after"] == src["after"] == src["before"]  # model and optimizer state
         assert r["next_step"] == src["next_step"]
         assert r["no_template"] and all(c == (True, True, ("S(0)",), True, True) for c in r["no_template"].values())
+        assert r["http"] and all(c == (True, True, ("S(0)",), True) for c in r["http"].values())
+        # 4 parameters + their exp_avg and exp_avg_sq shards + 4 step tensors, all streamed
+        assert src["http_streamed"] == 16
 
 
 # -- a Manager healing through PGTransport --------------------------------------------------------------------
