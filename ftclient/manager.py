@@ -329,10 +329,11 @@ class Manager:
         self._full_replica_id = replica_id or "?"
 
         self._pg = pg
-        # Accelerator streams (all None on CPU): checkpoints move on the recovery stream; its
-        # event, recorded after a transfer, is waited for before the recovered state is used.
+        # Accelerator streams (all None on CPU): checkpoints move on a recovery stream (one per
+        # device, made on first use in the quorum thread, on the device it runs for); its event,
+        # recorded after a transfer, is waited for before the recovered state is used.
         self._accel = _ACCELERATOR
-        self._recovery_stream = self._accel.new_stream()
+        self._recovery_streams: dict[int, Any | None] = {}
         self._recovery_event: Any | None = None
         self._manager: ManagerServer | None = None
         self._client: ManagerClient | LocalManagerClient | None = None
@@ -686,7 +687,7 @@ class Manager:
 
         if not allow_heal:
             return
-        with self._accel.stream_context(self._recovery_stream):
+        with self._accel.stream_context(self._recovery_stream()):
             self._send_or_recover(quorum)
             self._recovery_event = self._accel.record_event()  # on the recovery stream
 
@@ -716,6 +717,13 @@ class Manager:
         except Exception as e:  # noqa: BLE001 -- recorded: this step will not commit
             self._exception(f"got exception in recovery: {e}")
             self.report_error(e)
+
+    def _recovery_stream(self) -> Any | None:
+        """The recovery stream of the calling thread's device (None without an accelerator)."""
+        device = self._accel.current_device()
+        if device not in self._recovery_streams:
+            self._recovery_streams[device] = self._accel.new_stream()
+        return self._recovery_streams[device]
 
     def _wait_recovery_stream(self) -> None:
         """Block until the last checkpoint transfer's work on the recovery stream is done."""

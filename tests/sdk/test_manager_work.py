@@ -12,7 +12,7 @@ future gives the input back, later allreduces of the step are completed no-ops, 
 not commit; a ``wait(timeout=)`` shorter than the collective fails the step instead of hanging;
 ``should_quantize=True`` raises ``NotImplementedError`` (in DiLoCo's constructor too); with a recording stand-in for the
 accelerator: the quorum thread sets the caller's device, checkpoint work runs on the recovery
-stream, ``should_commit`` waits for the recovery event and syncs the current stream before it
+stream (made in the quorum thread for that device), ``should_commit`` waits for the recovery event and syncs the current stream before it
 asks the group, and a work's stream calls from another stream are refused.
 """
 
@@ -286,6 +286,7 @@ class RecordingAccelerator:
 
     def new_stream(self) -> FakeStream:
         self.streams += 1
+        self.log.append(("new_stream", f"stream{self.streams}", threading.current_thread().name))
         return FakeStream(f"stream{self.streams}", self.log)
 
     def current_stream(self) -> FakeStream:
@@ -345,6 +346,9 @@ def test_stream_handling_order_with_an_accelerator(monkeypatch: pytest.MonkeyPat
     quorum_thread = accel.log[names.index("set_device")][2]
     assert accel.log[names.index("set_device")][:2] == ("set_device", "3")
     assert quorum_thread.startswith("ftclient_async_quorum")
+    # The recovery stream is made once, in the quorum thread, after it set the device.
+    assert [e for e in accel.log if e[0] == "new_stream"] == [("new_stream", "stream1", quorum_thread)]
+    assert names.index("new_stream") > names.index("set_device")
     # The process group is reconfigured after the quorum thread synced its stream.
     assert ("synchronize", "default", quorum_thread) in accel.log
     # Checkpoint work (none here: nobody heals) runs on the recovery stream, whose event is
