@@ -1,11 +1,14 @@
 """``python -m ftclient.as_torchft``: torchft programs, torchtitan's fault tolerance among them,
 run on ftclient without editing them.
 
-Every test starts real processes through the launcher (integration). The launcher answers
-``import torchft`` and torchtitan's ``importlib.util.find_spec("torchft")`` with ftclient's
-compatibility package in that process, whatever torchft is installed, runs the target as
-``__main__`` with its own ``sys.argv`` (script, ``-m`` and ``-c``) and exits with its status;
-an uncovered torchft module is an error that names what ftclient lacks, never the installed one.
+In this process (unit tests; torchft modules, ``sys.meta_path``, ``argv`` and ``path`` restored
+after each): ``install()`` maps ``torchft`` and its covered submodules to ftclient, refuses an
+uncovered one with an error naming what ftclient lacks, and refuses to run after a real torchft
+was imported; ``-c`` code runs as ``__main__`` with its own ``sys.argv`` and exit status; usage
+errors exit 2. In real processes (integration): a script and a ``-m`` module started through
+the launcher see ftclient's package as ``torchft`` and as torchtitan's
+``importlib.util.find_spec("torchft")`` finds it, get their own ``sys.argv`` and exit status,
+and load no module of the installed torchft.
 
 The torchtitan test uses torchtitan 0.3.0's own ``TorchFTManager``
 (``torchtitan/experiments/torchft/manager.py``) as its trainer builds it, on CPU with
@@ -27,13 +30,13 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
 from support.waiting import wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3
@@ -99,20 +102,91 @@ PROBE = textwrap.dedent('''
 ''')
 
 
-def test_the_launcher_answers_import_torchft_with_ftclient_for_script_module_and_code(tmp_path: Path) -> None:
+# -- in this process: install(), -c, usage ------------------------------------------------------------
+
+
+def _is_torchft(name: str) -> bool:
+    return name == "torchft" or name.startswith("torchft.")
+
+
+@pytest.fixture
+def no_torchft(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process without any torchft module (an earlier test may have imported the real
+    one), restored afterwards, with sys.meta_path, sys.argv and sys.path."""
+    saved = {k: v for k, v in sys.modules.items() if _is_torchft(k)}
+    meta_path, path = list(sys.meta_path), list(sys.path)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    for k in saved:
+        del sys.modules[k]
+    try:
+        yield
+    finally:
+        for k in [k for k in sys.modules if _is_torchft(k)]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+        sys.meta_path[:] = meta_path
+        sys.path[:] = path
+
+
+def test_install_maps_torchft_to_ftclient_and_refuses_the_rest(no_torchft: None) -> None:
+    import importlib
+
+    import ftclient
+    import ftclient.torchft_compat
+    from ftclient.as_torchft import install, installed
+
+    assert not installed()
+    assert install() is ftclient.torchft_compat and install() is ftclient.torchft_compat and installed()
+    torchft = importlib.import_module("torchft")
+    assert torchft is ftclient.torchft_compat and importlib.util.find_spec("torchft") is not None
+    assert importlib.import_module("torchft.process_group").ManagedProcessGroup is ftclient.ManagedProcessGroup
+    assert importlib.import_module("torchft.checkpointing.pg_transport").PGTransport.__name__ == "PGTransport"
+    assert torchft.local_sgd.DiLoCo is ftclient.DiLoCo and torchft.Optimizer is ftclient.OptimizerWrapper
+    with pytest.raises(ModuleNotFoundError, match="ftclient has no torchcomms process group") as e:
+        importlib.import_module("torchft.torchcomms")
+    assert "It covers torchft, torchft.process_group" in str(e.value)
+    with pytest.raises(ModuleNotFoundError, match="it has no counterpart in ftclient"):
+        importlib.import_module("torchft.no_such_thing")
+    with pytest.raises(AttributeError, match="ftclient has no XCCL"):
+        torchft.ProcessGroupXCCL  # noqa: B018
+
+
+def test_install_refuses_once_a_real_torchft_is_imported(no_torchft: None) -> None:
+    import types
+
+    from ftclient.as_torchft import install
+
+    sys.modules["torchft"] = types.ModuleType("torchft")
+    with pytest.raises(RuntimeError, match="torchft is already imported in this process"):
+        install()
+
+
+def test_code_runs_as_main_with_its_argv_and_usage_errors_exit_2(
+        no_torchft: None, capsys: pytest.CaptureFixture[str]) -> None:
+    from ftclient.as_torchft import main
+
+    main(["-c", "import sys, torchft, ftclient.torchft_compat as c\n"
+                "assert __name__ == '__main__' and torchft is c, (__name__, torchft)\n"
+                "print('argv', sys.argv)", "y"])
+    assert capsys.readouterr().out == "argv ['-c', 'y']\n"
+    with pytest.raises(SystemExit) as code:
+        main(["-c", "raise SystemExit(3)"])
+    assert code.value.code == 3
+    for argv, message in (([], "usage: python -m ftclient.as_torchft SCRIPT"), (["-m"], "needs a value"),
+                          (["no/such/script.py"], "can't open file")):
+        with pytest.raises(SystemExit) as code:
+            main(argv)
+        assert code.value.code == 2 and message in capsys.readouterr().err, argv
+
+
+# -- real processes -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_the_launcher_answers_import_torchft_with_ftclient_for_a_script_and_a_module(tmp_path: Path) -> None:
     (tmp_path / "probe.py").write_text(PROBE)
-    started = [
-        launch(str(tmp_path / "probe.py"), "--lr", "0.1", PROBE_EXIT="3"),
-        launch("-m", "probe", "x", cwd=tmp_path),
-        launch("-c", "import json, sys, torchft, ftclient.torchft_compat as c;"
-                     "print(json.dumps([sys.argv, __name__, torchft is c]))", "y"),
-        launch(),
-        # Without the launcher the installed torchft is untouched, and install() after it refuses.
-        subprocess.Popen([sys.executable, "-c", "import torchft, ftclient.as_torchft as a; print(torchft.__file__)\n"
-                          "try:\n    a.install()\nexcept RuntimeError as e:\n    print(e)"],
-                         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
-    ]
-    as_script, as_module, as_code, usage, plain = (result(p) for p in started)
+    started = [launch(str(tmp_path / "probe.py"), "--lr", "0.1", PROBE_EXIT="3"), launch("-m", "probe", "x", cwd=tmp_path)]
+    as_script, as_module = (result(p) for p in started)
     assert as_script.returncode == 3, as_script.stderr  # the program's exit status
     assert as_module.returncode == 0, as_module.stderr
     reports = [json.loads(r.stdout) for r in (as_script, as_module)]
@@ -122,13 +196,6 @@ def test_the_launcher_answers_import_torchft_with_ftclient_for_script_module_and
         assert r["installed_dir"] is not None, "the tests expect the real torchft installed (interop extra)"
         assert r["from_installed"] == []  # nothing of the installed torchft was imported
         assert "No module named 'torchft.torchcomms' under ftclient's torchft compatibility layer" in r["missing"]
-        assert "ftclient has no torchcomms process group" in r["missing"]
-    assert as_code.returncode == 0 and json.loads(as_code.stdout) == [["-c", "y"], "__main__", True], as_code.stderr
-    assert usage.returncode == 2 and "usage: python -m ftclient.as_torchft SCRIPT" in usage.stderr
-    assert plain.returncode == 0, plain.stderr
-    installed_file, refusal = plain.stdout.strip().splitlines()
-    assert installed_file.startswith(reports[0]["installed_dir"])
-    assert refusal.startswith("torchft is already imported in this process")
 
 
 WORKER = textwrap.dedent('''
@@ -207,6 +274,7 @@ WORKER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.integration
 def test_torchtitan_torchft_manager_trains_on_ftclient_through_the_cluster(
         tmp_path: Path, make_cluster: Callable[..., Any]) -> None:
     pytest.importorskip("torchtitan.experiments.torchft", reason="torchtitan 0.3.0 (the interop extra)")
