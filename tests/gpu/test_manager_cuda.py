@@ -8,7 +8,9 @@ return from ``wait()`` / ``block_current_stream()`` / ``synchronize()`` without 
 for the collective, and still order the current stream after it: the tensor read on the current
 stream is the average. Also: a failed work reports to the manager and gives the input back on a
 CUDA-aware future; the stream calls from another stream are refused; the accelerator helper the
-Manager uses (device of the quorum thread, recovery stream, events, sync) works on CUDA.
+Manager uses (device of the quorum thread, recovery stream, events, sync) works on CUDA. And real
+Managers (two replica groups in threads, a fake lighthouse, ftclient's ProcessGroupGloo, which
+torchtitan uses by default) average CUDA tensors and a CUDA model's DDP gradients and commit.
 """
 
 from __future__ import annotations
@@ -143,3 +145,104 @@ def test_the_accelerator_helper_on_cuda() -> None:
     event.synchronize()  # what should_commit waits for before the recovered state is used
     assert recovery.query() and x[0].item() == 1.0
     accel.synchronize()
+
+
+# -- real Managers on CUDA tensors -------------------------------------------------------------------
+
+
+class _NullTransport:
+    def metadata(self) -> str:
+        return "null://"
+
+    def send_checkpoint(self, *args: object, **kwargs: object) -> None:
+        raise AssertionError("no checkpoint should be sent in this test")
+
+    def recv_checkpoint(self, *args: object, **kwargs: object) -> None:
+        raise AssertionError("no checkpoint should be received in this test")
+
+    def disallow_checkpoint(self) -> None:
+        pass
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
+
+
+def _managers(n: int) -> Any:
+    """``n`` replica groups of one Manager each (threads of this process) on a fake lighthouse
+    that forms quorums of ``n``; yields them and a runner that calls functions concurrently."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torch.distributed import TCPStore
+
+    from ftclient.manager import Manager
+    from ftclient.process_group import ProcessGroupGloo
+    from support.fake_watch import FakeWatchNode
+
+    timeout = timedelta(seconds=30)
+    pool = ThreadPoolExecutor(4)
+    managers: list[Any] = []
+    with FakeWatchNode("n1", quorum_size=n) as node:
+        stores = [TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout) for _ in range(n)]
+        try:
+            for name, store in zip("abcd", stores):
+                managers.append(Manager(
+                    pg=ProcessGroupGloo(timeout=timeout), load_state_dict=None, state_dict=None, min_replica_size=1,
+                    use_async_quorum=False, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, rank=0,
+                    world_size=1, store_addr="127.0.0.1", store_port=store.port, lighthouse_addr=node.url,
+                    replica_id=name, hostname="127.0.0.1", checkpoint_transport=_NullTransport(), init_sync=False,
+                    liveness_interval=None))
+
+            def run(*calls: Any) -> list[Any]:
+                futs = [pool.submit(c) for c in calls]
+                return [f.result(timeout=60) for f in futs]
+
+            yield (*managers, run)
+        finally:
+            for m in managers:
+                m.shutdown(wait=False)
+            pool.shutdown(wait=False)
+
+
+@pytest.fixture
+def two_managers() -> Any:
+    yield from _managers(2)
+
+
+@pytest.fixture
+def one_manager() -> Any:
+    yield from _managers(1)
+
+
+def test_managers_average_cuda_tensors_over_gloo_and_commit(two_managers: Any) -> None:
+    a, b, both = two_managers
+    both(a.start_quorum, b.start_quorum)
+    ta = torch.tensor([1.0, 2.0], device="cuda")
+    tb = torch.tensor([3.0, 6.0], device="cuda")
+    wa, wb = both(lambda: a.allreduce(ta), lambda: b.allreduce(tb))
+    assert both(wa.wait, wb.wait) == [True, True]
+    assert ta.cpu().tolist() == tb.cpu().tolist() == [2.0, 4.0]
+    assert wa.get_future().wait() is ta
+    assert both(a.should_commit, b.should_commit) == [True, True]
+    assert a.current_step() == b.current_step() == 1
+
+
+def test_ddp_on_a_cuda_model_takes_the_managers_cuda_aware_future(one_manager: Any) -> None:
+    """One group (two DDP backward passes in one process would share autograd's CUDA thread):
+    torch's reducer needs the comm hook's future to be CUDA-aware for CUDA gradients."""
+    from torch import nn
+
+    from ftclient.ddp import DistributedDataParallel
+
+    m, _ = one_manager
+    model = nn.Linear(3, 1, bias=False).cuda()
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    ddp = DistributedDataParallel(m, model)
+    for step in range(2):
+        m.start_quorum()
+        ddp(torch.full((2, 3), 3.0, device="cuda")).sum().backward()
+        assert model.weight.grad is not None
+        assert model.weight.grad.cpu().tolist() == [[6.0, 6.0, 6.0]]  # one participant: its own
+        assert m.errored() is None and m.should_commit()
+        model.weight.grad = None
+    assert m.current_step() == 2
