@@ -26,9 +26,10 @@ local tensors and back). Run two groups against a lighthouse::
     REPLICA_GROUP_ID=0 python examples/train_hsdp.py --steps 100     # terminal 1: 2 ranks
     REPLICA_GROUP_ID=1 python examples/train_hsdp.py --steps 100     # terminal 2: 2 ranks
 
-This process starts ``--nproc-per-group`` ranks (rank 0 hosts the group's TCPStore); when a rank dies it
-ends the others and, with ``--max-restarts N``, starts the whole group again (as torchrun's
-``--max-restarts`` does: FSDP's process group cannot lose a rank), which then heals from a peer.
+This process forks ``--nproc-per-group`` ranks once it has imported torch (rank 0 hosts the group's
+TCPStore); when a rank dies it ends the others and, with ``--max-restarts N``, starts the whole
+group again (as torchrun's ``--max-restarts`` does: FSDP's process group cannot lose a rank), which
+then heals from a peer.
 Under torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` set) this process is
 one rank.
 
@@ -49,37 +50,36 @@ import logging
 import os
 import signal
 import socket
-import subprocess
+import traceback
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-# The ranks train; the launcher (no RANK) only starts them, and spares itself torch's import.
-if "RANK" in os.environ or __name__ != "__main__":
-    import torch
-    import torch.distributed as dist
-    import torch.distributed._functional_collectives as funcol
-    from torch import nn
-    from torch.distributed import ReduceOp
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, fully_shard
-    from torch.distributed.tensor import DTensor
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch import nn
+from torch.distributed import ReduceOp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
 
-    import ftclient
-    from ftclient.process_group import ManagedProcessGroup
-
-    class Net(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layers = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
-                                        nn.Linear(HIDDEN, CLASSES))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.layers(x)
+import ftclient
+from ftclient.process_group import ManagedProcessGroup
 
 IN, HIDDEN, CLASSES = 32, 64, 8
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(IN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(),
+                                    nn.Linear(HIDDEN, CLASSES))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -204,13 +204,22 @@ def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str,
     fully_shard(model, mesh=mesh)
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False)
 
-    def state_dict() -> dict[str, Any]:
-        return {"model": local_tree(model.state_dict()), "optim": local_tree(inner.state_dict())}
+    # The sharded parameters (DTensors), taken once: FSDP2 keeps these objects (the optimizer
+    # steps them) while it swaps the module's parameters for unsharded ones during forward and
+    # backward. The Manager asks for the state dict on its quorum thread while the forward runs
+    # (asynchronous quorum), so state_dict() must not call model.state_dict() (FSDP2's hooks
+    # would reshard under the running backward): it reads these shards' local tensors instead.
+    shards = dict(model.named_parameters())
 
-    def load_state_dict(sd: dict[str, Any]) -> None:
+    def state_dict() -> dict[str, Any]:
         with torch.no_grad():
-            for name, value in model.state_dict().items():
-                local(value).copy_(sd["model"][name])
+            return {"model": {name: local(p) for name, p in shards.items()},
+                    "optim": local_tree(inner.state_dict())}
+
+    def load_state_dict(sd: dict[str, Any]) -> None:  # in should_commit, between backward and step
+        with torch.no_grad():
+            for name, p in shards.items():
+                local(p).copy_(sd["model"][name])
         inner.load_state_dict(optimizer_state_to_dtensors(inner, sd["optim"]))
 
     manager = ftclient.Manager(
@@ -275,9 +284,17 @@ def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str,
                 f"participants={rec['participants']} committed={committed} samples={rec['samples']}"
                 + (f" healed_to={healed_to}" if healed else "") + f" time={rec['duration_s']:.3f}s")
             if committed and step >= args.steps and rec["participants"] >= args.min_final_participants:
-                return finish(args, tag, rank, world_size, group, model, inner, manager, records)
+                break
+        finish(args, tag, rank, world_size, group, model, inner, manager, records)
     finally:
         manager.shutdown(wait=False)
+    # The store's host (rank 0) leaves last: the others' managers use the store until they are shut down.
+    done = store.add("train_hsdp/done", 1)
+    deadline = time.monotonic() + 10
+    while host_store and done < world_size and time.monotonic() < deadline:
+        time.sleep(0.02)
+        done = store.add("train_hsdp/done", 0)
+    return 0
 
 
 def wait_for_file(path: Path | None, timeout_s: float = 600.0) -> None:
@@ -289,7 +306,7 @@ def wait_for_file(path: Path | None, timeout_s: float = 600.0) -> None:
 
 
 def finish(args: argparse.Namespace, tag: str, rank: int, world_size: int, group: int, model: nn.Module,
-           inner: torch.optim.Optimizer, manager: Any, records: list[dict[str, Any]]) -> int:
+           inner: torch.optim.Optimizer, manager: Any, records: list[dict[str, Any]]) -> None:
     params, optim_state = full_digests(model, inner)
     say(f"{tag} final step={manager.current_step()} params_sha256={params} optim_sha256={optim_state}")
     if args.output is not None:
@@ -301,7 +318,6 @@ def finish(args: argparse.Namespace, tag: str, rank: int, world_size: int, group
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(summary, indent=1))
         tmp.replace(path)
-    return 0
 
 
 # -- the replica group: its store and its ranks ----------------------------------------------------------
@@ -313,42 +329,69 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def start_rank(args: argparse.Namespace, rank: int, env: dict[str, str]) -> int:
+    """Fork one rank of the group (this process has imported torch and ftclient already, and runs
+    no thread yet: a rank, and a restart, start in a second, not after an import of torch each).
+    Returns its pid; the rank exits with train()'s status."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.environ.update(env)
+        code = train(args, rank, int(env["WORLD_SIZE"]), env["MASTER_ADDR"], int(env["MASTER_PORT"]))
+    except BaseException as e:  # noqa: BLE001 -- reported, and the rank's status says it failed
+        traceback.print_exc()
+        print(f"train_hsdp: error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def run_group(args: argparse.Namespace) -> int:
     """Run the replica group's ranks (rank 0 hosts the group's TCPStore on a free port); when one
     fails, end the others and start them all again (a fresh store each time) while restarts
     remain."""
     group = int(os.environ.get("REPLICA_GROUP_ID", 0))
     host = socket.gethostname()
-    procs: list[subprocess.Popen[bytes]] = []
+    running: dict[int, int] = {}  # pid -> rank
+
+    def reap(block: bool) -> list[int]:
+        """Exit statuses of the ranks that ended (waiting for one if ``block``)."""
+        codes = []
+        for pid in list(running):
+            done, status = os.waitpid(pid, 0 if block else os.WNOHANG)
+            if done:
+                del running[pid]
+                codes.append(os.waitstatus_to_exitcode(status))
+        return codes
 
     def stop_all() -> None:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()  # a rank may be stuck in a collective with the dead one
-        for p in procs:
+        for pid in running:
             try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
+                os.kill(pid, signal.SIGKILL)  # a rank may be stuck in a collective with the dead one
+            except ProcessLookupError:
                 pass
+        reap(block=True)
 
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))
+    failed: list[int] = []
     try:
         for attempt in range(args.max_restarts + 1):
             port = free_port()
-            procs = []
             for rank in range(args.nproc_per_group):
-                env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank),
-                       "WORLD_SIZE": str(args.nproc_per_group), "LOCAL_WORLD_SIZE": str(args.nproc_per_group),
-                       "MASTER_ADDR": host, "MASTER_PORT": str(port), "TRAIN_HSDP_ATTEMPT": str(attempt),
-                       "TRAIN_HSDP_HOST_STORE": "1"}
-                procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env=env))
-            failed: list[int] = []
-            while not failed:
-                codes = [p.poll() for p in procs]
-                if all(c == 0 for c in codes):
-                    return 0
-                failed = [c for c in codes if c not in (None, 0)]
+                env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(args.nproc_per_group),
+                       "LOCAL_WORLD_SIZE": str(args.nproc_per_group), "MASTER_ADDR": host,
+                       "MASTER_PORT": str(port), "TRAIN_HSDP_ATTEMPT": str(attempt), "TRAIN_HSDP_HOST_STORE": "1"}
+                running[start_rank(args, rank, env)] = rank
+            failed = []
+            while running and not failed:
+                failed = [c for c in reap(block=False) if c != 0]
                 time.sleep(0.05)
+            if not failed:
+                return 0
             stop_all()
             if attempt < args.max_restarts:
                 say(f"group={group} a rank exited with {failed[0]}: restarting the replica group "
