@@ -213,6 +213,7 @@ def one_manager() -> Any:
     yield from _managers(1)
 
 
+@pytest.mark.integration
 def test_managers_average_cuda_tensors_over_gloo_and_commit(two_managers: Any) -> None:
     a, b, both = two_managers
     both(a.start_quorum, b.start_quorum)
@@ -226,6 +227,7 @@ def test_managers_average_cuda_tensors_over_gloo_and_commit(two_managers: Any) -
     assert a.current_step() == b.current_step() == 1
 
 
+@pytest.mark.integration
 def test_ddp_on_a_cuda_model_takes_the_managers_cuda_aware_future(one_manager: Any) -> None:
     """One group (two DDP backward passes in one process would share autograd's CUDA thread):
     torch's reducer needs the comm hook's future to be CUDA-aware for CUDA gradients."""
