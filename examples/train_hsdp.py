@@ -29,9 +29,9 @@ local tensors and back). Run two groups against a lighthouse::
 This process forks ``--nproc-per-group`` ranks once it has imported torch (rank 0 hosts the group's
 TCPStore); when a rank dies it ends the others and, with ``--max-restarts N``, starts the whole
 group again (as torchrun's ``--max-restarts`` does: FSDP's process group cannot lose a rank), which
-then heals from a peer.
-Under torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT`` set) this process is
-one rank.
+then heals from a peer. Under torchrun (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``
+set) each process is one rank: ``REPLICA_GROUP_ID=0 torchrun --nproc_per_node=2 --master_port=29600
+examples/train_hsdp.py`` (each group on a host its own ``--master_port``).
 
 Every rank prints ``group= rank= step= loss= quorum_id= participants= committed=`` per step
 (``loss`` is the loss averaged over every rank of every participating group) and, at the end, the
