@@ -24,7 +24,9 @@ The plan is computed from the tensors' sizes alone, on both sides: tensors of at
 ``_SMALL`` bytes go alone (and can be received in place), smaller ones are packed into buckets
 of up to ``_BUCKET`` bytes (one message instead of hundreds; a few hundred microseconds each).
 Empty tensors send nothing. The same tensor object appearing twice (tied weights) is sent once
-and stays shared on the receiver. At most ``_MAX_INFLIGHT`` messages are outstanding per side.
+and stays shared on the receiver. At most ``_MAX_INFLIGHT`` messages are outstanding per side
+(and destination), and a sender holds at most ``_MAX_STAGED`` bytes of staging copies (buckets,
+tensors moved to ``device`` or made contiguous) before it waits for its oldest sends.
 
 DTensors (FSDP2 / HSDP). Only the local shard is sent, with its placements, global shape and
 stride and the sender's mesh (pickled, used only as a fallback). The receiver rebuilds each
@@ -81,7 +83,8 @@ _TAG_META = 2
 _TAG_DATA = 3
 _SMALL = 256 << 10  # tensors below this many bytes are bucketed
 _BUCKET = 4 << 20  # a bucket's byte budget
-_MAX_INFLIGHT = 32  # messages posted and not yet waited for, per side
+_MAX_INFLIGHT = 32  # messages posted and not yet waited for, per side (per destination)
+_MAX_STAGED = 256 << 20  # bytes of staging copies a sender holds before it waits for its sends
 _ALIGN = 16  # bytes: each tensor's offset in a bucket, so that it can be viewed as its dtype
 
 
@@ -319,15 +322,25 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
         deadline = _Deadline(timeout, f"sending the checkpoint of step {step} to ranks {dst_ranks}")
         header = torch.tensor([_MAGIC, _VERSION, step, len(buf)], dtype=torch.int64, device=self._device)
         meta_t = torch.frombuffer(bytearray(buf), dtype=torch.uint8).to(self._device)
-        pending: deque[tuple[Any, str, object]] = deque()  # (work, what, buffer kept alive)
+        # (work, what, the buffer it sends (kept alive until waited for), bytes of staging copy)
+        pending: deque[tuple[Any, str, torch.Tensor, int]] = deque()
+        staged = 0  # bytes of staging copies (buckets, device moves) held by pending sends
 
-        def post(t: torch.Tensor, tag: int, what: str) -> None:
-            for dst in dst_ranks:
+        def settle_one() -> None:
+            nonlocal staged
+            work, part, _, copy_bytes = pending.popleft()
+            deadline.wait(work, part)
+            staged -= copy_bytes
+
+        def post(t: torch.Tensor, tag: int, what: str, copy_bytes: int = 0) -> None:
+            nonlocal staged
+            for i, dst in enumerate(dst_ranks):
                 part = f"{what} to rank {dst}"
-                pending.append((deadline.post(lambda: self._pg.send([t], dst, tag), part), part, t))
-            while len(pending) > _MAX_INFLIGHT * max(1, len(dst_ranks)):
-                work, part, _ = pending.popleft()
-                deadline.wait(work, part)
+                held = copy_bytes if i == len(dst_ranks) - 1 else 0  # freed after the last send
+                pending.append((deadline.post(lambda: self._pg.send([t], dst, tag), part), part, t, held))
+                staged += held
+            while pending and (len(pending) > _MAX_INFLIGHT * len(dst_ranks) or staged > _MAX_STAGED):
+                settle_one()
 
         post(header, _TAG_HEADER, "the header")
         post(meta_t, _TAG_META, "the metadata")
@@ -335,17 +348,20 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
         nbytes = [m.nbytes for m in meta.tensors]
         for k, indices in enumerate(_plan(nbytes)):
             if len(indices) == 1:
-                data = _bytes_of(tensors[indices[0]], self._device)
+                src = tensors[indices[0]]
+                data = _bytes_of(src, self._device)
+                copied = data.device != src.device or data.data_ptr() != src.data_ptr()
             else:
                 offsets, size = _layout(indices, nbytes)
                 data = torch.zeros(size, dtype=torch.uint8, device=self._device)
                 for i, pos in zip(indices, offsets):
                     data[pos:pos + nbytes[i]] = _bytes_of(tensors[i], self._device)
+                copied = True
             total += data.numel()
-            post(data, _TAG_DATA + k, f"message {k} (tensors {indices[0]}..{indices[-1]})")
+            post(data, _TAG_DATA + k, f"message {k} (tensors {indices[0]}..{indices[-1]})",
+                 data.numel() if copied else 0)
         while pending:
-            work, part, _ = pending.popleft()
-            deadline.wait(work, part)
+            settle_one()
         logger.info("sent the checkpoint of step %d (%d tensors, %.1f MiB) to ranks %s in %.3fs", step,
                     len(tensors), total / 2**20, dst_ranks, time.monotonic() - started)
 
@@ -443,7 +459,7 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
         nbytes = [m.nbytes for m in metas]
         for k, indices in enumerate(_plan(nbytes)):
             direct = targets[indices[0]] if len(indices) == 1 else None
-            if direct is not None and direct.is_contiguous() and direct.device == self._device:
+            if direct is not None and direct.is_contiguous() and self._on_device(direct):
                 buf = direct.detach().reshape(-1).view(torch.uint8)  # in place
 
                 def done() -> None:
@@ -469,6 +485,11 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
             finish_one()
         assert all(t is not None for t in out)
         return out  # type: ignore[return-value]
+
+    def _on_device(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` is on this transport's device (``cuda`` matches any CUDA index)."""
+        return t.device.type == self._device.type and (self._device.index is None
+                                                       or t.device.index == self._device.index)
 
     def _fresh(self, m: _TensorMeta, data: torch.Tensor, in_bucket: bool) -> torch.Tensor:
         """A new tensor from received bytes (on the CPU, as torchft's receiver does)."""

@@ -7,7 +7,8 @@ enough to go alone and hundreds small enough to be bucketed, Parameters, tied te
 tensors and plain values in nested containers) arrives bitwise equal at two destinations at
 once; a template is received into in place (its own tensor objects come back, a non-contiguous
 one is copied into, one of another shape is left alone); the wrong step, a foreign header and a
-silent peer fail within the timeout; the plan buckets small tensors deterministically.
+silent peer fail within the timeout; the plan buckets small tensors deterministically; a sender
+holds a bounded amount of staging copies (a recording fake group).
 
 Integration tests run real processes. HSDP on CPU: 4 processes, 2 replica groups of 2 ranks,
 FSDP2 (``fully_shard``) on each group's shard mesh, PGTransport on the replicate dimension's
@@ -150,6 +151,35 @@ def test_plan_sends_large_tensors_alone_and_buckets_small_ones_deterministically
     assert len(buckets) == 3 and [i for msg in buckets for i in msg] == [0, *range(2, 42), 43]  # no empty one
     assert all(sum(sizes[i] for i in msg) <= bucket for msg in buckets)
     assert pg_transport._plan(sizes) == plan
+
+
+class _RecordingPG:
+    """A process group whose sends complete when waited for; records how many sends of
+    staging copies were outstanding at each send."""
+
+    def __init__(self) -> None:
+        self.outstanding: list[torch.Tensor] = []
+        self.peak_copies = 0
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
+        pg = self
+        self.outstanding.append(tensors[0])
+        self.peak_copies = max(self.peak_copies, sum(t.numel() > 1000 for t in self.outstanding))
+
+        class Work:
+            def wait(self, timeout: timedelta | None = None) -> bool:
+                pg.outstanding.remove(tensors[0])
+                return True
+
+        return Work()
+
+
+def test_a_sender_holds_a_bounded_amount_of_staging_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pg_transport, "_MAX_STAGED", 1 << 20)
+    pg = _RecordingPG()
+    sd = {f"t{i}": torch.randn(400, 400).t() for i in range(10)}  # 640 KB each, non-contiguous: copied
+    PGTransport(pg, T5, CPU).send_checkpoint([1], 1, sd, T5)
+    assert pg.outstanding == [] and pg.peak_copies == 2  # 1 MiB allows one copy in flight, plus the new one
 
 
 # -- transfers between in-process Gloo ranks ----------------------------------------------------------------
