@@ -8,7 +8,8 @@ tensors and plain values in nested containers) arrives bitwise equal at two dest
 once; a template is received into in place (its own tensor objects come back, a non-contiguous
 one is copied into, one of another shape is left alone); the wrong step, a foreign header and a
 silent peer fail within the timeout; the plan buckets small tensors deterministically; a sender
-holds a bounded amount of staging copies (a recording fake group).
+holds a bounded amount of staging copies (a recording fake group); aborting ftclient's
+``ProcessGroupGloo`` (what a liveness notice does) ends a waiting recovery at once.
 
 Integration tests run real processes. HSDP on CPU: 4 processes, 2 replica groups of 2 ranks,
 FSDP2 (``fully_shard``) on each group's shard mesh, PGTransport on the replicate dimension's
@@ -272,6 +273,37 @@ def test_a_silent_peer_fails_the_transfer_within_its_timeout() -> None:
     with pytest.raises(TimeoutError, match="sending the checkpoint of step 2 to ranks \\[1\\] timed out"):
         sender.send_checkpoint([1], 2, big, timedelta(seconds=1))
     assert 0.9 <= time.monotonic() - t0 < 4.0
+
+
+def test_aborting_ftclients_group_ends_a_waiting_transfer_at_once() -> None:
+    """A liveness notice (the source died) aborts the Manager's group: a recovery waiting on it
+    over PGTransport fails then, not after its timeout."""
+    from support.waiting import wait_for
+
+    from ftclient import ProcessGroupGloo
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=T5)
+    pgs = [ProcessGroupGloo(timeout=timedelta(seconds=30)) for _ in range(2)]
+    run_threads([lambda r=r: pgs[r].configure(f"127.0.0.1:{store.port}/pgt/0", str(r), r, 2) for r in range(2)])
+    outcome: list[BaseException] = []
+
+    def recv() -> None:
+        try:
+            PGTransport(pgs[1], T5, CPU).recv_checkpoint(0, "<n/a>", 1, timedelta(seconds=30))
+        except BaseException as e:  # noqa: BLE001 -- examined below
+            outcome.append(e)
+
+    receiver = threading.Thread(target=recv, daemon=True)
+    receiver.start()
+    wait_for("the receiver's header recv to be pending", lambda: pgs[1]._pending, timeout=10)
+    t0 = time.monotonic()
+    pgs[1].abort(RuntimeError("peer died: the source replica group"))
+    receiver.join(10)
+    assert not receiver.is_alive() and time.monotonic() - t0 < 2.0
+    assert isinstance(outcome[0], CheckpointTransferError) and "peer died" in str(outcome[0]), outcome
+    assert "receiving the checkpoint of step 1 from rank 0 failed at the header" in str(outcome[0])
+    for pg in pgs:
+        pg.shutdown()
 
 
 def test_unpicklable_values_are_named() -> None:
