@@ -66,7 +66,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp, TCPStore
 
 from . import _env
-from ._timeouts import WATCHDOG, future_timeout
+from ._timeouts import WATCHDOG
 from .checkpointing import HTTPTransport
 from .liveness import DEFAULT_KEEPALIVE_INTERVAL, PeerDied, PeerDiedError
 from .manager_server import LocalManagerClient, ManagerClient, ManagerServer
@@ -456,25 +456,46 @@ class Manager:
     def wrap_future(self, fut: "torch.futures.Future[T]", default: T,
                     timeout: timedelta | None = None) -> "torch.futures.Future[T]":
         """``fut`` with errors and a timeout (the manager's by default) turned into
-        ``report_error`` + ``default``."""
-        timed = future_timeout(fut, timeout or self._timeout)
-        # A genuine torch.futures.Future (``then()`` would give a bare torch._C.Future).
-        out: torch.futures.Future[T] = torch.futures.Future()
+        ``report_error`` + ``default``: the returned future never fails.
 
-        def settle(f: "torch.futures.Future[T]") -> None:
+        It is CUDA-aware for the accelerator devices of the tensors in ``default`` (the value is
+        expected on the same devices): waiting on it orders the current stream after the value.
+        """
+        seconds = (timeout or self._timeout).total_seconds()
+        out: torch.futures.Future[T] = _future_for(default)
+        # ``fut`` keeps ``on_done`` until it completes, which may be never: what it reaches is
+        # dropped once settled, so a lost future does not keep ``out`` and ``default`` alive.
+        holder: list[Any] = [out, default]
+        lock = threading.Lock()
+
+        def settle(value: Any, error: Exception | None) -> None:
+            with lock:
+                if not holder:
+                    return
+                target, fallback = holder
+                holder.clear()
+            timer.cancel()
+            if error is not None:
+                if self._peer_died_error() is not None:
+                    # Aborted because a peer died: that is the error to report, not its echo.
+                    self._log.debug("%s collective aborted: %s", self._prefix(), error)
+                else:
+                    self._log.error("%s got exception in future -- skipping remaining: %s", self._prefix(), error)
+                    self.report_error(error)
+                value = fallback
+            target.set_result(value)
+
+        def on_done(f: "torch.futures.Future[T]") -> None:
             try:
                 value = f.value()
             except Exception as e:  # noqa: BLE001 -- recorded, never raised
-                if self._peer_died_error() is not None:
-                    # Aborted because a peer died: that is the error to report, not its echo.
-                    self._log.debug("%s collective aborted: %s", self._prefix(), e)
-                else:
-                    self._exception(f"got exception in future -- skipping remaining: {e}")
-                    self.report_error(e)
-                value = default
-            out.set_result(value)
+                settle(None, e)
+                return
+            settle(value, None)
 
-        timed.add_done_callback(settle)
+        timer = WATCHDOG.schedule(seconds, lambda: settle(None, TimeoutError(
+            f"future did not complete within {seconds:g}s")))
+        fut.add_done_callback(on_done)  # last: a completed ``fut`` calls back at once
         return out
 
     # -- liveness notices --------------------------------------------------------------------------
@@ -891,6 +912,28 @@ class Manager:
         return self._last_quorum
 
 
+def _accelerator_devices(obj: Any, found: dict[str, torch.device] | None = None) -> list[torch.device]:
+    """The non-CPU devices of the tensors in ``obj`` (lists, tuples and dicts walked)."""
+    found = {} if found is None else found
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type not in ("cpu", "meta"):
+            found.setdefault(str(obj.device), obj.device)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _accelerator_devices(v, found)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _accelerator_devices(v, found)
+    return list(found.values())
+
+
+def _future_for(value: Any) -> "torch.futures.Future[Any]":
+    """A future that may be completed with ``value``: CUDA-aware for its accelerator tensors
+    (torch refuses a CUDA tensor in a future made without its device)."""
+    devices = _accelerator_devices(value)
+    return torch.futures.Future(devices=devices) if devices else torch.futures.Future()
+
+
 def _done_event(fut: "torch.futures.Future[Any]") -> threading.Event:
     done = threading.Event()
     fut.add_done_callback(lambda _: done.set())
@@ -931,9 +974,7 @@ class ManagedWork(dist._Work):
         self._on_settled = on_settled
         # A tensor on an accelerator needs a CUDA-aware future: completing it records an event on
         # the callback's stream, waiting on it makes the current stream wait for that event.
-        devices = [tensor.device] if tensor.device.type not in ("cpu", "meta") else None
-        self._fut: torch.futures.Future[torch.Tensor] = (
-            torch.futures.Future(devices=devices) if devices else torch.futures.Future())
+        self._fut: torch.futures.Future[torch.Tensor] = _future_for(tensor)
         self._timer: Any | None = None
         if work is None:
             return

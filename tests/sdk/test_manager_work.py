@@ -10,7 +10,8 @@ Covered: the work is a ``dist.Work``; ``wait()`` (True, result in place), ``get_
 collective or at launch) is reported to the manager, its work's ``wait()`` returns False and its
 future gives the input back, later allreduces of the step are completed no-ops, and the step does
 not commit; a ``wait(timeout=)`` shorter than the collective fails the step instead of hanging;
-``should_quantize=True`` raises ``NotImplementedError`` (in DiLoCo's constructor too); with a recording stand-in for the
+``should_quantize=True`` raises ``NotImplementedError`` (in DiLoCo's constructor too);
+``wrap_future`` passes values, turns errors and its timeout into the default and a failed step; with a recording stand-in for the
 accelerator: the quorum thread sets the caller's device, checkpoint work runs on the recovery
 stream (made in the quorum thread for that device), ``should_commit`` waits for the recovery event and syncs the current stream before it
 asks the group, and a work's stream calls from another stream are refused.
@@ -241,6 +242,33 @@ def test_should_quantize_raises_not_implemented(one: tuple[Groups, Manager]) -> 
     with pytest.raises(NotImplementedError, match="quantized collectives"):
         DiLoCo(m, [model], torch.optim.SGD(model.parameters(), lr=0.1),
                torch.optim.SGD(model.parameters(), lr=0.7), sync_every=2, should_quantize=True)
+
+
+def test_wrap_future_never_fails_and_reports_errors_and_timeouts(one: tuple[Groups, Manager]) -> None:
+    _, m = one
+    m.start_quorum()
+    ok: torch.futures.Future[Any] = torch.futures.Future()
+    wrapped = m.wrap_future(ok, "default")
+    ok.set_result("value")
+    assert wrapped.wait() == "value" and m.errored() is None
+
+    failing: torch.futures.Future[Any] = torch.futures.Future()
+    wrapped = m.wrap_future(failing, [torch.tensor([1.0])])
+    failing.set_exception(RuntimeError("boom"))
+    assert wrapped.wait()[0].tolist() == [1.0]
+    err = m.errored()
+    assert err is not None and "boom" in str(err.original_exception)
+    assert m.should_commit() is False
+
+    m.start_quorum()
+    never: torch.futures.Future[Any] = torch.futures.Future()
+    started = time.monotonic()
+    assert m.wrap_future(never, 7, timeout=timedelta(milliseconds=200)).wait() == 7
+    assert 0.15 <= time.monotonic() - started < 2.0
+    err = m.errored()
+    assert err is not None and isinstance(err.original_exception, TimeoutError)
+    never.set_result(8)  # a late result changes nothing
+    assert m.should_commit() is False
 
 
 # -- accelerator streams, with a recording stand-in -------------------------------------------------
