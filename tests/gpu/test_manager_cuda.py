@@ -248,3 +248,40 @@ def test_ddp_on_a_cuda_model_takes_the_managers_cuda_aware_future(one_manager: A
         assert m.errored() is None and m.should_commit()
         model.weight.grad = None
     assert m.current_step() == 2
+
+
+def test_a_future_without_devices_refuses_cuda_tensors_so_the_managers_are_made_with_them() -> None:
+    """Why ManagedWork and wrap_future make their futures for the value's devices."""
+    from ftclient.manager import _future_for
+
+    t = torch.ones(2, device="cuda")
+    with pytest.raises(RuntimeError):
+        torch.futures.Future().set_result(t)
+    fut = _future_for([t])
+    fut.set_result([t])
+    assert fut.wait()[0] is t
+
+
+@pytest.mark.integration
+def test_wrap_future_and_the_managed_groups_passthrough_on_cuda(two_managers: Any) -> None:
+    """wrap_future settles with CUDA values; ManagedProcessGroup's passthrough collectives (which
+    go through it) work on CUDA tensors between the two groups."""
+    from ftclient.process_group import ManagedProcessGroup
+
+    a, b, both = two_managers
+    both(a.start_quorum, b.start_quorum)
+    src: torch.futures.Future[Any] = torch.futures.Future(devices=[torch.device("cuda")])
+    value = torch.full((3,), 2.0, device="cuda")
+    wrapped = a.wrap_future(src, value.clone())
+    src.set_result(value)
+    assert wrapped.wait().cpu().tolist() == [2.0, 2.0, 2.0] and a.errored() is None
+
+    pgs = [ManagedProcessGroup(a), ManagedProcessGroup(b)]
+    outs = [[torch.zeros(2, device="cuda") for _ in range(2)] for _ in range(2)]
+    ins = [torch.tensor([1.0, 2.0], device="cuda"), torch.tensor([3.0, 4.0], device="cuda")]
+    works = both(lambda: pgs[0].allgather([outs[0]], [ins[0]]), lambda: pgs[1].allgather([outs[1]], [ins[1]]))
+    both(works[0].wait, works[1].wait)
+    for out in outs:
+        assert [t.cpu().tolist() for t in out] == [[1.0, 2.0], [3.0, 4.0]]
+    assert a.errored() is None and b.errored() is None
+    assert both(a.should_commit, b.should_commit) == [True, True]
