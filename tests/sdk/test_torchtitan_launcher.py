@@ -19,7 +19,11 @@ torchtitan's ``dist_sum`` on ``loss_sync_pg`` (functional collectives), ``torchf
 and the model and optimizer state registered with ``set_state_dict_fns`` as torchtitan's
 checkpointer does. The groups start from different weights; the second heals from the first at
 step 0 (``init_sync``), every step commits with both groups in one quorum of the cluster, and
-they end with identical weights.
+they end with identical weights. Then, in the same processes, torchtitan's
+``maybe_semi_sync_training`` builds ``torchft.local_sgd.DiLoCo`` (ftclient's, with torchtitan's
+keyword arguments) on the FSDP2 model under a new synchronous ``TorchFTManager``: every
+synchronisation commits with both groups, the second heals at the first, and the global
+weights end identical.
 """
 
 from __future__ import annotations
@@ -237,11 +241,15 @@ WORKER = textwrap.dedent('''
     report["replicate_pg"] = type(ft.replicate_pg).__module__ + "." + type(ft.replicate_pg).__name__
     report["dp_info"] = ft.get_dp_info(1, 0)
 
-    torch.manual_seed(100 + group)  # the groups start apart; init_sync heals the second
-    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
-    for layer in (model[0], model[2]):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    def make_model(seed):
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
+        for layer in (model[0], model[2]):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+
+    model = make_model(100 + group)  # the groups start apart; init_sync heals the second
     ft.maybe_set_all_reduce_hook([model])
     opt = torch.optim.AdamW(model.parameters(), lr=0.05)
     ft.manager.set_state_dict_fns(
@@ -262,13 +270,43 @@ WORKER = textwrap.dedent('''
         records.append({"step": before, "committed": ft.manager.current_step() == before + 1,
                         "quorum_id": q.quorum_id, "heal": q.heal, "participants": ft.manager.num_participants(),
                         "loss": loss.item(), "global_loss": global_loss})
-    digest = hashlib.sha256()
-    for name, p in sorted(model.state_dict().items()):
-        digest.update(name.encode() + p.full_tensor().detach().numpy().tobytes())
-    report.update(records=records, digest=digest.hexdigest(), replica_id=ft.manager.replica_id,
+    def digest(model):
+        h = hashlib.sha256()
+        for name, p in sorted(model.state_dict().items()):
+            h.update(name.encode() + p.full_tensor().detach().numpy().tobytes())
+        return h.hexdigest()
+
+    report.update(records=records, digest=digest(model), replica_id=ft.manager.replica_id)
+    ft.manager.shutdown(wait=True)  # its liveness stream closes: the cluster drops it at once
+
+    # Semi-synchronous: torchtitan's maybe_semi_sync_training builds torchft.local_sgd.DiLoCo
+    # (its own keyword arguments) on the FSDP2 (DTensor) model, with a synchronous quorum.
+    from torchtitan.experiments.torchft.config import FaultTolerance
+    from torchtitan.experiments.torchft import maybe_semi_sync_training
+
+    semi = FaultTolerance(enable=True, process_group="gloo", process_group_timeout_ms=20000, replica_id=group,
+                          group_size=2, min_replica_size=1, semi_sync_method="diloco", sync_steps=2)
+    ft = TorchFTManager(semi)
+    report["semi_sync_loss_pg"] = ft.loss_sync_pg is None and not ft.use_async_quorum
+    model = make_model(200 + group)  # apart again: the first synchronisation heals the second group
+    ft.maybe_set_all_reduce_hook([model])  # semi-synchronous: sets no hook
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+    syncs = []
+    with maybe_semi_sync_training(semi, ft, model, 2, opt) as diloco:
+        report["semi_sync"] = type(diloco).__module__ + "." + type(diloco).__name__
+        for step in range(2 * steps):
+            opt.zero_grad()
+            x = torch.randn(8, 6, generator=torch.Generator().manual_seed(2000 * group + step))
+            model(x).pow(2).mean().backward()
+            opt.step()  # DiLoCo synchronises every sync_steps inner steps
+            if diloco.last_sync is not None and diloco.syncs > len(syncs):
+                s = diloco.last_sync
+                syncs.append({"committed": s.committed, "participants": s.participants, "healed": s.healed,
+                              "quorum_id": s.quorum_id})
+    report.update(syncs=syncs, semi_sync_digest=digest(model), semi_sync_step=ft.manager.current_step(),
                   from_installed=sorted(m for m, mod in list(sys.modules.items())
                                         if (getattr(mod, "__file__", None) or "").startswith(installed_dir)))
-    ft.manager.shutdown(wait=False)
+    ft.manager.shutdown(wait=True)
     with open(out_path, "w") as f:
         json.dump(report, f)
 ''')
@@ -323,8 +361,19 @@ def test_torchtitan_torchft_manager_trains_on_ftclient_through_the_cluster(
         assert abs(sa["global_loss"] - sb["global_loss"]) < 1e-6
     assert a["digest"] == b["digest"]  # averaged gradients through the all-reduce hook: identical weights
 
-    status = cluster.status(leader)
+    # The semi-synchronous phase: torchtitan's DiLoCo on ftclient, every synchronisation
+    # committed by both groups in one quorum, the second group healed at the first.
+    for r in (a, b):
+        assert r["semi_sync"] == "ftclient.local_sgd.DiLoCo" and r["semi_sync_loss_pg"], r
+        assert [s["committed"] for s in r["syncs"]] == [True] * STEPS and r["semi_sync_step"] == STEPS, r["syncs"]
+        assert [s["participants"] for s in r["syncs"]] == [2] * STEPS, r["syncs"]
+    assert [s["healed"] for s in b["syncs"]] == [True] + [False] * (STEPS - 1)
+    assert [s["quorum_id"] for s in a["syncs"]] == [s["quorum_id"] for s in b["syncs"]]
+    assert a["syncs"][0]["quorum_id"] > a["records"][-1]["quorum_id"]  # a new quorum of the new managers
+    assert a["semi_sync_digest"] == b["semi_sync_digest"]
+
+    status = cluster.status(leader)  # the cluster's last quorum: the two DiLoCo managers
     assert status is not None and status.has_quorum
-    members = sorted(p.replica_id for p in status.quorum.participants)
-    assert members == sorted([a["replica_id"], b["replica_id"]])
-    assert all(m.startswith("torchtitan_ft_") for m in members)
+    members = [p.replica_id for p in status.quorum.participants]
+    assert len(members) == 2 and all(m.startswith("torchtitan_ft_") for m in members), members
+    assert a["replica_id"] not in members  # the first managers are gone from it
