@@ -102,7 +102,7 @@ class _TensorMeta:
         n = 1
         for s in self.shape:
             n *= s
-        return n * _element_size(self.dtype)
+        return n * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -142,10 +142,6 @@ def _is_dtensor(v: object) -> TypeGuard[DTensor]:
     no object is a DTensor until torch.distributed.tensor was imported."""
     module = sys.modules.get("torch.distributed.tensor")
     return module is not None and isinstance(v, module.DTensor)
-
-
-def _element_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def _plan(nbytes: list[int]) -> list[list[int]]:
