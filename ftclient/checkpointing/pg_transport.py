@@ -44,7 +44,8 @@ received in place are the template's own tensors; the others are allocated on ``
 moved to the CPU, contiguous, with their dtype, shape, ``requires_grad`` and ``nn.Parameter``
 type; DTensor shards stay on ``device``. A header that is not this transport's, or a checkpoint
 of another step, raises (:class:`~ftclient.checkpointing.CheckpointStepMismatchError` for the
-step). Both ends must use ftclient's PGTransport: torchft's pickles its own classes.
+step). Both ends must use ftclient's PGTransport: torchft's pickles its own classes. Peers are
+trusted: the metadata is unpickled, as torchft and the HTTP transport do.
 """
 
 from __future__ import annotations
