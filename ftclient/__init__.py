@@ -8,10 +8,13 @@ This package's modules: ``manager`` (Manager, WorldSizeMode), ``manager_server``
 group ManagerService server and its client), ``quorum_results`` (the pure quorum-results rules),
 ``lighthouse_client`` (lighthouse calls with leader discovery), ``liveness`` (the replica group's
 liveness stream to the lighthouse cluster and its peer-death notices), ``process_group``, ``ddp``,
-``optim``, ``data``, ``checkpointing`` (live recovery over HTTP), ``local_sgd`` (LocalSGD, DiLoCo).
+``optim``, ``data``, ``checkpointing`` (live recovery over HTTP or the process group),
+``local_sgd`` (LocalSGD, DiLoCo; FSDP2 DTensor parameters too), ``process_group_nccl``
+(ProcessGroupNCCL), ``process_group_baby`` (collectives in a killable child process),
+``as_torchft`` and ``torchft_compat`` (run an unedited torchft program, e.g. torchtitan, on ftclient).
 """
 
-from .checkpointing import CheckpointTransport, HTTPTransport
+from .checkpointing import CheckpointTransport, HTTPTransport, PGTransport
 from .data import DistributedSampler
 from .ddp import DistributedDataParallel
 from .lighthouse_client import LighthouseClient, LighthouseError, parse_endpoints
@@ -20,6 +23,8 @@ from .manager import ExceptionWithTraceback, Manager, WorldSizeMode
 from .manager_server import ManagerClient, ManagerServer
 from .optim import Optimizer, OptimizerWrapper
 from .process_group import ErrorSwallowingProcessGroupWrapper, ManagedProcessGroup, ProcessGroup, ProcessGroupGloo
+from .process_group_baby import ProcessGroupBabyGloo, ProcessGroupBabyNCCL
+from .process_group_nccl import ProcessGroupNCCL
 from .quorum_results import QuorumResult, compute_quorum_results
 
 __all__ = [
@@ -30,6 +35,7 @@ __all__ = [
     "ErrorSwallowingProcessGroupWrapper",
     "ExceptionWithTraceback",
     "HTTPTransport",
+    "PGTransport",
     "LighthouseClient",
     "LighthouseError",
     "LocalSGD",
@@ -40,7 +46,10 @@ __all__ = [
     "Optimizer",
     "OptimizerWrapper",
     "ProcessGroup",
+    "ProcessGroupBabyGloo",
+    "ProcessGroupBabyNCCL",
     "ProcessGroupGloo",
+    "ProcessGroupNCCL",
     "QuorumResult",
     "WorldSizeMode",
     "compute_quorum_results",
