@@ -136,6 +136,7 @@ class LivenessStreams:
         # replica id -> the notice it gets if it opens a stream again (declared dead as a member
         # of a quorum; see the module docstring)
         self._declared_dead: OrderedDict[str, cpb.PeerDied] = OrderedDict()
+        self._members_of: tuple[Quorum | None, dict[str, str]] = (None, {})  # see running_members
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -222,7 +223,10 @@ class LivenessStreams:
         if rounds is None:
             return None
         running = rounds.running_quorum()
-        return {} if running is None else {m.replica_id: m.address for m in running.participants}
+        if running is not self._members_of[0]:  # built once per quorum: it is read every 50 ms
+            members = {} if running is None else {m.replica_id: m.address for m in running.participants}
+            self._members_of = (running, members)
+        return self._members_of[1]
 
     def declare_dead(self, replica_id: str, reason: str) -> None:
         """A death learnt elsewhere (a member's manager server closed its connection): declared
