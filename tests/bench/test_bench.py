@@ -225,11 +225,7 @@ def _goodput_section() -> dict:
             "runs": runs, "errors": []}
 
 
-@pytest.mark.filterwarnings("ignore:No artists with labels found")  # the empty panels of the other sections
-def test_goodput_targets_table_and_plot(tmp_path: Path):
-    pytest.importorskip("matplotlib")
-    from benchmarks.report import plot
-
+def test_goodput_targets_and_table():
     res = {"mode": "full", "sections": {"goodput": _goodput_section()}}
     targets = {t["name"]: t for t in evaluate_targets(res)}
     med = targets["goodput: kill -> every survivor commits, median, G=3 (ftclient, cluster)"]
@@ -243,6 +239,16 @@ def test_goodput_targets_table_and_plot(tmp_path: Path):
     text = markdown(res)
     assert "## Goodput (a replica group SIGKILLed and restarted)" in text
     assert "| torchft, torchft_lighthouse | 3 | 1/1 | 5.250 s | 5.250 s | 5.25 | 0.494 (3.9 / 7.9) |" in text
+
+
+# matplotlib's first import on a machine runs fc-list to build its font cache: a subprocess.
+@pytest.mark.integration
+@pytest.mark.filterwarnings("ignore:No artists with labels found")  # the empty panels of the other sections
+def test_goodput_plot(tmp_path: Path):
+    pytest.importorskip("matplotlib")
+    from benchmarks.report import plot
+
+    res = {"mode": "full", "sections": {"goodput": _goodput_section()}}
     assert plot(res, tmp_path / "g.png") == "matplotlib"
     assert (tmp_path / "g.png").read_bytes().startswith(PNG_MAGIC)
 
