@@ -43,10 +43,17 @@ from typing import Any, Callable
 from lighthouse_cluster.local.cluster import LocalCluster
 from .procs import RustLighthouse, child_env, kill_process, worker_command
 
-# (system id, SDK, lighthouse): the order of the table.
-SYSTEMS = (("ftclient-cluster", "ftclient", "cluster"), ("torchft-cluster", "torchft", "cluster"),
-           ("torchft-lighthouse", "torchft", "torchft"))
+# (system id, SDK, lighthouse, extra node flags): the order of the table. torchft on the cluster
+# runs twice: as deployed (the leader watches each member's manager-server connection, so a
+# SIGKILLed torchft trainer is declared dead at once) and with that off, i.e. torchft's own
+# semantics (a dead trainer is noticed when its heartbeats are older than the heartbeat timeout).
+SYSTEMS = (("ftclient-cluster", "ftclient", "cluster", ()), ("torchft-cluster", "torchft", "cluster", ()),
+           ("torchft-cluster-hb", "torchft", "cluster", ("--no-watch-manager-connections",)),
+           ("torchft-lighthouse", "torchft", "torchft", ()))
+# --quick (CI's smoke run) leaves the heartbeats-only run out: it shows only the timeout.
+QUICK_SYSTEMS = ("ftclient-cluster", "torchft-cluster", "torchft-lighthouse")
 SYSTEM_LABELS = {"ftclient-cluster": "ftclient on the cluster", "torchft-cluster": "torchft on the cluster",
+                 "torchft-cluster-hb": "torchft on the cluster, heartbeats only",
                  "torchft-lighthouse": "torchft on torchft_lighthouse"}
 HEARTBEAT_TIMEOUT_MS = 5_000  # torchft's default
 JOIN_TIMEOUT_MS = 10_000  # what torchft's and torchtitan's guides use
@@ -342,10 +349,11 @@ def _run_groups(sdk: str, lighthouse: str, groups: int, kills: int, kill_every_s
 
 def run_one(system: str, groups: int, kills: int, kill_every_s: float, workdir: Path,
             say: Callable[[str], None]) -> dict:
-    sdk, lh_kind = next((s, lh) for name, s, lh in SYSTEMS if name == system)
+    sdk, lh_kind, node_flags = next((s, lh, flags) for name, s, lh, flags in SYSTEMS if name == system)
     run_dir = workdir / f"goodput-{system}-{groups}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    res: dict[str, Any] = {"system": system, "sdk": sdk, "lighthouse": lh_kind, "groups": groups}
+    res: dict[str, Any] = {"system": system, "sdk": sdk, "lighthouse": lh_kind, "node_flags": list(node_flags),
+                           "groups": groups}
     try:
         if lh_kind == "torchft":
             lh = RustLighthouse(min_replicas=MIN_REPLICAS, log_path=run_dir / "torchft_lighthouse.log",
@@ -358,7 +366,8 @@ def run_one(system: str, groups: int, kills: int, kill_every_s: float, workdir: 
                 lh.kill()
         else:
             cluster = LocalCluster(root=run_dir / "cluster", min_replicas=MIN_REPLICAS, join_timeout_ms=JOIN_TIMEOUT_MS,
-                                   quorum_tick_ms=QUORUM_TICK_MS, heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
+                                   quorum_tick_ms=QUORUM_TICK_MS, heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
+                                   extra_args=list(node_flags))
             try:
                 cluster.start()
                 leader = cluster.wait_for_leader(timeout=30)

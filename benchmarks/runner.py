@@ -188,7 +188,10 @@ def _run_section(section: str, opts: BenchOptions, workdir: Path, say: Callable[
     if section == "goodput":
         from .goodput import run_goodput
 
-        return run_goodput(list(opts.goodput_groups), opts.goodput_kills, opts.goodput_kill_every_s, workdir, say)
+        from .goodput import QUICK_SYSTEMS
+
+        return run_goodput(list(opts.goodput_groups), opts.goodput_kills, opts.goodput_kill_every_s, workdir, say,
+                           systems=list(QUICK_SYSTEMS) if opts.quick else None)
     raise ValueError(section)
 
 
