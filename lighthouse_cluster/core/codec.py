@@ -23,6 +23,11 @@ leader (``torchft_wire``). Readers of every version read both forms; a version-2
 writing the fields (an old node in the cluster could not read ``pb``), and the leader enables 3
 once every member node runs a version that reads it (``LighthouseNode``).
 
+Version 4 adds jobs (``jobs.py``): ``put_job`` and ``remove_job`` commands, and a ``j`` key on
+``commit_quorum`` naming the job (absent: the default job, so a version-3 command reads the same).
+An older node would apply a job's commit to its only quorum, so no writer emits a job command or
+a commit for another job before version 4 is enabled, i.e. before every node reads it.
+
 This module only translates between Python values and bytes; it owns no state.
 """
 
@@ -33,10 +38,11 @@ from typing import Any, Union
 
 import msgpack
 
+from lighthouse_cluster.core.jobs import DEFAULT_JOB, JobSpec, spec_from_wire, spec_to_wire
 from lighthouse_cluster.core.quorum import Member, Quorum
 from lighthouse_cluster.core.torchft_wire import DecodeError, member_from_bytes
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 MIN_READABLE_VERSION = 1
 # Version 2 adds the ``set_members`` command (the replicated member table).
 MEMBERS_SCHEMA_VERSION = 2
@@ -45,6 +51,8 @@ MEMBERS_SCHEMA_VERSION = 2
 FENCING_SCHEMA_VERSION = 2
 # Version 3 writes a member as the requester's serialized QuorumMember: every field passes through.
 PASS_THROUGH_SCHEMA_VERSION = 3
+# Version 4: jobs (put_job, remove_job, and commit_quorum for a job other than the default one).
+JOBS_SCHEMA_VERSION = 4
 
 
 class SchemaError(ValueError):
@@ -62,12 +70,14 @@ class TermStart:
 
 @dataclass(frozen=True, slots=True)
 class CommitQuorum:
-    """Compare-and-set: install ``quorum`` only if the current quorum id is ``expected_quorum_id``."""
+    """Compare-and-set: install ``quorum`` as ``job``'s quorum only if that job's current quorum
+    id is ``expected_quorum_id``."""
 
     expected_quorum_id: int
     quorum: Quorum
     term: int
     node_id: str
+    job: str = DEFAULT_JOB
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +115,25 @@ class SetMembers:
     members: tuple[tuple[str, str, str], ...]
 
 
-Command = Union[TermStart, CommitQuorum, ConfirmLeadership, EnableSchema, SetMembers, UnknownCommand]
+@dataclass(frozen=True, slots=True)
+class PutJob:
+    """Create a job (``expected_version`` 0, the job absent) or replace its spec (compare-and-set
+    on the job's version). Schema 4."""
+
+    spec: JobSpec
+    expected_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveJob:
+    """Remove a job and its quorum state (compare-and-set on its version). Schema 4."""
+
+    name: str
+    expected_version: int
+
+
+Command = Union[TermStart, CommitQuorum, ConfirmLeadership, EnableSchema, SetMembers, PutJob, RemoveJob,
+                UnknownCommand]
 
 def member_to_wire(m: Member, version: int = SCHEMA_VERSION) -> dict[str, Any]:
     if m.raw and version >= PASS_THROUGH_SCHEMA_VERSION:
@@ -166,6 +194,9 @@ def encode_command(cmd: Command, version: int = SCHEMA_VERSION) -> bytes:
     elif isinstance(cmd, CommitQuorum):
         body = {"k": "commit_quorum", "expect": cmd.expected_quorum_id, "q": quorum_to_wire(cmd.quorum, version),
                 "term": cmd.term, "node": cmd.node_id}
+        if cmd.job != DEFAULT_JOB:
+            _need_jobs(version, f"a commit for job {cmd.job!r}")
+            body["j"] = cmd.job
     elif isinstance(cmd, ConfirmLeadership):
         body = {"k": "confirm", "term": cmd.term, "node": cmd.node_id, "lease": cmd.lease_ms}
     elif isinstance(cmd, EnableSchema):
@@ -174,10 +205,21 @@ def encode_command(cmd: Command, version: int = SCHEMA_VERSION) -> bytes:
         if version < MEMBERS_SCHEMA_VERSION:
             raise ValueError(f"set_members needs schema {MEMBERS_SCHEMA_VERSION}; the cluster has {version} enabled")
         body = {"k": "set_members", "expect": cmd.expected_version, "m": [list(m) for m in cmd.members]}
+    elif isinstance(cmd, PutJob):
+        _need_jobs(version, "put_job")
+        body = {"k": "put_job", "expect": cmd.expected_version, "spec": spec_to_wire(cmd.spec)}
+    elif isinstance(cmd, RemoveJob):
+        _need_jobs(version, "remove_job")
+        body = {"k": "remove_job", "expect": cmd.expected_version, "n": cmd.name}
     else:
         raise TypeError(f"cannot encode {cmd!r}")
     body["v"] = version
     return _pack(body)
+
+
+def _need_jobs(version: int, what: str) -> None:
+    if version < JOBS_SCHEMA_VERSION:
+        raise ValueError(f"{what} needs schema {JOBS_SCHEMA_VERSION}; the cluster has {version} enabled")
 
 
 def decode_command(data: bytes) -> Command:
@@ -198,11 +240,15 @@ def _command_of(obj: dict[str, Any]) -> Command:
             return TermStart(term=obj["term"], node_id=obj["node"], time_ms=obj["t"])
         if kind == "commit_quorum":
             return CommitQuorum(expected_quorum_id=obj["expect"], quorum=quorum_from_wire(obj["q"]),
-                                term=obj["term"], node_id=obj["node"])
+                                term=obj["term"], node_id=obj["node"], job=str(obj.get("j", DEFAULT_JOB)))
         if kind == "confirm":
             return ConfirmLeadership(term=obj["term"], node_id=obj["node"], lease_ms=obj["lease"])
         if kind == "enable_schema":
             return EnableSchema(version=obj["version"])
+        if kind == "put_job":
+            return PutJob(spec=spec_from_wire(obj["spec"]), expected_version=obj["expect"])
+        if kind == "remove_job":
+            return RemoveJob(name=str(obj["n"]), expected_version=obj["expect"])
         if kind == "set_members":
             return SetMembers(expected_version=obj["expect"],
                               members=tuple((str(m[0]), str(m[1]), str(m[2])) for m in obj["m"]))

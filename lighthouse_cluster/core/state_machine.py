@@ -37,12 +37,18 @@ Snapshots carry the version.
 * ``members`` / ``members_version``: the replicated member table (node id, Raft address,
   client address), written by ``SetMembers`` (compare-and-set on the version) when an admin
   changes the membership; empty until the first change (then the configured peers apply).
+* ``jobs`` (schema 4, ``jobs.py``): one ``JobState`` per job (its spec, version, last quorum and
+  history). The default job always exists; ``quorum``, ``history`` and ``quorum_id`` are its.
+  ``PutJob`` creates a job or replaces its spec, ``RemoveJob`` removes one (both compare-and-set
+  on the job's version); a ``CommitQuorum`` names its job and is the same compare-and-set within
+  that job. A removed job's last quorum id is kept (``retired``): created again, its ids go on
+  from there, so a job's quorum ids never go back.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lighthouse_cluster.core import codec
@@ -50,10 +56,13 @@ from lighthouse_cluster.core.codec import (
     CommitQuorum,
     ConfirmLeadership,
     EnableSchema,
+    PutJob,
+    RemoveJob,
     SetMembers,
     TermStart,
     UnknownCommand,
 )
+from lighthouse_cluster.core.jobs import DEFAULT_JOB, MAX_JOBS, JobError, JobSpec, spec_from_wire, spec_to_wire
 from lighthouse_cluster.core.quorum import Quorum
 
 HISTORY_LENGTH = 256
@@ -83,11 +92,46 @@ class TermStartResult:
 
 
 @dataclass(frozen=True, slots=True)
+class JobResult:
+    """Outcome of a ``PutJob`` or ``RemoveJob``: applied, or why not; ``version``: the job's
+    version afterwards (0: the job does not exist)."""
+
+    applied: bool
+    version: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class HistoryEntry:
     quorum_id: int
     replica_ids: tuple[str, ...]
     created_ms: int
     term: int
+
+
+@dataclass(slots=True)
+class JobState:
+    """One job's replicated state. ``id_floor``: quorum ids start above it (a job created again
+    after it was removed); ``quorum_id`` is the last one issued, else the floor."""
+
+    spec: JobSpec
+    version: int = 0
+    quorum: Quorum | None = None
+    history: deque[HistoryEntry] = field(default_factory=lambda: deque(maxlen=HISTORY_LENGTH))
+    id_floor: int = 0
+
+    @property
+    def quorum_id(self) -> int:
+        return self.quorum.quorum_id if self.quorum is not None else self.id_floor
+
+
+def _history_wire(history: deque[HistoryEntry]) -> list[list[Any]]:
+    return [[h.quorum_id, list(h.replica_ids), h.created_ms, h.term] for h in history]
+
+
+def _history_from_wire(items: Any) -> deque[HistoryEntry]:
+    return deque((HistoryEntry(quorum_id=h[0], replica_ids=tuple(h[1]), created_ms=h[2], term=h[3])
+                  for h in items or []), maxlen=HISTORY_LENGTH)
 
 
 class QuorumStateMachine:
@@ -97,8 +141,9 @@ class QuorumStateMachine:
         """``max_schema_version``: the newest schema this node's version writes (lower only to act
         as an older version, for rolling-upgrade tests)."""
         self.max_schema_version = max_schema_version
-        self.quorum: Quorum | None = None
-        self.history: deque[HistoryEntry] = deque(maxlen=HISTORY_LENGTH)
+        self.jobs: dict[str, JobState] = {DEFAULT_JOB: JobState(JobSpec(DEFAULT_JOB))}
+        self.retired: dict[str, int] = {}  # removed jobs' last quorum ids
+        self.jobs_version = 0  # bumped by every applied PutJob/RemoveJob (readers notice changes)
         self.leader_term = 0
         self.leader_id = ""
         self.leader_since_ms = 0
@@ -112,8 +157,28 @@ class QuorumStateMachine:
         self.lease_ms = 0
 
     @property
+    def default_job(self) -> JobState:
+        return self.jobs[DEFAULT_JOB]
+
+    @property
+    def quorum(self) -> Quorum | None:
+        """The default job's last committed quorum."""
+        return self.jobs[DEFAULT_JOB].quorum
+
+    @quorum.setter
+    def quorum(self, value: Quorum | None) -> None:
+        self.jobs[DEFAULT_JOB].quorum = value
+
+    @property
+    def history(self) -> deque[HistoryEntry]:
+        return self.jobs[DEFAULT_JOB].history
+
+    @property
     def quorum_id(self) -> int:
-        return self.quorum.quorum_id if self.quorum is not None else 0
+        return self.jobs[DEFAULT_JOB].quorum_id
+
+    def job(self, name: str) -> JobState | None:
+        return self.jobs.get(name)
 
     def apply(self, command: codec.Command, version: int | None = None) -> Any:
         """Apply one command, written at schema ``version`` (default: the enabled version), and
@@ -143,6 +208,10 @@ class QuorumStateMachine:
             self.members = command.members
             self.members_version += 1
             return CommitResult(applied=True, current_quorum_id=self.members_version)
+        if isinstance(command, PutJob):
+            return self._put_job(command)
+        if isinstance(command, RemoveJob):
+            return self._remove_job(command)
         if isinstance(command, UnknownCommand):
             return None
         raise TypeError(f"not a command: {command!r}")
@@ -166,8 +235,46 @@ class QuorumStateMachine:
             reason = f"stale: TermStart({cmd.term}, {cmd.node_id}) after term {self.leader_term} started"
         return TermStartResult(applied=False, leader_term=self.leader_term, leader_id=self.leader_id, reason=reason)
 
+    def _put_job(self, cmd: PutJob) -> JobResult:
+        spec = cmd.spec
+        current = self.jobs.get(spec.name)
+        version = current.version if current is not None else 0
+        if cmd.expected_version != version or (current is None and cmd.expected_version != 0):
+            return JobResult(applied=False, version=version,
+                             reason=f"job {spec.name!r} is at version {version}, not {cmd.expected_version}")
+        try:
+            spec.check()
+        except JobError as e:
+            return JobResult(applied=False, version=version, reason=str(e))
+        if current is None:
+            if len(self.jobs) >= MAX_JOBS:
+                return JobResult(applied=False, version=0, reason=f"the cluster has {MAX_JOBS} jobs, its limit")
+            current = self.jobs[spec.name] = JobState(spec, id_floor=self.retired.pop(spec.name, 0))
+        current.spec = spec
+        current.version += 1
+        self.jobs_version += 1
+        return JobResult(applied=True, version=current.version)
+
+    def _remove_job(self, cmd: RemoveJob) -> JobResult:
+        current = self.jobs.get(cmd.name)
+        if current is None:
+            return JobResult(applied=False, version=0, reason=f"no job {cmd.name!r}")
+        if cmd.name == DEFAULT_JOB:
+            return JobResult(applied=False, version=current.version, reason="the default job cannot be removed")
+        if cmd.expected_version != current.version:
+            return JobResult(applied=False, version=current.version,
+                             reason=f"job {cmd.name!r} is at version {current.version}, not {cmd.expected_version}")
+        del self.jobs[cmd.name]
+        self.retired[cmd.name] = current.quorum_id
+        self.jobs_version += 1
+        return JobResult(applied=True, version=0)
+
     def _commit_quorum(self, cmd: CommitQuorum, fencing: bool = True) -> CommitResult:
-        current = self.quorum_id
+        job = self.jobs.get(cmd.job)
+        if job is None:
+            self.rejected_commits += 1
+            return CommitResult(applied=False, current_quorum_id=0, reason=f"no job {cmd.job!r}")
+        current = job.quorum_id
         if fencing and self.leader_term and cmd.term != self.leader_term:
             self.rejected_commits += 1
             return CommitResult(applied=False, current_quorum_id=current, fenced=True,
@@ -175,8 +282,8 @@ class QuorumStateMachine:
                                        f"the leader term is {self.leader_term} ({self.leader_id})")
         q = cmd.quorum
         same_id_other_members = (
-            self.quorum is not None and q.quorum_id == current
-            and [m.replica_id for m in q.participants] != [m.replica_id for m in self.quorum.participants]
+            job.quorum is not None and q.quorum_id == current
+            and [m.replica_id for m in q.participants] != [m.replica_id for m in job.quorum.participants]
         )
         if cmd.expected_quorum_id != current or q.quorum_id < current or same_id_other_members:
             self.rejected_commits += 1
@@ -187,8 +294,8 @@ class QuorumStateMachine:
             else:
                 reason = f"quorum id {current} already has other members"
             return CommitResult(applied=False, current_quorum_id=current, reason=reason)
-        self.quorum = q
-        self.history.append(HistoryEntry(
+        job.quorum = q
+        job.history.append(HistoryEntry(
             quorum_id=q.quorum_id,
             replica_ids=tuple(m.replica_id for m in q.participants),
             created_ms=q.created_ms,
@@ -199,9 +306,20 @@ class QuorumStateMachine:
     # -- snapshots ------------------------------------------------------------------------
 
     def to_snapshot(self) -> bytes:
+        v = self.schema_version
+        # The default job keeps the keys it always had; other jobs (and the default job's spec
+        # once set) go under "jobs", which an older reader ignores.
+        jobs = {name: {"spec": spec_to_wire(j.spec), "ver": j.version,
+                       **({"q": codec.quorum_to_wire(j.quorum, v), "h": _history_wire(j.history)}
+                          if name != DEFAULT_JOB and j.quorum is not None else {}),
+                       **({"floor": j.id_floor} if j.id_floor else {})}
+                for name, j in self.jobs.items() if name != DEFAULT_JOB or j.version or j.id_floor}
         return codec.encode_snapshot({
-            "quorum": codec.quorum_to_wire(self.quorum, self.schema_version) if self.quorum is not None else None,
-            "history": [[h.quorum_id, list(h.replica_ids), h.created_ms, h.term] for h in self.history],
+            "quorum": codec.quorum_to_wire(self.quorum, v) if self.quorum is not None else None,
+            "history": _history_wire(self.history),
+            **({"jobs": jobs} if jobs else {}),
+            **({"retired": dict(self.retired)} if self.retired else {}),
+            **({"jobs_v": self.jobs_version} if self.jobs_version else {}),
             "leader": [self.leader_term, self.leader_id, self.leader_since_ms],
             "schema": self.schema_version,
             "applied": self.commands_applied,
@@ -215,12 +333,17 @@ class QuorumStateMachine:
     def restore_snapshot(self, data: bytes) -> None:
         obj = codec.decode_snapshot(data)
         q = obj.get("quorum")
-        self.quorum = codec.quorum_from_wire(q) if q is not None else None
-        self.history = deque(
-            (HistoryEntry(quorum_id=h[0], replica_ids=tuple(h[1]), created_ms=h[2], term=h[3])
-             for h in obj.get("history", [])),
-            maxlen=HISTORY_LENGTH,
-        )
+        default = JobState(JobSpec(DEFAULT_JOB), quorum=codec.quorum_from_wire(q) if q is not None else None,
+                           history=_history_from_wire(obj.get("history")))
+        self.jobs = {DEFAULT_JOB: default}
+        for name, j in (obj.get("jobs") or {}).items():
+            state = self.jobs.get(name) or JobState(spec_from_wire(j["spec"]))
+            state.spec, state.version, state.id_floor = spec_from_wire(j["spec"]), j.get("ver", 0), j.get("floor", 0)
+            if j.get("q") is not None:
+                state.quorum, state.history = codec.quorum_from_wire(j["q"]), _history_from_wire(j.get("h"))
+            self.jobs[name] = state
+        self.retired = {str(k): int(v) for k, v in (obj.get("retired") or {}).items()}
+        self.jobs_version = obj.get("jobs_v", 0)
         self.leader_term, self.leader_id, self.leader_since_ms = obj.get("leader", [0, "", 0])
         self.schema_version = obj.get("schema", codec.MIN_READABLE_VERSION)
         self.commands_applied = obj.get("applied", 0)

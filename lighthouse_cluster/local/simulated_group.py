@@ -31,6 +31,7 @@ from typing import AsyncIterator, Callable, Sequence
 
 import grpc
 
+from lighthouse_cluster.core.jobs import JOB_HEADER
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
 from lighthouse_cluster.tls import ClientTLS, aio_channel
@@ -156,12 +157,16 @@ class SimulatedReplicaGroup:
     on_send: Callable[[str, str], None] | None = None
     keep_rounds: bool = True         # False: rounds go to ``on_round`` only (long runs)
     step: int = 0
+    # The job its calls belong to (core/jobs.py), named in each call's metadata; None: the
+    # default job (or the job of the port it calls), as an unchanged torchft trainer's calls.
+    job: str | None = None
     rounds: list[RoundResult] = field(default_factory=list)
     _channels: dict[str, grpc.aio.Channel] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.move_on not in MOVE_ON:
             raise ValueError(f"unknown move_on policy {self.move_on!r}; choose one of {', '.join(MOVE_ON)}")
+        self._metadata = None if self.job is None else ((JOB_HEADER, self.job),)
 
     def _stub(self, endpoint: str) -> pb_grpc.LighthouseServiceStub:
         ch = self._channels.get(endpoint)
@@ -188,7 +193,8 @@ class SimulatedReplicaGroup:
     async def call_quorum(self) -> pb.Quorum:
         """One Quorum call at the current step through ``endpoint``, with the deadline; on an
         answer the step advances. Raises the call's ``grpc.aio.AioRpcError``; reports nothing."""
-        resp = await self._stub(self.endpoint).Quorum(self.request(), timeout=self.quorum_timeout_s)
+        resp = await self._stub(self.endpoint).Quorum(self.request(), timeout=self.quorum_timeout_s,
+                                                      metadata=self._metadata)
         self.step = next_step(self.step, resp.quorum.participants)
         return resp.quorum
 
@@ -227,7 +233,7 @@ class SimulatedReplicaGroup:
         started = time.monotonic()
         try:
             await self._stub(endpoint).Heartbeat(pb.LighthouseHeartbeatRequest(replica_id=self.replica_id),
-                                                 timeout=self.heartbeat_timeout_s)
+                                                 timeout=self.heartbeat_timeout_s, metadata=self._metadata)
         except grpc.aio.AioRpcError as e:
             result = HeartbeatResult(self.replica_id, endpoint, started, time.monotonic() - started,
                                      outcome=classify(e.code(), e.details()), error=e.code().name,

@@ -74,7 +74,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node", "role", "term", "commit_index", "last_applied", "leader_id", "leader_client_address", "peers", "has_quorum", "quorum", "heartbeats", "pending", "quorum_reason", "serving", "uptime_ms", "version", "schema_version", "settings", "ready", "ready_reason", "members_version", "tls", "rounds_on_lease", "rounds_committed", "enabled_schema_version")
+    __slots__ = ("node", "role", "term", "commit_index", "last_applied", "leader_id", "leader_client_address", "peers", "has_quorum", "quorum", "heartbeats", "pending", "quorum_reason", "serving", "uptime_ms", "version", "schema_version", "settings", "ready", "ready_reason", "members_version", "tls", "rounds_on_lease", "rounds_committed", "enabled_schema_version", "jobs")
     NODE_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,7 @@ class NodeStatus(_message.Message):
     ROUNDS_ON_LEASE_FIELD_NUMBER: _ClassVar[int]
     ROUNDS_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     ENABLED_SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
     node: NodeInfo
     role: Role
     term: int
@@ -125,7 +126,8 @@ class NodeStatus(_message.Message):
     rounds_on_lease: int
     rounds_committed: int
     enabled_schema_version: int
-    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., role: _Optional[_Union[Role, str]] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_client_address: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerState, _Mapping]]] = ..., has_quorum: _Optional[bool] = ..., quorum: _Optional[_Union[_torchft_pb2.Quorum, _Mapping]] = ..., heartbeats: _Optional[_Iterable[_Union[HeartbeatAge, _Mapping]]] = ..., pending: _Optional[_Iterable[_Union[PendingRequester, _Mapping]]] = ..., quorum_reason: _Optional[str] = ..., serving: _Optional[bool] = ..., uptime_ms: _Optional[int] = ..., version: _Optional[str] = ..., schema_version: _Optional[int] = ..., settings: _Optional[_Union[QuorumSettings, _Mapping]] = ..., ready: _Optional[bool] = ..., ready_reason: _Optional[str] = ..., members_version: _Optional[int] = ..., tls: _Optional[bool] = ..., rounds_on_lease: _Optional[int] = ..., rounds_committed: _Optional[int] = ..., enabled_schema_version: _Optional[int] = ...) -> None: ...
+    jobs: _containers.RepeatedCompositeFieldContainer[Job]
+    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., role: _Optional[_Union[Role, str]] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_client_address: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerState, _Mapping]]] = ..., has_quorum: _Optional[bool] = ..., quorum: _Optional[_Union[_torchft_pb2.Quorum, _Mapping]] = ..., heartbeats: _Optional[_Iterable[_Union[HeartbeatAge, _Mapping]]] = ..., pending: _Optional[_Iterable[_Union[PendingRequester, _Mapping]]] = ..., quorum_reason: _Optional[str] = ..., serving: _Optional[bool] = ..., uptime_ms: _Optional[int] = ..., version: _Optional[str] = ..., schema_version: _Optional[int] = ..., settings: _Optional[_Union[QuorumSettings, _Mapping]] = ..., ready: _Optional[bool] = ..., ready_reason: _Optional[str] = ..., members_version: _Optional[int] = ..., tls: _Optional[bool] = ..., rounds_on_lease: _Optional[int] = ..., rounds_committed: _Optional[int] = ..., enabled_schema_version: _Optional[int] = ..., jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ...) -> None: ...
 
 class LeaderRequest(_message.Message):
     __slots__ = ()
@@ -144,12 +146,14 @@ class LeaderResponse(_message.Message):
     def __init__(self, leader_id: _Optional[str] = ..., leader_client_address: _Optional[str] = ..., term: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatBatch(_message.Message):
-    __slots__ = ("from_node", "replica_ids")
+    __slots__ = ("from_node", "replica_ids", "job")
     FROM_NODE_FIELD_NUMBER: _ClassVar[int]
     REPLICA_IDS_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     from_node: str
     replica_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, from_node: _Optional[str] = ..., replica_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    job: str
+    def __init__(self, from_node: _Optional[str] = ..., replica_ids: _Optional[_Iterable[str]] = ..., job: _Optional[str] = ...) -> None: ...
 
 class HeartbeatBatchResponse(_message.Message):
     __slots__ = ()
@@ -190,6 +194,164 @@ class WatchAccepted(_message.Message):
     term: int
     liveness_timeout_ms: int
     def __init__(self, leader_id: _Optional[str] = ..., term: _Optional[int] = ..., liveness_timeout_ms: _Optional[int] = ...) -> None: ...
+
+class JobSettings(_message.Message):
+    __slots__ = ("min_replicas", "join_timeout_ms", "quorum_tick_ms", "heartbeat_timeout_ms", "quorum_lease_ms", "max_replicas", "max_member_bytes")
+    MIN_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    JOIN_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_TICK_MS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MEMBER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    min_replicas: int
+    join_timeout_ms: int
+    quorum_tick_ms: int
+    heartbeat_timeout_ms: int
+    quorum_lease_ms: int
+    max_replicas: int
+    max_member_bytes: int
+    def __init__(self, min_replicas: _Optional[int] = ..., join_timeout_ms: _Optional[int] = ..., quorum_tick_ms: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ..., quorum_lease_ms: _Optional[int] = ..., max_replicas: _Optional[int] = ..., max_member_bytes: _Optional[int] = ...) -> None: ...
+
+class JobSettingsUpdate(_message.Message):
+    __slots__ = ("min_replicas", "join_timeout_ms", "quorum_tick_ms", "heartbeat_timeout_ms", "quorum_lease_ms", "max_replicas", "max_member_bytes")
+    MIN_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    JOIN_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_TICK_MS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MEMBER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    min_replicas: int
+    join_timeout_ms: int
+    quorum_tick_ms: int
+    heartbeat_timeout_ms: int
+    quorum_lease_ms: int
+    max_replicas: int
+    max_member_bytes: int
+    def __init__(self, min_replicas: _Optional[int] = ..., join_timeout_ms: _Optional[int] = ..., quorum_tick_ms: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ..., quorum_lease_ms: _Optional[int] = ..., max_replicas: _Optional[int] = ..., max_member_bytes: _Optional[int] = ...) -> None: ...
+
+class JobPort(_message.Message):
+    __slots__ = ("node_id", "port")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    port: int
+    def __init__(self, node_id: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+
+class ConfigEntry(_message.Message):
+    __slots__ = ("key", "value")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: str
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+
+class Job(_message.Message):
+    __slots__ = ("name", "settings", "settings_from_flags", "ports", "config", "version", "quorum_id", "has_quorum", "quorum", "listening_port", "port_error", "leader_view", "heartbeats", "pending", "quorum_reason", "rounds_on_lease", "rounds_committed", "open_streams", "heartbeating_replicas")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FROM_FLAGS_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    HAS_QUORUM_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_FIELD_NUMBER: _ClassVar[int]
+    LISTENING_PORT_FIELD_NUMBER: _ClassVar[int]
+    PORT_ERROR_FIELD_NUMBER: _ClassVar[int]
+    LEADER_VIEW_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEATS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_REASON_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_ON_LEASE_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    OPEN_STREAMS_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEATING_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    settings: JobSettings
+    settings_from_flags: bool
+    ports: _containers.RepeatedCompositeFieldContainer[JobPort]
+    config: _containers.RepeatedCompositeFieldContainer[ConfigEntry]
+    version: int
+    quorum_id: int
+    has_quorum: bool
+    quorum: _torchft_pb2.Quorum
+    listening_port: int
+    port_error: str
+    leader_view: bool
+    heartbeats: _containers.RepeatedCompositeFieldContainer[HeartbeatAge]
+    pending: _containers.RepeatedCompositeFieldContainer[PendingRequester]
+    quorum_reason: str
+    rounds_on_lease: int
+    rounds_committed: int
+    open_streams: int
+    heartbeating_replicas: int
+    def __init__(self, name: _Optional[str] = ..., settings: _Optional[_Union[JobSettings, _Mapping]] = ..., settings_from_flags: _Optional[bool] = ..., ports: _Optional[_Iterable[_Union[JobPort, _Mapping]]] = ..., config: _Optional[_Iterable[_Union[ConfigEntry, _Mapping]]] = ..., version: _Optional[int] = ..., quorum_id: _Optional[int] = ..., has_quorum: _Optional[bool] = ..., quorum: _Optional[_Union[_torchft_pb2.Quorum, _Mapping]] = ..., listening_port: _Optional[int] = ..., port_error: _Optional[str] = ..., leader_view: _Optional[bool] = ..., heartbeats: _Optional[_Iterable[_Union[HeartbeatAge, _Mapping]]] = ..., pending: _Optional[_Iterable[_Union[PendingRequester, _Mapping]]] = ..., quorum_reason: _Optional[str] = ..., rounds_on_lease: _Optional[int] = ..., rounds_committed: _Optional[int] = ..., open_streams: _Optional[int] = ..., heartbeating_replicas: _Optional[int] = ...) -> None: ...
+
+class JobRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs", "answered_by", "leader_view")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
+    LEADER_VIEW_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[Job]
+    answered_by: str
+    leader_view: bool
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., answered_by: _Optional[str] = ..., leader_view: _Optional[bool] = ...) -> None: ...
+
+class AddJobRequest(_message.Message):
+    __slots__ = ("name", "settings", "ports", "config")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    settings: JobSettingsUpdate
+    ports: _containers.RepeatedCompositeFieldContainer[JobPort]
+    config: _containers.RepeatedCompositeFieldContainer[ConfigEntry]
+    def __init__(self, name: _Optional[str] = ..., settings: _Optional[_Union[JobSettingsUpdate, _Mapping]] = ..., ports: _Optional[_Iterable[_Union[JobPort, _Mapping]]] = ..., config: _Optional[_Iterable[_Union[ConfigEntry, _Mapping]]] = ...) -> None: ...
+
+class SetJobRequest(_message.Message):
+    __slots__ = ("name", "settings", "set_ports", "ports", "set_config", "unset_config")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    SET_PORTS_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    SET_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    UNSET_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    settings: JobSettingsUpdate
+    set_ports: bool
+    ports: _containers.RepeatedCompositeFieldContainer[JobPort]
+    set_config: _containers.RepeatedCompositeFieldContainer[ConfigEntry]
+    unset_config: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., settings: _Optional[_Union[JobSettingsUpdate, _Mapping]] = ..., set_ports: _Optional[bool] = ..., ports: _Optional[_Iterable[_Union[JobPort, _Mapping]]] = ..., set_config: _Optional[_Iterable[_Union[ConfigEntry, _Mapping]]] = ..., unset_config: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RemoveJobRequest(_message.Message):
+    __slots__ = ("name", "force")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    force: bool
+    def __init__(self, name: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class RemoveJobResponse(_message.Message):
+    __slots__ = ("name", "last_quorum_id")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LAST_QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    last_quorum_id: int
+    def __init__(self, name: _Optional[str] = ..., last_quorum_id: _Optional[int] = ...) -> None: ...
 
 class MembersRequest(_message.Message):
     __slots__ = ()
@@ -270,16 +432,18 @@ class RestoreResponse(_message.Message):
     def __init__(self, applied: _Optional[bool] = ..., quorum_id: _Optional[int] = ..., previous_quorum_id: _Optional[int] = ...) -> None: ...
 
 class ForwardedQuorum(_message.Message):
-    __slots__ = ("key", "request", "has_deadline", "timeout_ms")
+    __slots__ = ("key", "request", "has_deadline", "timeout_ms", "job")
     KEY_FIELD_NUMBER: _ClassVar[int]
     REQUEST_FIELD_NUMBER: _ClassVar[int]
     HAS_DEADLINE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
     key: int
     request: bytes
     has_deadline: bool
     timeout_ms: int
-    def __init__(self, key: _Optional[int] = ..., request: _Optional[bytes] = ..., has_deadline: _Optional[bool] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    job: str
+    def __init__(self, key: _Optional[int] = ..., request: _Optional[bytes] = ..., has_deadline: _Optional[bool] = ..., timeout_ms: _Optional[int] = ..., job: _Optional[str] = ...) -> None: ...
 
 class QuorumForwardUp(_message.Message):
     __slots__ = ("from_node", "add", "withdraw")

@@ -45,6 +45,16 @@ class LighthouseClusterStub:
                 request_serializer=lighthouse__cluster__pb2.LeaderRequest.SerializeToString,
                 response_deserializer=lighthouse__cluster__pb2.LeaderResponse.FromString,
                 _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/lighthouse_cluster.LighthouseCluster/ListJobs',
+                request_serializer=lighthouse__cluster__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.ListJobsResponse.FromString,
+                _registered_method=True)
+        self.GetJob = channel.unary_unary(
+                '/lighthouse_cluster.LighthouseCluster/GetJob',
+                request_serializer=lighthouse__cluster__pb2.JobRequest.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.Job.FromString,
+                _registered_method=True)
         self.ForwardHeartbeats = channel.unary_unary(
                 '/lighthouse_cluster.LighthouseCluster/ForwardHeartbeats',
                 request_serializer=lighthouse__cluster__pb2.HeartbeatBatch.SerializeToString,
@@ -67,6 +77,20 @@ class LighthouseClusterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Leader(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobs(self, request, context):
+        """Jobs as this node's replicated state has them (the leader adds its live view). Read-only:
+        no token. A trainer reads its job's config with GetJob.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJob(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -98,6 +122,16 @@ def add_LighthouseClusterServicer_to_server(servicer, server):
                     servicer.Leader,
                     request_deserializer=lighthouse__cluster__pb2.LeaderRequest.FromString,
                     response_serializer=lighthouse__cluster__pb2.LeaderResponse.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=lighthouse__cluster__pb2.ListJobsRequest.FromString,
+                    response_serializer=lighthouse__cluster__pb2.ListJobsResponse.SerializeToString,
+            ),
+            'GetJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJob,
+                    request_deserializer=lighthouse__cluster__pb2.JobRequest.FromString,
+                    response_serializer=lighthouse__cluster__pb2.Job.SerializeToString,
             ),
             'ForwardHeartbeats': grpc.unary_unary_rpc_method_handler(
                     servicer.ForwardHeartbeats,
@@ -175,6 +209,60 @@ class LighthouseCluster:
             _registered_method=True)
 
     @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_cluster.LighthouseCluster/ListJobs',
+            lighthouse__cluster__pb2.ListJobsRequest.SerializeToString,
+            lighthouse__cluster__pb2.ListJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_cluster.LighthouseCluster/GetJob',
+            lighthouse__cluster__pb2.JobRequest.SerializeToString,
+            lighthouse__cluster__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def ForwardHeartbeats(request,
             target,
             options=(),
@@ -238,6 +326,21 @@ class LighthouseAdminStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.AddJob = channel.unary_unary(
+                '/lighthouse_cluster.LighthouseAdmin/AddJob',
+                request_serializer=lighthouse__cluster__pb2.AddJobRequest.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.Job.FromString,
+                _registered_method=True)
+        self.SetJob = channel.unary_unary(
+                '/lighthouse_cluster.LighthouseAdmin/SetJob',
+                request_serializer=lighthouse__cluster__pb2.SetJobRequest.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.Job.FromString,
+                _registered_method=True)
+        self.RemoveJob = channel.unary_unary(
+                '/lighthouse_cluster.LighthouseAdmin/RemoveJob',
+                request_serializer=lighthouse__cluster__pb2.RemoveJobRequest.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.RemoveJobResponse.FromString,
+                _registered_method=True)
         self.ListMembers = channel.unary_unary(
                 '/lighthouse_cluster.LighthouseAdmin/ListMembers',
                 request_serializer=lighthouse__cluster__pb2.MembersRequest.SerializeToString,
@@ -272,6 +375,25 @@ class LighthouseAdminStub:
 
 class LighthouseAdminServicer:
     """Missing associated documentation comment in .proto file."""
+
+    def AddJob(self, request, context):
+        """Jobs (issue 17): replicated through Raft, on the leader, with the admin token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveJob(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def ListMembers(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -314,6 +436,21 @@ class LighthouseAdminServicer:
 
 def add_LighthouseAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'AddJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddJob,
+                    request_deserializer=lighthouse__cluster__pb2.AddJobRequest.FromString,
+                    response_serializer=lighthouse__cluster__pb2.Job.SerializeToString,
+            ),
+            'SetJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetJob,
+                    request_deserializer=lighthouse__cluster__pb2.SetJobRequest.FromString,
+                    response_serializer=lighthouse__cluster__pb2.Job.SerializeToString,
+            ),
+            'RemoveJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveJob,
+                    request_deserializer=lighthouse__cluster__pb2.RemoveJobRequest.FromString,
+                    response_serializer=lighthouse__cluster__pb2.RemoveJobResponse.SerializeToString,
+            ),
             'ListMembers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListMembers,
                     request_deserializer=lighthouse__cluster__pb2.MembersRequest.FromString,
@@ -354,6 +491,87 @@ def add_LighthouseAdminServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class LighthouseAdmin:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def AddJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_cluster.LighthouseAdmin/AddJob',
+            lighthouse__cluster__pb2.AddJobRequest.SerializeToString,
+            lighthouse__cluster__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_cluster.LighthouseAdmin/SetJob',
+            lighthouse__cluster__pb2.SetJobRequest.SerializeToString,
+            lighthouse__cluster__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_cluster.LighthouseAdmin/RemoveJob',
+            lighthouse__cluster__pb2.RemoveJobRequest.SerializeToString,
+            lighthouse__cluster__pb2.RemoveJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def ListMembers(request,

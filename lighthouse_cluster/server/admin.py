@@ -161,7 +161,7 @@ class NodeAdmin:
 
     # -- helpers ----------------------------------------------------------------------------------
 
-    def _require_leader(self, what: str) -> None:
+    def require_leader(self, what: str) -> None:
         node = self.node
         raft, coord = node.raft, node.coordinator
         if raft is None or coord is None or not raft.is_leader or coord.term is None or not coord.serving:
@@ -171,7 +171,7 @@ class NodeAdmin:
             raise AdminError(grpc.StatusCode.FAILED_PRECONDITION,
                              f"{what} must run on the leader; node {node.config.node_id} is not ({where})")
 
-    async def _commit(self, command: codec.Command) -> Any:
+    async def commit(self, command: codec.Command) -> Any:
         try:
             return await asyncio.wait_for(self.node.submit(command), COMMIT_TIMEOUT_S)
         except asyncio.TimeoutError:
@@ -203,8 +203,8 @@ class NodeAdmin:
     async def _set_members(self, members: tuple[PeerSpec, ...]) -> None:
         machine = self.node.machine
         if machine.schema_version < codec.MEMBERS_SCHEMA_VERSION:
-            await self._commit(EnableSchema(version=codec.MEMBERS_SCHEMA_VERSION))
-        result = await self._commit(SetMembers(
+            await self.commit(EnableSchema(version=codec.MEMBERS_SCHEMA_VERSION))
+        result = await self.commit(SetMembers(
             expected_version=machine.members_version,
             members=tuple((m.node_id, m.raft_address, m.client_address) for m in members)))
         if not isinstance(result, CommitResult) or not result.applied:
@@ -232,7 +232,7 @@ class NodeAdmin:
         except ConfigError as e:
             raise AdminError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         async with self._membership_lock:
-            self._require_leader("members add")
+            self.require_leader("members add")
             members = self.node.members
             same = next((m for m in members if m.node_id == new.node_id), None)
             if same is not None and same != new:
@@ -252,7 +252,7 @@ class NodeAdmin:
 
     async def remove_member(self, node_id: str) -> cpb.MembersResponse:
         async with self._membership_lock:
-            self._require_leader("members remove")
+            self.require_leader("members remove")
             members = self.node.members
             target = next((m for m in members if m.node_id == node_id), None)
             if target is None:
@@ -272,7 +272,7 @@ class NodeAdmin:
 
     async def transfer_leader(self, to_node_id: str) -> cpb.TransferLeaderResponse:
         node = self.node
-        self._require_leader("transfer-leader")
+        self.require_leader("transfer-leader")
         raft = node.raft
         assert raft is not None
         target_address = None
@@ -337,7 +337,7 @@ class NodeAdmin:
 
     async def save_snapshot(self) -> cpb.Snapshot:
         node = self.node
-        self._require_leader("snapshot save")
+        self.require_leader("snapshot save")
         raft, machine = node.raft, node.machine
         assert raft is not None
 
@@ -350,7 +350,7 @@ class NodeAdmin:
 
     async def restore_snapshot(self, snapshot: cpb.Snapshot) -> cpb.RestoreResponse:
         node = self.node
-        self._require_leader("snapshot restore")
+        self.require_leader("snapshot restore")
         saved = QuorumStateMachine()
         try:
             saved.restore_snapshot(snapshot.state)
@@ -364,7 +364,7 @@ class NodeAdmin:
                              f"the cluster is at quorum id {current}, the snapshot at {saved.quorum.quorum_id}: "
                              "nothing to restore (quorum ids never go backwards)")
         coord = node.coordinator
-        result = await self._commit(CommitQuorum(expected_quorum_id=current, quorum=saved.quorum,
+        result = await self.commit(CommitQuorum(expected_quorum_id=current, quorum=saved.quorum,
                                                  term=coord.term if coord and coord.term else 0,
                                                  node_id=node.config.node_id))
         if not isinstance(result, CommitResult) or not result.applied:

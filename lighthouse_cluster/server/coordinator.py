@@ -1,4 +1,9 @@
-"""Leader-local quorum rounds: pending requesters, heartbeats, the tick, and issuing through Raft.
+"""Leader-local quorum rounds of one job: pending requesters, heartbeats, the tick, and issuing
+through Raft.
+
+One ``QuorumCoordinator`` per job (``core/jobs.py``); every job's coordinator on a node shares the
+node's ``LeaderTerm`` (``leader_term.py``: the TermStart barrier, the predecessor's lease, the
+lease renewals), and reads and commits only its own job's quorum.
 
 Only the leader runs rounds. Requesters and heartbeats are leader-local (they are soft state
 that clients re-send every 100 ms); the decision itself is ``quorum.compute_quorum`` and a
@@ -8,9 +13,9 @@ a deposed or partitioned leader cannot hand one out; a fast quorum can go out on
 
 Warm-up: a new leader has heard no heartbeats, so without care it would see the requesters that
 re-sent first as the whole healthy set and could issue a smaller quorum than its predecessor
-would have. Before serving, it commits a ``TermStart`` (which also proves its state machine has
-applied everything committed before its term), then seeds a heartbeat *at that moment* for every
-member of the last committed quorum. A member that is really gone expires after
+would have. Before serving, its ``LeaderTerm`` commits a ``TermStart`` (which also proves its
+state machine has applied everything committed before its term); then each job seeds a heartbeat
+*at that moment* for every member of its last committed quorum. A member that is really gone expires after
 ``heartbeat_timeout_ms`` as it would have on the old leader; one that is alive keeps the
 round waiting for it (or triggers the fast-quorum path) exactly as before the failover.
 
@@ -20,9 +25,10 @@ evaluates the pending round there and then; the next heartbeat, Quorum call or l
 makes it alive again. Only the rules' health input changes: ids, fencing and commits do not.
 
 Quorum lease (``lease.py``, on by default in a node): while a majority has confirmed this
-leader's term within the lease, a *fast* quorum (same members, hence same id, as the last
-committed one) is issued without a commit; every other round is committed as above. A new leader
-waits out its predecessor's lease before serving.
+leader's term within the lease (``LeaderTerm``), a *fast* quorum (same members, hence same id, as
+the job's last committed one) is issued without a commit; every other round is committed as
+above. A new leader waits out its predecessor's lease before serving. A job's own lease setting
+can only shorten it (0: every round of that job is committed).
 
 Everything here runs on one asyncio event loop; ``submit`` hops to Raft and back.
 """
@@ -35,18 +41,22 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from lighthouse_cluster.core.codec import CommitQuorum, ConfirmLeadership, TermStart
+from dataclasses import replace
+
+import grpc
+
+from lighthouse_cluster.core.codec import CommitQuorum
+from lighthouse_cluster.core.jobs import DEFAULT_JOB
 from lighthouse_cluster.core.lease import LeaseSettings, QuorumLease
 from lighthouse_cluster.core.quorum import Member, Participant, Quorum, QuorumOptions, compute_quorum, issue_quorum
-from lighthouse_cluster.core.state_machine import CommitResult, QuorumStateMachine, TermStartResult
+from lighthouse_cluster.core.state_machine import CommitResult, JobState, QuorumStateMachine
 from lighthouse_cluster.core.torchft_wire import quorum_response
 from lighthouse_cluster.raft.replication import CommitError
+from lighthouse_cluster.server.leader_term import LeaderTerm
 
 log = logging.getLogger(__name__)
 
 COMMIT_TIMEOUT_S = 2.0
-# No Quorum call for this long: stop renewing the lease (an idle cluster writes nothing).
-LEASE_IDLE_S = 1.0
 # Rounds issued on the lease are written to the log at most this often (in the background), so
 # that every node's state (Status, the dashboard, a restart) shows steps at most this old.
 RECORD_INTERVAL_S = 1.0
@@ -61,6 +71,14 @@ class NotLeader(Exception):
     """This node does not (or no longer) serve quorum rounds; the caller should re-route."""
 
 
+class JobLimitError(Exception):
+    """A Quorum call over one of its job's limits; ``code`` is the gRPC status to answer."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 @dataclass(frozen=True, slots=True)
 class IssuedRound:
     """A committed quorum and its response, serialized once for every requester."""
@@ -71,7 +89,7 @@ class IssuedRound:
 
 
 class QuorumCoordinator:
-    """Runs quorum rounds while this node leads; see the module docstring."""
+    """Runs one job's quorum rounds while this node leads; see the module docstring."""
 
     def __init__(
         self,
@@ -85,11 +103,17 @@ class QuorumCoordinator:
         wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
         on_issue: Callable[[IssuedRound, float | None], None] | None = None,
         lease: LeaseSettings = LeaseSettings(),
+        job: str = DEFAULT_JOB,
+        leader: LeaderTerm | None = None,
+        job_lease_ms: int | None = None,
     ) -> None:
         """``submit(command)`` commits through Raft; ``submit(command, while_leader_of=term)``
         fails unless this node still leads ``term`` when the entry applies (the lease needs it).
-        ``on_issue(round, commit_s)``: ``commit_s`` is None for a round issued on the lease."""
+        ``on_issue(round, commit_s)``: ``commit_s`` is None for a round issued on the lease.
+        ``leader``: the node's ``LeaderTerm``, shared by every job (None: one of its own, with
+        ``lease``); ``job_lease_ms``: this job's lease (None: the node's)."""
         self.node_id = node_id
+        self.job = job
         self.options = options
         self.tick_s = quorum_tick_ms / 1000.0
         self.state = state
@@ -97,6 +121,16 @@ class QuorumCoordinator:
         self._clock = clock
         self._wall_ms = wall_ms
         self._on_issue = on_issue
+        self._owns_leader = leader is None
+        if leader is None:
+            leader = LeaderTerm(node_id, state, submit, clock=clock, wall_ms=wall_ms, lease=lease,
+                                retry_s=self.tick_s)
+        self.leader = leader
+        leader.on_deposed(self.stop_leading)
+        self.job_lease_ms = job_lease_ms
+        # The job's limits (core/jobs.py JobSettings; 0: none): set by the job registry.
+        self.max_replicas = 0
+        self.max_member_bytes = 0
         self._participants: dict[str, Participant] = {}
         self._heartbeats: dict[str, float] = {}
         self._waiting: dict[str, int] = {}
@@ -113,11 +147,7 @@ class QuorumCoordinator:
         self._round_started: float | None = None
         self.last_reason = ""
         self.last_issued: IssuedRound | None = None
-        self.lease = QuorumLease(lease)
-        self._leading_since = 0.0
-        self._lease_task: asyncio.Task[None] | None = None
-        self._last_request = float("-inf")
-        self._requested = asyncio.Event()
+        self._warm_up_task: asyncio.Task[None] | None = None
         self.rounds_on_lease = 0
         self.rounds_committed = 0
         self.quorums_withheld = 0
@@ -140,57 +170,49 @@ class QuorumCoordinator:
     def term(self) -> int | None:
         return self._term
 
+    @property
+    def lease(self) -> QuorumLease:
+        """The node's quorum lease (shared by every job)."""
+        return self.leader.lease
+
+    def job_state(self) -> JobState | None:
+        """This job's replicated state (None once the job was removed)."""
+        return self.state.job(self.job)
+
+    def _previous(self) -> Quorum | None:
+        js = self.state.job(self.job)
+        return js.quorum if js is not None else None
+
     def start_leading(self, term: int) -> None:
-        """Called when Raft makes this node leader of ``term``: commit a TermStart, then serve."""
+        """Called when Raft makes this node leader of ``term``: once the node's ``LeaderTerm``
+        serves ``term`` (its TermStart committed, the old lease run out), serve."""
         if self._term == term:
             return
         self.stop_leading()
         self._term = term
-        self._leading_since = self._clock()
         self._issued_this_term = None
         self._round = asyncio.get_running_loop().create_future()
-        asyncio.get_running_loop().create_task(self._warm_up(term))
+        self.leader.start(term)
+        self._warm_up_task = asyncio.get_running_loop().create_task(self._warm_up(term))
 
     async def _warm_up(self, term: int) -> None:
-        while self._term == term and not self._serving:
-            try:
-                started = await asyncio.wait_for(
-                    self._submit(TermStart(term=term, node_id=self.node_id, time_ms=self._wall_ms())),
-                    COMMIT_TIMEOUT_S)
-            except (CommitError, asyncio.TimeoutError) as e:
-                log.warning("term %d: leadership barrier not committed (%s); retrying", term,
-                            str(e) or type(e).__name__)
-                await asyncio.sleep(self.tick_s)
-                continue
-            if self._term != term:
-                return
-            if isinstance(started, TermStartResult) and (started.leader_term, started.leader_id) != (term, self.node_id):
-                # The state machine fenced it off (another TermStart is in force): never serve
-                # this term; waiting calls fail with NotLeader and are re-routed.
-                log.error("term %d: TermStart refused (%s); not serving", term, started.reason)
-                self.stop_leading()
-                return
-            # Every lease a predecessor can hold runs out before this leader answers (lease.py).
-            wait = self.lease.serve_after(self._leading_since, self.state.lease_ms) - self._clock()
-            if wait > 0:
-                await asyncio.sleep(wait)
-                if self._term != term:
-                    return
-            now = self._clock()
-            prev = self.state.quorum
-            if prev is not None:
-                for m in prev.participants:
-                    # Seed, never age: a heartbeat that already arrived is at least as fresh.
-                    # (Nobody is declared dead before serving: streams open only once it serves.)
-                    self._heartbeats.setdefault(m.replica_id, now)
-            self._reset_round_tracking()
-            self._serving = True
-            log.info("term %d: serving quorum rounds (previous quorum id %d, %d members seeded)",
-                     term, self.state.quorum_id, len(prev.participants) if prev else 0)
-            self._tick_task = asyncio.get_running_loop().create_task(self._tick_loop(term))
-            if self.lease.settings.enabled:
-                self._lease_task = asyncio.get_running_loop().create_task(self._renew_lease(term))
-            self._evaluate()
+        if not await self.leader.serving(term) or self._term != term or self._serving:
+            return
+        now = self._clock()
+        prev = self._previous()
+        if prev is not None:
+            for m in prev.participants:
+                # Seed, never age: a heartbeat that already arrived is at least as fresh.
+                # (Nobody is declared dead before serving: streams open only once it serves.)
+                self._heartbeats.setdefault(m.replica_id, now)
+        self._reset_round_tracking()
+        self._serving = True
+        js = self.job_state()
+        log.info("term %d: serving quorum rounds%s (previous quorum id %d, %d members seeded)", term,
+                 "" if self.job == DEFAULT_JOB else f" of job {self.job}", js.quorum_id if js else 0,
+                 len(prev.participants) if prev else 0)
+        self._tick_task = asyncio.get_running_loop().create_task(self._tick_loop(term))
+        self._evaluate()
 
     def stop_leading(self) -> None:
         """Stop serving and fail every waiting call promptly with ``NotLeader``."""
@@ -202,10 +224,11 @@ class QuorumCoordinator:
         if self._tick_task is not None:
             self._tick_task.cancel()
             self._tick_task = None
-        if self._lease_task is not None:
-            self._lease_task.cancel()
-            self._lease_task = None
-        self.lease.reset()
+        if self._warm_up_task is not None:
+            self._warm_up_task.cancel()
+            self._warm_up_task = None
+        if self._owns_leader:
+            self.leader.stop()
         if self._round is not None and not self._round.done():
             self._round.set_exception(NotLeader("leader stepped down"))
             self._round.exception()  # mark retrieved: there may be no waiter at all
@@ -280,7 +303,7 @@ class QuorumCoordinator:
     def running_quorum(self) -> Quorum | None:
         """The quorum trainers run as far as this leader knows: the last one it issued in its
         term, else the last committed one (its predecessor issued it)."""
-        return self._issued_this_term if self._issued_this_term is not None else self.state.quorum
+        return self._issued_this_term if self._issued_this_term is not None else self._previous()
 
     async def quorum(self, member: Member, timeout: float | None = None) -> bytes:
         """Register ``member`` and wait for the first committed quorum that includes it.
@@ -299,12 +322,12 @@ class QuorumCoordinator:
         """
         if self._term is None or self._round is None:
             raise NotLeader("not leader")
+        self._admit(member)
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         rid = member.replica_id
         now = self._clock()
-        self._last_request = now
-        self._requested.set()
+        self.leader.requested()
         if not self._quiet_after_death(rid, now):  # else it may predate the death (DEATH_QUIET_S)
             self._heartbeats[rid] = now
             self._dead.pop(rid, None)
@@ -333,6 +356,25 @@ class QuorumCoordinator:
                 self._withdrawn.pop(rid, None)
                 if not answered:
                     self._unregister(rid)
+
+    def _admit(self, member: Member) -> None:
+        """Refuse a call over the job's limits (``JobLimitError``): a member larger than
+        ``max_member_bytes``, or a new replica when ``max_replicas`` are already known (healthy
+        heartbeats and pending requesters)."""
+        if self.max_member_bytes and len(member.raw) > self.max_member_bytes:
+            raise JobLimitError(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"requester is {len(member.raw)} bytes serialized; job {self.job}'s limit on a "
+                                f"member is {self.max_member_bytes} (max_member_bytes)")
+        limit, rid = self.max_replicas, member.replica_id
+        if not limit or rid in self._participants or rid in self._heartbeats:
+            return
+        if len(self._heartbeats) + len(self._participants) < limit:
+            return  # cheap: the exact count below only near the limit
+        now, timeout = self._clock(), self.options.heartbeat_timeout_ms / 1000.0
+        known = {r for r, t in self._heartbeats.items() if now - t < timeout} | set(self._participants)
+        if len(known) >= limit:
+            raise JobLimitError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"job {self.job} has {len(known)} replica groups, its limit (max_replicas) is {limit}")
 
     def _unregister(self, rid: str) -> None:
         if self._participants.pop(rid, None) is not None and rid in self._prev_ids:
@@ -387,7 +429,10 @@ class QuorumCoordinator:
     def _evaluate(self) -> None:
         if not self._serving or self._in_flight or not self._participants:
             return
-        prev = self.state.quorum
+        js = self.job_state()
+        if js is None:
+            return  # the job was removed; the node stops this coordinator
+        prev = js.quorum
         decision = compute_quorum(self._clock(), self._participants, self._heartbeats, prev, self.options)
         if decision.reason != self.last_reason:
             log.debug("term %s: %s", self._term, decision.reason)
@@ -395,18 +440,21 @@ class QuorumCoordinator:
         if decision.members is None:
             return
         quorum = issue_quorum(prev, decision.members, self._wall_ms())
+        if prev is None and js.id_floor:
+            # A job created again after its removal: its ids go on above the last one it issued.
+            quorum = replace(quorum, quorum_id=js.id_floor + 1)
         if self._on_lease(prev, quorum):
             self._issue(quorum, None)
             return
         self._in_flight = True
-        asyncio.get_running_loop().create_task(self._commit(prev.quorum_id if prev else 0, quorum, self._term))
+        asyncio.get_running_loop().create_task(self._commit(js.quorum_id, quorum, self._term))
 
     async def _commit(self, expected_id: int, quorum: Quorum, term: int | None) -> None:
         started = self._clock()
         try:
             result = await asyncio.wait_for(
                 self._submit(CommitQuorum(expected_quorum_id=expected_id, quorum=quorum, term=term or 0,
-                                          node_id=self.node_id)),
+                                          node_id=self.node_id, job=self.job)),
                 COMMIT_TIMEOUT_S)
         except (CommitError, asyncio.TimeoutError) as e:
             # Outcome may be unknown: the compare-and-set makes a retry from fresh state safe.
@@ -421,7 +469,7 @@ class QuorumCoordinator:
         if isinstance(result, CommitResult) and result.fenced:
             # Committed in a later leader's term: this node is deposed. Fail the round now (the
             # callers re-route) rather than retry a commit that can never apply.
-            log.warning("quorum %d refused (%s); stepping down", quorum.quorum_id, result.reason)
+            self.leader.deposed(f"quorum {quorum.quorum_id} refused ({result.reason})")
             self.stop_leading()
             return
         if not isinstance(result, CommitResult) or not result.applied:
@@ -449,7 +497,7 @@ class QuorumCoordinator:
         return (prev is not None and quorum.quorum_id == prev.quorum_id
                 and len(quorum.participants) == len(prev.participants)
                 and all(a.replica_id == b.replica_id for a, b in zip(quorum.participants, prev.participants))
-                and self.lease.valid(self._term, self._clock()))
+                and self.leader.lease_valid(self._term, self._clock(), self.job_lease_ms))
 
     async def _record(self, quorum: Quorum, term: int | None) -> None:
         """Write a round issued on the lease to the log (same id and members as the committed
@@ -459,44 +507,14 @@ class QuorumCoordinator:
         try:
             result = await asyncio.wait_for(
                 self._submit(CommitQuorum(expected_quorum_id=quorum.quorum_id, quorum=quorum, term=term or 0,
-                                          node_id=self.node_id)), COMMIT_TIMEOUT_S)
+                                          node_id=self.node_id, job=self.job)), COMMIT_TIMEOUT_S)
         except (CommitError, asyncio.TimeoutError):
             return
         finally:
             self._recording = False
         if self._term == term and isinstance(result, CommitResult) and result.fenced:
-            log.warning("quorum %d record refused (%s); stepping down", quorum.quorum_id, result.reason)
+            self.leader.deposed(f"quorum {quorum.quorum_id} record refused ({result.reason})")
             self.stop_leading()
-
-    async def _renew_lease(self, term: int) -> None:
-        """Keep the lease while rounds are being asked for: confirm this term through Raft
-        whenever less than half a confirmation's worth is left; idle (no request for a second),
-        wait for the next request instead."""
-        settings = self.lease.settings
-        cmd = ConfirmLeadership(term=term, node_id=self.node_id, lease_ms=settings.lease_ms)
-        while self._term == term:
-            now = self._clock()
-            if now - self._last_request > LEASE_IDLE_S:
-                self._requested.clear()
-                await self._requested.wait()
-                continue
-            if not self.lease.renewal_due(term, now):
-                await asyncio.sleep(max(0.001, self.lease.remaining(term, now) - settings.held_s / 2))
-                continue
-            try:
-                confirmed = await asyncio.wait_for(self._submit(cmd, while_leader_of=term), COMMIT_TIMEOUT_S)
-            except (CommitError, asyncio.TimeoutError) as e:
-                log.debug("term %d: lease not renewed (%s)", term, str(e) or type(e).__name__)
-                await asyncio.sleep(self.tick_s)
-                continue
-            if self._term != term:
-                return
-            if confirmed is not True:
-                # The state machine has another leader in force: this node is deposed.
-                log.warning("term %d: leadership not confirmed (another TermStart is in force); stepping down", term)
-                self.stop_leading()
-                return
-            self.lease.confirmed(term, now)
 
     def _issue(self, quorum: Quorum, commit_s: float | None) -> None:
         response = quorum_response(quorum)
@@ -537,7 +555,7 @@ class QuorumCoordinator:
         self._round_started = None
 
     def _track_previous_quorum(self) -> None:
-        prev = self.state.quorum
+        prev = self._previous()
         self._prev_ids = frozenset(m.replica_id for m in prev.participants) if prev else frozenset()
         self._prev_present = sum(1 for r in self._participants if r in self._prev_ids)
 

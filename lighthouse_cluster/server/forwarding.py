@@ -30,6 +30,7 @@ from typing import Awaitable, Callable
 
 import grpc
 
+from lighthouse_cluster.core.jobs import DEFAULT_JOB, JOB_HEADER
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.tls import ClientTLS, aio_channel
 
@@ -106,29 +107,33 @@ class QuorumForwarder:
         self._unary_only: set[str] = set()  # leaders without the stream service
         self.streams_opened = 0
 
-    async def forward(self, leader_address: str, request: bytes, timeout: float | None) -> bytes:
-        """The leader's response to ``request``; raises ``grpc.aio.AioRpcError`` as a forwarded
-        gRPC call with deadline ``timeout`` would. Cancelling it withdraws the request."""
+    async def forward(self, leader_address: str, request: bytes, timeout: float | None,
+                      job: str = DEFAULT_JOB) -> bytes:
+        """The leader's response to ``request`` (a Quorum call of ``job``); raises
+        ``grpc.aio.AioRpcError`` as a forwarded gRPC call with deadline ``timeout`` would.
+        Cancelling it withdraws the request."""
         if leader_address in self._unary_only:
-            return await self._forward_unary(leader_address, request, timeout)
+            return await self._forward_unary(leader_address, request, timeout, job)
         stream = self._streams.get(leader_address)
         if stream is None or stream.closed:
             stream = _ForwardStream(self, leader_address)
             self._streams[leader_address] = stream
             self.streams_opened += 1
         try:
-            return await stream.request(request, timeout)
+            return await stream.request(request, timeout, job)
         except grpc.aio.AioRpcError as e:
             if e.code() != grpc.StatusCode.UNIMPLEMENTED or e.details() == _UNIMPLEMENTED_FORWARDED:
                 raise
             log.info("leader %s has no batched forwarding; forwarding calls one by one", leader_address)
             self._unary_only.add(leader_address)
-            return await self._forward_unary(leader_address, request, timeout)
+            return await self._forward_unary(leader_address, request, timeout, job)
 
-    async def _forward_unary(self, leader_address: str, request: bytes, timeout: float | None) -> bytes:
+    async def _forward_unary(self, leader_address: str, request: bytes, timeout: float | None,
+                             job: str = DEFAULT_JOB) -> bytes:
         call = self._channels.get(leader_address).unary_unary(
             QUORUM_METHOD, request_serializer=_identity, response_deserializer=_identity)
-        return await call(request, timeout=timeout, metadata=self._metadata, wait_for_ready=False)
+        metadata = self._metadata if job == DEFAULT_JOB else self._metadata + ((JOB_HEADER, job),)
+        return await call(request, timeout=timeout, metadata=metadata, wait_for_ready=False)
 
     def close(self) -> None:
         for stream in list(self._streams.values()):
@@ -167,11 +172,11 @@ class _ForwardStream:
                 return
             yield msg
 
-    async def request(self, raw: bytes, timeout: float | None) -> bytes:
+    async def request(self, raw: bytes, timeout: float | None, job: str = DEFAULT_JOB) -> bytes:
         key = next(self._keys)
         fut: asyncio.Future[bytes] = self._loop.create_future()
         self._pending[key] = fut
-        add = cpb.ForwardedQuorum(key=key, request=raw)
+        add = cpb.ForwardedQuorum(key=key, request=raw, job="" if job == DEFAULT_JOB else job)
         if timeout is not None:
             add.has_deadline = True
             add.timeout_ms = max(0, int(timeout * 1000))
@@ -255,12 +260,12 @@ class _ForwardStream:
 
 class QuorumForwardingService:
     """Leader side of ``ForwardQuorums``: each forwarded call is answered by ``answer(raw,
-    timeout)`` (``routing.Router.answer_forwarded``: registers with the coordinator, withdrawn if the call ends unanswered)
+    timeout, job)`` (``routing.Router.answer_forwarded``: registers with the coordinator, withdrawn if the call ends unanswered)
     in its own task; answers of one round go out in one message; a withdrawn key, or the stream
     ending, cancels the task (which withdraws the registration, as a cancelled forwarded call does).
     ``answer`` raises ``grpc.aio.AioRpcError`` (see :func:`forward_error`) for a failed call."""
 
-    def __init__(self, answer: Callable[[bytes, float | None], Awaitable[bytes]]) -> None:
+    def __init__(self, answer: Callable[[bytes, float | None, str], Awaitable[bytes]]) -> None:
         self._answer = answer
         self.streams = 0
         self.forwarded_calls = 0
@@ -315,7 +320,7 @@ class QuorumForwardingService:
                 for add in up.add:
                     self.forwarded_calls += 1
                     task = loop.create_task(self._answer(add.request, add.timeout_ms / 1000.0 if add.has_deadline
-                                                         else None))
+                                                         else None, add.job or DEFAULT_JOB))
                     tasks[add.key] = task
                     task.add_done_callback(lambda t, k=add.key: done(k, t))
                 for key in up.withdraw:
@@ -342,23 +347,25 @@ class QuorumForwardingService:
 
 
 class HeartbeatBatcher:
-    """Collects heartbeat replica ids on a follower and forwards them to the leader in batches."""
+    """Collects heartbeat replica ids on a follower and forwards them to the leader in batches
+    (one message per job)."""
 
     def __init__(self, channels: PeerChannels, node_id: str, leader_address: Callable[[], str | None]) -> None:
         self._channels = channels
         self._node_id = node_id
         self._leader_address = leader_address
-        self._pending: set[str] = set()
-        self._last_sent: dict[str, float] = {}
+        self._pending: set[tuple[str, str]] = set()  # (job, replica id)
+        self._last_sent: dict[tuple[str, str], float] = {}
         self._urgent = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
         self.forwarded = 0
         self.failed_batches = 0
 
-    def add(self, replica_id: str) -> None:
-        self._pending.add(replica_id)
-        last = self._last_sent.get(replica_id)
+    def add(self, replica_id: str, job: str = DEFAULT_JOB) -> None:
+        key = (job, replica_id)
+        self._pending.add(key)
+        last = self._last_sent.get(key)
         if last is None or time.monotonic() - last > NEW_REPLICA_AFTER_S:
             self._urgent.set()
 
@@ -388,25 +395,29 @@ class HeartbeatBatcher:
             if leader is None:
                 await asyncio.sleep(HEARTBEAT_FLUSH_S)
                 continue  # keep them for when a leader is known
-            batch, self._pending = self._pending, set()
+            pending, self._pending = self._pending, set()
             now = time.monotonic()
-            for rid in batch:
-                self._last_sent[rid] = now
-            if len(self._last_sent) > 4 * len(batch) + 1024:
+            by_job: dict[str, set[str]] = {}
+            for key in pending:
+                self._last_sent[key] = now
+                by_job.setdefault(key[0], set()).add(key[1])
+            if len(self._last_sent) > 4 * len(pending) + 1024:
                 self._last_sent = {r: t for r, t in self._last_sent.items() if now - t <= NEW_REPLICA_AFTER_S}
             # Each batch is its own task, so a leader that stopped answering never holds up the
             # batches for the next one.
-            task = asyncio.get_running_loop().create_task(self._send(leader, batch))
-            self._in_flight.add(task)
-            task.add_done_callback(self._in_flight.discard)
+            for job, batch in by_job.items():
+                task = asyncio.get_running_loop().create_task(self._send(leader, batch, job))
+                self._in_flight.add(task)
+                task.add_done_callback(self._in_flight.discard)
 
-    async def _send(self, leader: str, batch: set[str]) -> None:
+    async def _send(self, leader: str, batch: set[str], job: str = DEFAULT_JOB) -> None:
         call = self._channels.get(leader).unary_unary(
             FORWARD_HEARTBEATS_METHOD,
             request_serializer=cpb.HeartbeatBatch.SerializeToString,
             response_deserializer=cpb.HeartbeatBatchResponse.FromString)
         try:
-            await call(cpb.HeartbeatBatch(from_node=self._node_id, replica_ids=sorted(batch)),
+            await call(cpb.HeartbeatBatch(from_node=self._node_id, replica_ids=sorted(batch),
+                                          job="" if job == DEFAULT_JOB else job),
                        timeout=HEARTBEAT_BATCH_TIMEOUT_S)
             self.forwarded += len(batch)
         except grpc.aio.AioRpcError as e:

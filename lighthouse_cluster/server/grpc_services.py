@@ -3,7 +3,9 @@ streams included) and lighthouse_cluster.LighthouseAdmin, and the validation of 
 requester.
 
 Thin by design: parse and validate the request, hand it to the router (``routing.Router``), the
-node or ``admin.NodeAdmin``, map outcomes to gRPC status codes. Each adapter depends on a small
+node, ``admin.NodeAdmin`` or ``job_admin.JobAdmin``, map outcomes to gRPC status codes. A call's
+job is the one its port serves (an adapter made for a job's own port), else the one its
+``x-lighthouse-job`` metadata names, else the default job. Each adapter depends on a small
 ``Protocol`` of what it calls, never on the node class. Quorum responses travel as pre-serialized
 bytes (encoded once per round by the coordinator, relayed unparsed by followers), so the Quorum
 handler is registered with an identity response serializer.
@@ -12,11 +14,12 @@ handler is registered with an identity response serializer.
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
 
+from lighthouse_cluster.core.jobs import DEFAULT_JOB, JOB_HEADER
 from lighthouse_cluster.core.quorum import Member
 from lighthouse_cluster.core.torchft_wire import member_from_proto, requester_bytes
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
@@ -59,28 +62,46 @@ def validate_requester(request: pb.LighthouseQuorumRequest, max_member_bytes: in
     return member_from_proto(r, raw)
 
 
-def _forwarded_by(context: grpc.aio.ServicerContext) -> str | None:
+def _metadata_value(context: grpc.aio.ServicerContext, name: str) -> str | None:
     for key, value in context.invocation_metadata() or ():
-        if key == FORWARDED_HEADER:
+        if key == name:
             return value if isinstance(value, str) else value.decode()
     return None
+
+
+def _forwarded_by(context: grpc.aio.ServicerContext) -> str | None:
+    return _metadata_value(context, FORWARDED_HEADER)
+
+
+def call_job(context: grpc.aio.ServicerContext, port_job: str | None = None) -> str:
+    """The job a call belongs to: its port's, else its ``x-lighthouse-job`` metadata's, else the
+    default job."""
+    if port_job is not None:
+        return port_job
+    return _metadata_value(context, JOB_HEADER) or DEFAULT_JOB
 
 
 class QuorumRouting(Protocol):
     """Where torchft's calls go (``routing.Router``)."""
 
     async def route_quorum(self, member: Member, raw: bytes, time_remaining: float | None,
-                           forwarded_by: str | None, context: grpc.aio.ServicerContext) -> bytes: ...
+                           forwarded_by: str | None, context: grpc.aio.ServicerContext,
+                           job: str = DEFAULT_JOB) -> bytes: ...
 
-    def route_heartbeat(self, replica_id: str) -> None: ...
+    def route_heartbeat(self, replica_id: str, job: str = DEFAULT_JOB) -> None: ...
+
+    def known_job(self, job: str) -> bool:
+        """Whether this node's copy of the job table has ``job``."""
 
 
 class LighthouseServiceAdapter:
-    """torchft.LighthouseService over raw bytes."""
+    """torchft.LighthouseService over raw bytes; ``job``: the job of the port it serves (None:
+    the node's client port, where calls name their job)."""
 
-    def __init__(self, router: QuorumRouting, max_member_bytes: int) -> None:
+    def __init__(self, router: QuorumRouting, max_member_bytes: int, job: str | None = None) -> None:
         self.router = router
         self.max_member_bytes = max_member_bytes
+        self.job = job
 
     def handler(self) -> grpc.GenericRpcHandler:
         return grpc.method_handlers_generic_handler("torchft.LighthouseService", {
@@ -96,7 +117,8 @@ class LighthouseServiceAdapter:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed LighthouseQuorumRequest: {e}")
         except InvalidRequest as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        return await self.router.route_quorum(member, raw, context.time_remaining(), _forwarded_by(context), context)
+        return await self.router.route_quorum(member, raw, context.time_remaining(), _forwarded_by(context), context,
+                                              call_job(context, self.job))
 
     async def heartbeat(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
@@ -105,7 +127,10 @@ class LighthouseServiceAdapter:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed LighthouseHeartbeatRequest: {e}")
         if not request.replica_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "replica_id is empty")
-        self.router.route_heartbeat(request.replica_id)
+        job = call_job(context, self.job)
+        if not self.router.known_job(job):
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job!r} on this cluster (lighthouse-cluster jobs list)")
+        self.router.route_heartbeat(request.replica_id, job)
         return _EMPTY_HEARTBEAT_RESPONSE
 
 
@@ -120,7 +145,7 @@ class NodeStatusSource(Protocol):
 class HeartbeatBatchSink(Protocol):
     """Takes the heartbeat batches followers forward (``routing.Router``)."""
 
-    def accept_heartbeat_batch(self, replica_ids: Iterable[str]) -> bool: ...
+    def accept_heartbeat_batch(self, replica_ids: Iterable[str], job: str = DEFAULT_JOB) -> bool: ...
 
 
 class WatchStreams(Protocol):
@@ -130,16 +155,28 @@ class WatchStreams(Protocol):
         """One Watch stream, read and written through ``context``."""
 
 
+class JobViews(Protocol):
+    """Jobs as this node sees them (``job_admin.JobAdmin``)."""
+
+    def list_jobs(self) -> cpb.ListJobsResponse: ...
+
+    def get_job(self, name: str) -> cpb.Job:
+        """The job, or ``AdminError`` NOT_FOUND."""
+
+
 class ClusterServiceAdapter(cpb_grpc.LighthouseClusterServicer):
-    """lighthouse_cluster.LighthouseCluster: status, leader discovery, heartbeat batches and
-    liveness streams."""
+    """lighthouse_cluster.LighthouseCluster: status, leader discovery, jobs, heartbeat batches and
+    liveness streams. ``watch(job)``: the liveness streams of a job (None: no such job here);
+    ``job``: the job of the port it serves (None: the node's client port)."""
 
     def __init__(self, node: NodeStatusSource, heartbeats: HeartbeatBatchSink, node_id: str,
-                 watch: WatchStreams) -> None:
+                 watch: Callable[[str], WatchStreams | None], jobs: JobViews, job: str | None = None) -> None:
         self.node = node
         self.heartbeats = heartbeats
         self.node_id = node_id
         self.watch = watch
+        self.jobs = jobs
+        self.job = job
 
     async def Status(self, request: cpb.StatusRequest, context: grpc.aio.ServicerContext) -> cpb.NodeStatus:
         return self.node.status()
@@ -149,22 +186,47 @@ class ClusterServiceAdapter(cpb_grpc.LighthouseClusterServicer):
 
     async def ForwardHeartbeats(self, request: cpb.HeartbeatBatch,
                                 context: grpc.aio.ServicerContext) -> cpb.HeartbeatBatchResponse:
-        if not self.heartbeats.accept_heartbeat_batch(request.replica_ids):
+        if not self.heartbeats.accept_heartbeat_batch(request.replica_ids, request.job or DEFAULT_JOB):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"node {self.node_id} is not the leader")
         return cpb.HeartbeatBatchResponse()
 
     async def Watch(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
         # A coroutine, not a generator: gRPC's read/write API on the context (the stream reads
         # keep-alives while it writes notices).
-        await self.watch.serve(context)
+        job = call_job(context, self.job)
+        streams = self.watch(job)
+        if streams is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job!r} on this cluster (lighthouse-cluster jobs list)")
+        await streams.serve(context)
+
+    async def ListJobs(self, request: cpb.ListJobsRequest, context: grpc.aio.ServicerContext) -> cpb.ListJobsResponse:
+        return self.jobs.list_jobs()
+
+    async def GetJob(self, request: cpb.JobRequest, context: grpc.aio.ServicerContext) -> cpb.Job:
+        try:
+            return self.jobs.get_job(request.name or call_job(context, self.job))
+        except AdminError as e:
+            await context.abort(e.code, e.message)
+
+
+class JobChanges(Protocol):
+    """The job admin calls (``job_admin.JobAdmin``)."""
+
+    async def add_job(self, request: cpb.AddJobRequest) -> cpb.Job: ...
+
+    async def set_job(self, request: cpb.SetJobRequest) -> cpb.Job: ...
+
+    async def remove_job(self, request: cpb.RemoveJobRequest) -> cpb.RemoveJobResponse: ...
 
 
 class AdminServiceAdapter(cpb_grpc.LighthouseAdminServicer):
-    """lighthouse_cluster.LighthouseAdmin: the token check, then ``admin.NodeAdmin``."""
+    """lighthouse_cluster.LighthouseAdmin: the token check, then ``admin.NodeAdmin`` or
+    ``job_admin.JobAdmin``."""
 
-    def __init__(self, admin: NodeAdmin, admin_token: str | None) -> None:
+    def __init__(self, admin: NodeAdmin, admin_token: str | None, jobs: JobChanges) -> None:
         self.admin = admin
         self.admin_token = admin_token
+        self.jobs = jobs
 
     async def _authorized(self, context: grpc.aio.ServicerContext, what: str) -> None:
         error = check_token(context.invocation_metadata(), self.admin_token)
@@ -178,6 +240,16 @@ class AdminServiceAdapter(cpb_grpc.LighthouseAdminServicer):
             return await call()
         except AdminError as e:
             await context.abort(e.code, e.message)
+
+    async def AddJob(self, request: cpb.AddJobRequest, context: grpc.aio.ServicerContext) -> cpb.Job:
+        return await self._run(context, "jobs add", lambda: self.jobs.add_job(request))
+
+    async def SetJob(self, request: cpb.SetJobRequest, context: grpc.aio.ServicerContext) -> cpb.Job:
+        return await self._run(context, "jobs set", lambda: self.jobs.set_job(request))
+
+    async def RemoveJob(self, request: cpb.RemoveJobRequest,
+                        context: grpc.aio.ServicerContext) -> cpb.RemoveJobResponse:
+        return await self._run(context, "jobs remove", lambda: self.jobs.remove_job(request))
 
     async def ListMembers(self, request: cpb.MembersRequest, context: grpc.aio.ServicerContext) -> cpb.MembersResponse:
         return self.admin.list_members()  # read-only, like Status: no token

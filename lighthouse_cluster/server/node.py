@@ -1,9 +1,11 @@
 """One lighthouse node: Raft replication, the leader's quorum rounds and the gRPC server, wired.
 
 ``LighthouseNode`` owns the event loop side of a node. It watches Raft (pysyncobj's callbacks
-plus a short poll for leader changes that involve no local state change), starts and stops the
-coordinator as leadership comes and goes and tells the router (``routing.Router``, where every
-call goes) and the liveness streams (``liveness_streams.LivenessStreams``) when leadership may
+plus a short poll for leader changes that involve no local state change), starts and stops every
+job's coordinator as leadership comes and goes (``job_registry.JobRegistry``: one coordinator,
+liveness streams and manager connections per job, the default job's being ``coordinator``,
+``liveness`` and ``connections``), keeps the registry in step with the replicated job table, tells
+the router (``routing.Router``, where every call goes) and the liveness streams when leadership may
 have changed, adopts the replicated member table (persisted by
 ``member_table``), enables newer state schemas once every node reads them, and answers for the
 node as a whole: readiness, the leader, Status. The adapters (gRPC services, admin, HTTP,
@@ -35,6 +37,9 @@ from lighthouse_cluster.raft.replication import RaftNode, ReplicatedState, Role
 from lighthouse_cluster.server.admin import NodeAdmin
 from lighthouse_cluster.server.config import NodeConfig, PeerSpec
 from lighthouse_cluster.server.coordinator import QuorumCoordinator
+from lighthouse_cluster.server.job_admin import JobAdmin
+from lighthouse_cluster.server.job_registry import JobRegistry, JobRuntime
+from lighthouse_cluster.server.leader_term import LeaderTerm
 from lighthouse_cluster.server.event_loop import running_loop_name
 from lighthouse_cluster.server.grpc_services import (
     AdminServiceAdapter,
@@ -85,7 +90,6 @@ class LighthouseNode:
         self.started = time.monotonic()
         self.machine = QuorumStateMachine(config.schema_version)
         self.raft: RaftNode | None = None
-        self.coordinator: QuorumCoordinator | None = None
         self.server: grpc.aio.Server | None = None
         self.channels = PeerChannels(config.peer_tls)
         # The cluster's members: the replicated member table once an admin changed it, else
@@ -98,9 +102,11 @@ class LighthouseNode:
         self._seen: tuple[Role, int, str | None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._stopped = asyncio.Event()
-        self.liveness = LivenessStreams(self, config.node_id, config.liveness_timeout_ms / 1000.0)
-        self.connections = ManagerConnections(self.liveness, self.liveness.declare_dead, self.liveness.has_stream,
-                                              grace_s=config.liveness_timeout_ms / 1000.0)
+        self.leader_term = LeaderTerm(config.node_id, self.machine, self.submit,
+                                      lease=LeaseSettings(lease_ms=config.quorum_lease_ms))
+        self.jobs = JobRegistry(self, config, self.machine, self.submit, self.leader_term,
+                                on_issue=lambda job: lambda issued, commit_s: self.metrics.on_issue(issued, commit_s))
+        self._started_jobs = False
         self.metrics = NodeMetrics(self, self.router, self.liveness, self.connections)
         self.health = health.aio.HealthServicer()
         self._health_serving: bool | None = None
@@ -108,22 +114,21 @@ class LighthouseNode:
         self._schema_checked_at = float("-inf")
         self._schema_task: asyncio.Task[None] | None = None
         self.admin = NodeAdmin(self)
+        self.job_admin = JobAdmin(config.node_id, self.machine, self.jobs, self.admin.require_leader,
+                                  self.admin.commit)
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         cfg = self.config
-        self.coordinator = QuorumCoordinator(cfg.node_id, cfg.options, cfg.quorum_tick_ms, self.machine, self.submit,
-                                             on_issue=self.metrics.on_issue,
-                                             lease=LeaseSettings(lease_ms=cfg.quorum_lease_ms))
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         self.server.add_generic_rpc_handlers((LighthouseServiceAdapter(self.router, cfg.max_member_bytes).handler(),
                                               self.router.forwarding.handler()))
         cpb_grpc.add_LighthouseClusterServicer_to_server(
-            ClusterServiceAdapter(self, self.router, cfg.node_id, self.liveness), self.server)
-        cpb_grpc.add_LighthouseAdminServicer_to_server(AdminServiceAdapter(self.admin, cfg.admin_token),
-                                                       self.server)
+            ClusterServiceAdapter(self, self.router, cfg.node_id, self.job_streams, self.job_admin), self.server)
+        cpb_grpc.add_LighthouseAdminServicer_to_server(
+            AdminServiceAdapter(self.admin, cfg.admin_token, self.job_admin), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (pb.DESCRIPTOR.services_by_name["LighthouseService"].full_name,
@@ -159,9 +164,8 @@ class LighthouseNode:
             hold_elections_until_leader=cfg.join,
         )
         self.router.start()
-        self.liveness.start()
-        if self.config.watch_manager_connections:
-            self.connections.start()
+        self.jobs.start()
+        self._started_jobs = True
         self._watch_task = asyncio.get_running_loop().create_task(self._watch())
         if self.http is not None:
             log.info("node %s serving /metrics, /livez, /readyz and the dashboard on http://%s", cfg.node_id,
@@ -184,10 +188,7 @@ class LighthouseNode:
             self._watch_task.cancel()
         if self._schema_task is not None:
             self._schema_task.cancel()
-        if self.coordinator is not None:
-            self.coordinator.stop_leading()
-        self.liveness.stop()
-        self.connections.stop()
+        self.jobs.stop()
         await self.router.stop()
         self._health_serving = False
         await self.health.enter_graceful_shutdown()
@@ -224,8 +225,37 @@ class LighthouseNode:
         self.raft.submit(command, on_result, while_leader_of=while_leader_of)
         return future
 
+    # -- jobs -----------------------------------------------------------------------------------
+
+    @property
+    def coordinator(self) -> QuorumCoordinator | None:
+        """The default job's coordinator (None before ``start``)."""
+        return self.jobs.default.coordinator if self._started_jobs else None
+
+    @property
+    def liveness(self) -> LivenessStreams:
+        return self.jobs.default.liveness
+
+    @property
+    def connections(self) -> ManagerConnections:
+        return self.jobs.default.connections
+
+    def job_coordinator(self, job: str) -> QuorumCoordinator | None:
+        """The coordinator of ``job`` (None: no such job on this node, or not started)."""
+        rt = self.jobs.get(job) if self._started_jobs else None
+        return rt.coordinator if rt is not None else None
+
+    def job_runtime(self, job: str) -> JobRuntime | None:
+        return self.jobs.get(job) if self._started_jobs else None
+
+    def job_streams(self, job: str) -> LivenessStreams | None:
+        """The liveness streams of ``job`` (None: no such job on this node)."""
+        rt = self.job_runtime(job)
+        return rt.liveness if rt is not None else None
+
     async def _watch(self) -> None:
         while True:
+            self.jobs.sync()
             self._check_raft()
             self.refresh_members()
             await self._update_health()
@@ -331,8 +361,8 @@ class LighthouseNode:
             await self.health.set(service, status)
 
     def _check_raft(self) -> None:
-        raft, coord = self.raft, self.coordinator
-        if raft is None or coord is None or self._stopped.is_set():
+        raft = self.raft
+        if raft is None or not self._started_jobs or self._stopped.is_set():
             return
         leader_peer = self.leader_peer()
         seen = (raft.role, raft.term, leader_peer.raft_address if leader_peer else None)
@@ -341,15 +371,15 @@ class LighthouseNode:
         old, self._seen = self._seen, seen
         role, term, leader = seen
         if role is Role.LEADER and raft.led_term == term:
-            if coord.term != term:
-                coord.start_leading(term)
-        elif coord.term is not None:
-            coord.stop_leading()
+            if self.leader_term.term != term:
+                self.jobs.start_leading(term)
+        elif self.leader_term.term is not None:
+            self.jobs.stop_leading()
         if old is None or old[2] != leader or old[0] != role:
             peer = self.member_by_raft_address(leader)
             log.info("raft: %s in term %d, leader %s", role.value, term, peer.node_id if peer else "unknown")
         self.router.leadership_changed()
-        self.liveness.leadership_changed()
+        self.jobs.leadership_changed()
 
     # -- leader lookup ---------------------------------------------------------------------------
 

@@ -10,6 +10,12 @@ re-sent to the new leader until the caller's deadline; just before that deadline
 Heartbeats go to the coordinator on the leader and to the leader in batches from a follower; the
 leader accepts followers' batches while it has a coordinator with a term.
 
+Every call belongs to a job (``core/jobs.py``; the default job unless the call names another).
+The leader answers it from that job's coordinator, or NOT_FOUND when the cluster has no such job;
+a follower forwards it with its job whatever its own (possibly lagging) copy of the job table
+says, and the leader decides. A job's limits (members, member size) are checked where the call is
+answered, on the leader.
+
 The router reads who leads from the node (``Leadership``; ``LighthouseNode`` satisfies it) and is
 told by the node when that may have changed (``leadership_changed``); it never touches Raft. How
 calls travel (channels, the forwarding stream, heartbeat batches) is ``forwarding.py``.
@@ -24,9 +30,10 @@ from typing import TYPE_CHECKING, Any, Iterable, Protocol
 import grpc
 from google.protobuf.message import DecodeError
 
+from lighthouse_cluster.core.jobs import DEFAULT_JOB
 from lighthouse_cluster.core.quorum import Member
 from lighthouse_cluster.proto import torchft_pb2 as pb
-from lighthouse_cluster.server.coordinator import NotLeader, QuorumCoordinator
+from lighthouse_cluster.server.coordinator import JobLimitError, NotLeader, QuorumCoordinator
 from lighthouse_cluster.server.forwarding import (
     HeartbeatBatcher,
     PeerChannels,
@@ -61,8 +68,8 @@ class Leadership(Protocol):
     @property
     def raft(self) -> RaftLeadership | None: ...
 
-    @property
-    def coordinator(self) -> QuorumCoordinator | None: ...
+    def job_coordinator(self, job: str) -> QuorumCoordinator | None:
+        """The coordinator of ``job`` on this node (None: no such job here)."""
 
     def leader_peer(self) -> PeerSpec | None:
         """The leader as far as the node knows; None when unknown or not connected."""
@@ -113,18 +120,34 @@ class Router:
             return None
         return peer.client_address
 
-    def _leading_coordinator(self) -> QuorumCoordinator | None:
-        """The coordinator, when this node leads and its coordinator has taken the term."""
-        raft, coord = self._node.raft, self._node.coordinator
-        if raft is not None and raft.is_leader and coord is not None and coord.term is not None:
+    def _leading(self) -> bool:
+        raft = self._node.raft
+        return raft is not None and raft.is_leader
+
+    def _leading_coordinator(self, job: str = DEFAULT_JOB) -> QuorumCoordinator | None:
+        """The job's coordinator, when this node leads and that coordinator has taken the term."""
+        coord = self._node.job_coordinator(job)
+        if self._leading() and coord is not None and coord.term is not None:
             return coord
+        return None
+
+    def known_job(self, job: str) -> bool:
+        """Whether this node's copy of the job table has ``job``."""
+        return job == DEFAULT_JOB or self._node.job_coordinator(job) is not None
+
+    def _missing_job(self, job: str) -> str | None:
+        """The NOT_FOUND message when this node leads and has no ``job`` (None otherwise)."""
+        if job != DEFAULT_JOB and self._leading() and self._node.job_coordinator(job) is None:
+            return f"no job {job!r} on this cluster (lighthouse-cluster jobs list; jobs add {job} creates it)"
         return None
 
     # -- Quorum ----------------------------------------------------------------------------------
 
     async def route_quorum(self, member: Member, raw: bytes, time_remaining: float | None,
-                           forwarded_by: str | None, context: grpc.aio.ServicerContext) -> bytes:
-        """Answer a Quorum call from the leader's coordinator, wherever it is, until the deadline."""
+                           forwarded_by: str | None, context: grpc.aio.ServicerContext,
+                           job: str = DEFAULT_JOB) -> bytes:
+        """Answer a Quorum call of ``job`` from the leader's coordinator, wherever it is, until
+        the deadline."""
         loop = asyncio.get_running_loop()
         deadline = None if time_remaining is None else loop.time() + time_remaining
 
@@ -143,7 +166,7 @@ class Router:
             if attempt:
                 self.rerouted_quorum_calls += 1
             attempt += 1
-            coord = self._leading_coordinator()
+            coord = self._leading_coordinator(job)
             if coord is not None:
                 try:
                     return await coord.quorum(member, left)
@@ -151,6 +174,11 @@ class Router:
                     continue
                 except asyncio.TimeoutError:
                     continue  # the deadline check above aborts
+                except JobLimitError as e:
+                    await context.abort(e.code, str(e))
+            missing = self._missing_job(job)
+            if missing is not None:
+                await context.abort(grpc.StatusCode.NOT_FOUND, missing)
             if forwarded_by is not None:
                 # Never forward twice: the origin re-routes once it knows the new leader.
                 await context.abort(grpc.StatusCode.UNAVAILABLE,
@@ -160,14 +188,15 @@ class Router:
                 try:
                     self.forwarded_quorum_calls += 1
                     response = await self._forward_while_leader(
-                        leader, raw, None if left is None else left + DEADLINE_MARGIN_S)
+                        leader, raw, None if left is None else left + DEADLINE_MARGIN_S, job)
                     if response is not None:
                         return response
                     continue  # the leader moved while the call waited: re-send to the new one
                 except grpc.aio.AioRpcError as e:
                     code = e.code()
-                    if code == grpc.StatusCode.INVALID_ARGUMENT:
-                        await context.abort(code, e.details() or "invalid argument")
+                    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                                grpc.StatusCode.RESOURCE_EXHAUSTED):
+                        await context.abort(code, e.details() or code.name.lower())
                     if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED) and \
                             e.details() in (TIMEOUT_MESSAGE, "Deadline Exceeded"):
                         # The leader gave up on our behalf: the caller's deadline is (almost) here.
@@ -180,10 +209,11 @@ class Router:
             left = remaining()
             await self._wait_for_change(REROUTE_POLL_S if left is None else max(0.0, min(REROUTE_POLL_S, left)))
 
-    async def _forward_while_leader(self, leader: str, raw: bytes, timeout: float | None) -> bytes | None:
+    async def _forward_while_leader(self, leader: str, raw: bytes, timeout: float | None,
+                                    job: str = DEFAULT_JOB) -> bytes | None:
         """Forward to ``leader``; give up (None) as soon as Raft names another leader, since a
         deposed leader can commit nothing and would only fail the call after stepping down."""
-        forward = asyncio.ensure_future(self.forwarder.forward(leader, raw, timeout))
+        forward = asyncio.ensure_future(self.forwarder.forward(leader, raw, timeout, job))
         changed: asyncio.Future[Any] | None = None
         try:
             while True:
@@ -198,7 +228,7 @@ class Router:
                 if fut is not None and not fut.done():
                     fut.cancel()
 
-    async def answer_forwarded(self, raw: bytes, timeout: float | None) -> bytes:
+    async def answer_forwarded(self, raw: bytes, timeout: float | None, job: str = DEFAULT_JOB) -> bytes:
         """The leader's side of a call forwarded on a batched stream (``forwarding.QuorumForwarder``):
         what ``route_quorum`` does for a call carrying ``FORWARDED_HEADER`` (``timeout`` is that
         call's deadline), failures raised as the ``grpc.aio.AioRpcError`` it would have ended with."""
@@ -209,7 +239,7 @@ class Router:
         except InvalidRequest as e:
             raise forward_error(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         left = None if timeout is None else timeout - DEADLINE_MARGIN_S
-        coord = self._leading_coordinator()
+        coord = self._leading_coordinator(job)
         if coord is not None:
             if left is not None and left <= 0:
                 raise forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE)
@@ -217,25 +247,37 @@ class Router:
                 return await coord.quorum(member, left)
             except asyncio.TimeoutError:
                 raise forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE) from None
+            except JobLimitError as e:
+                raise forward_error(e.code, str(e)) from None
             except NotLeader:
                 pass
+        missing = self._missing_job(job)
+        if missing is not None:
+            raise forward_error(grpc.StatusCode.NOT_FOUND, missing)
         raise forward_error(grpc.StatusCode.UNAVAILABLE, f"node {self._node_id} is not the leader (forwarded)")
 
     # -- heartbeats ------------------------------------------------------------------------------
 
-    def route_heartbeat(self, replica_id: str) -> None:
-        coord = self._leading_coordinator()
+    def route_heartbeat(self, replica_id: str, job: str = DEFAULT_JOB) -> None:
+        coord = self._leading_coordinator(job)
         if coord is not None:
             coord.heartbeat(replica_id)
-        else:
-            self.heartbeats.add(replica_id)
+        elif not self._leading():
+            self.heartbeats.add(replica_id, job)
+        # else: this node leads and has no such job (or is warming up): dropped, as torchft drops
+        # nothing it would count
 
-    def accept_heartbeat_batch(self, replica_ids: Iterable[str]) -> bool:
+    def accept_heartbeat_batch(self, replica_ids: Iterable[str], job: str = DEFAULT_JOB) -> bool:
         """A follower's batch (``ForwardHeartbeats``): recorded, and True, while this node has a
-        coordinator with a term; False otherwise (the follower's batch fails FAILED_PRECONDITION)."""
-        coord = self._node.coordinator
-        if coord is None or coord.term is None:
+        coordinator with a term; False otherwise (the follower's batch fails FAILED_PRECONDITION).
+        A batch for a job this node does not have is dropped (True: the follower is not wrong
+        about who leads)."""
+        default = self._node.job_coordinator(DEFAULT_JOB)
+        if default is None or default.term is None:
             return False
+        coord = self._node.job_coordinator(job)
+        if coord is None or coord.term is None:
+            return True
         for rid in replica_ids:
             coord.heartbeat(rid)
         return True

@@ -1,0 +1,197 @@
+"""The leader's term, shared by every job's quorum rounds: the TermStart barrier, the wait for the
+predecessor's lease, and the lease renewals.
+
+A node that Raft makes leader of term ``T`` serves no job's rounds until ``LeaderTerm`` has:
+
+1. committed a ``TermStart`` for ``T`` (applying it proves this node's state machine holds
+   everything committed before its term; the state machine fences off a second one), and
+2. waited out every quorum lease a predecessor may still hold (``lease.py``, point 3).
+
+Then ``serving(T)`` resolves True for every job's coordinator (``coordinator.QuorumCoordinator``),
+which seeds its heartbeats and starts its rounds. While any job asks for quorums (``requested``),
+``LeaderTerm`` keeps the quorum lease: it confirms the term through Raft whenever less than half a
+confirmation's worth is left. One lease serves every job: it says that this node still leads, which
+is not a property of a job. When the state machine shows that another leader is in force (a
+refused ``TermStart``, an unconfirmed lease, a fenced commit: ``deposed``) every job stops serving.
+
+Everything here runs on one asyncio event loop; ``submit`` hops to Raft and back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Awaitable, Callable
+
+from lighthouse_cluster.core.codec import ConfirmLeadership, TermStart
+from lighthouse_cluster.core.lease import LeaseSettings, QuorumLease
+from lighthouse_cluster.core.state_machine import QuorumStateMachine, TermStartResult
+from lighthouse_cluster.raft.replication import CommitError
+
+log = logging.getLogger(__name__)
+
+COMMIT_TIMEOUT_S = 2.0
+# No Quorum call for this long: stop renewing the lease (an idle cluster writes nothing).
+LEASE_IDLE_S = 1.0
+# A TermStart that was not committed is retried after this long.
+RETRY_S = 0.1
+
+
+class LeaderTerm:
+    """One leader term's barrier and lease, for every job (see the module docstring)."""
+
+    def __init__(self, node_id: str, state: QuorumStateMachine, submit: Callable[..., Awaitable[Any]], *,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+                 lease: LeaseSettings = LeaseSettings(), retry_s: float = RETRY_S) -> None:
+        self.node_id = node_id
+        self.state = state
+        self._submit = submit
+        self._clock = clock
+        self._wall_ms = wall_ms
+        self._retry_s = retry_s
+        self.lease = QuorumLease(lease)
+        self._term: int | None = None
+        self._serving = False
+        self._ready: asyncio.Future[bool] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._leading_since = 0.0
+        self._last_request = float("-inf")
+        self._requested = asyncio.Event()
+        self._on_deposed: list[Callable[[], None]] = []
+
+    @property
+    def term(self) -> int | None:
+        return self._term
+
+    @property
+    def serving_term(self) -> int | None:
+        """The term whose rounds may be served now (None while warming up or not leading)."""
+        return self._term if self._serving else None
+
+    def on_deposed(self, callback: Callable[[], None]) -> None:
+        """``callback()`` runs when the state machine shows another leader in force."""
+        self._on_deposed.append(callback)
+
+    def forget(self, callback: Callable[[], None]) -> None:
+        if callback in self._on_deposed:
+            self._on_deposed.remove(callback)
+
+    def start(self, term: int) -> None:
+        """Raft made this node leader of ``term``: commit the barrier, wait out the old lease."""
+        if self._term == term:
+            return
+        self.stop()
+        loop = asyncio.get_running_loop()
+        self._term = term
+        self._leading_since = self._clock()
+        self._ready = loop.create_future()
+        self._tasks.append(loop.create_task(self._warm_up(term)))
+
+    def stop(self) -> None:
+        if self._term is None:
+            return
+        self._term = None
+        self._serving = False
+        for task in self._tasks:
+            task.cancel()
+        self._tasks = []
+        self.lease.reset()
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_result(False)
+        self._ready = None
+
+    def deposed(self, why: str) -> None:
+        """Another leader is in force (the state machine said so): stop every job's rounds."""
+        if self._term is None:
+            return
+        log.warning("term %d: %s; stepping down", self._term, why)
+        self.stop()
+        for callback in list(self._on_deposed):
+            callback()
+
+    async def serving(self, term: int) -> bool:
+        """Wait until ``term``'s rounds may be served: True, or False when it never will be."""
+        if self._term != term or self._ready is None:
+            return False
+        return await asyncio.shield(self._ready)
+
+    async def _warm_up(self, term: int) -> None:
+        while self._term == term:
+            try:
+                started = await asyncio.wait_for(
+                    self._submit(TermStart(term=term, node_id=self.node_id, time_ms=self._wall_ms())),
+                    COMMIT_TIMEOUT_S)
+            except (CommitError, asyncio.TimeoutError) as e:
+                log.warning("term %d: leadership barrier not committed (%s); retrying", term,
+                            str(e) or type(e).__name__)
+                await asyncio.sleep(self._retry_s)
+                continue
+            if self._term != term:
+                return
+            if isinstance(started, TermStartResult) and (started.leader_term, started.leader_id) != (term, self.node_id):
+                # The state machine fenced it off (another TermStart is in force): never serve
+                # this term; waiting calls fail with NotLeader and are re-routed.
+                log.error("term %d: TermStart refused (%s); not serving", term, started.reason)
+                self.deposed("another leader's TermStart is in force")
+                return
+            # Every lease a predecessor can hold runs out before this leader answers (lease.py).
+            wait = self.lease.serve_after(self._leading_since, self.state.lease_ms) - self._clock()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                if self._term != term:
+                    return
+            self._serving = True
+            if self.lease.settings.enabled:
+                self._tasks.append(asyncio.get_running_loop().create_task(self._renew_lease(term)))
+            assert self._ready is not None
+            self._ready.set_result(True)
+            return
+
+    # -- the lease ----------------------------------------------------------------------------
+
+    def requested(self) -> None:
+        """A job was asked for a quorum: keep (or take up again) renewing the lease."""
+        self._last_request = self._clock()
+        self._requested.set()
+
+    def lease_valid(self, term: int | None, now: float, lease_ms: int | None = None) -> bool:
+        """Whether a fast quorum of ``term`` may go out on the lease now; ``lease_ms``: the job's
+        own lease (0: never), effective at most the node's."""
+        if lease_ms is not None and lease_ms <= 0:
+            return False
+        settings = self.lease.settings
+        if lease_ms is None or lease_ms >= settings.lease_ms:
+            return self.lease.valid(term, now)
+        # A shorter lease: a confirmation counts for the job's share of the time only.
+        shorter_by = (settings.lease_ms - lease_ms) * settings.trust / 1000.0
+        return self.lease.valid(term, now + shorter_by)
+
+    async def _renew_lease(self, term: int) -> None:
+        """Keep the lease while rounds are being asked for: confirm this term through Raft
+        whenever less than half a confirmation's worth is left; idle (no request for a second),
+        wait for the next request instead."""
+        settings = self.lease.settings
+        cmd = ConfirmLeadership(term=term, node_id=self.node_id, lease_ms=settings.lease_ms)
+        while self._term == term:
+            now = self._clock()
+            if now - self._last_request > LEASE_IDLE_S:
+                self._requested.clear()
+                await self._requested.wait()
+                continue
+            if not self.lease.renewal_due(term, now):
+                await asyncio.sleep(max(0.001, self.lease.remaining(term, now) - settings.held_s / 2))
+                continue
+            try:
+                confirmed = await asyncio.wait_for(self._submit(cmd, while_leader_of=term), COMMIT_TIMEOUT_S)
+            except (CommitError, asyncio.TimeoutError) as e:
+                log.debug("term %d: lease not renewed (%s)", term, str(e) or type(e).__name__)
+                await asyncio.sleep(self._retry_s)
+                continue
+            if self._term != term:
+                return
+            if confirmed is not True:
+                self.deposed("leadership not confirmed (another TermStart is in force)")
+                return
+            self.lease.confirmed(term, now)
