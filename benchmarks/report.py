@@ -260,6 +260,9 @@ def _md_footprint(s: dict) -> list[str]:
     return out
 
 
+# Tick labels of the goodput plot (eight of them side by side).
+GOODPUT_SHORT = {"ftclient-cluster": "ftclient\ncluster", "torchft-cluster": "torchft\ncluster",
+                 "torchft-cluster-hb": "torchft\ncluster (hb)", "torchft-lighthouse": "torchft\ntorchft_lh"}
 GOODPUT_LABEL = {"ftclient-cluster": "ftclient, cluster", "torchft-cluster": "torchft, cluster",
                  "torchft-cluster-hb": "torchft, cluster (heartbeats only)",
                  "torchft-lighthouse": "torchft, torchft_lighthouse"}
@@ -314,6 +317,18 @@ def plot(res: dict, path: Path) -> str:
         return "plain"
     sec = res.get("sections", {})
     goodput = [r for r in sec.get("goodput", {}).get("runs", []) if r.get("summary")]
+    m = res.get("machine", {})
+    title = (f"lighthouse-cluster vs torchft ({res.get('mode')} run, {m.get('cpus')} CPUs, "
+             f"{m.get('cpu_model', '')[:40]}; load avg {res.get('loadavg', {}).get('start')})")
+    if goodput and not any(k in sec for k in ("rounds", "failover", "sdk")):
+        # A goodput-only run: its two panels alone.
+        fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
+        _plot_goodput(axes, goodput)
+        fig.suptitle(title, fontsize=10)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return "matplotlib"
     fig, axes = plt.subplots(3 if goodput else 2, 2, figsize=(12, 13.5 if goodput else 9))
     rounds = sec.get("rounds", {}).get("summary", [])
     colors = {"torchft": "tab:orange", "leader": "tab:blue", "followers": "tab:green", "pyfloor": "tab:gray"}
@@ -397,9 +412,7 @@ def plot(res: dict, path: Path) -> str:
     ax.grid(True, axis="y", alpha=0.3)
     if goodput:
         _plot_goodput(axes[2], goodput)
-    m = res.get("machine", {})
-    fig.suptitle(f"lighthouse-cluster vs torchft ({res.get('mode')} run, {m.get('cpus')} CPUs, "
-                 f"{m.get('cpu_model', '')[:40]}; load avg {res.get('loadavg', {}).get('start')})", fontsize=10)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -420,7 +433,7 @@ def _plot_goodput(axes: Any, runs: list[dict]) -> None:
         if rej:
             ax.scatter([i + 0.1] * len(rej), rej, alpha=0.7, marker="x", color="tab:gray",
                        label="restart -> first commit (rejoin)" if i == 0 else None)
-        labels.append(f"{GOODPUT_LABEL.get(r['system'], r['system'])}\nG={r['groups']}")
+        labels.append(f"{GOODPUT_SHORT.get(r['system'], r['system'])}\nG={r['groups']}")
     ax.axhline(0.5, color="tab:red", linestyle=":", label="target median 0.5 s (ftclient)")
     ax.axhline(1.0, color="tab:red", linestyle="--", label="target max 1.0 s (ftclient)")
     ax.set_xticks(range(len(labels)))
