@@ -57,6 +57,10 @@ def bench() -> None:
 @click.option("--goodput-kills", type=int, help="Group kills per goodput run (default 10; quick 2).")
 @click.option("--goodput-kill-every", "goodput_kill_every_s", type=float,
               help="Seconds between group kills; the no-failure window is kills x this (default 15; quick 8).")
+@click.option("--isolation-groups", help="Replica groups of the small and the large job in the isolation "
+                                          "section, SMALL,LARGE (default 8,256; quick 8,64).")
+@click.option("--isolation-duration", "isolation_duration_s", type=float,
+              help="Seconds measured per isolation phase (default 10; quick 2).")
 @click.option("--profile-ns", help="After the rounds section, re-run the cluster at these N with py-spy "
                                    "attached to every node and summarize the profiles (e.g. 256,1024).")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
@@ -65,8 +69,8 @@ def run(quick: bool, out_dir: Path, name: str | None, sections: str, ns: str | N
         repeats: int | None, workers: int, failover_ns: str | None, failover_trials: int | None,
         restart_trials: int | None, sdk_steps: int | None, recovery_sizes: str | None,
         recovery_trials: int | None, footprint_s: float | None, goodput_groups: str | None,
-        goodput_kills: int | None, goodput_kill_every_s: float | None, profile_ns: str | None,
-        workdir: Path | None) -> None:
+        goodput_kills: int | None, goodput_kill_every_s: float | None, isolation_groups: str | None,
+        isolation_duration_s: float | None, profile_ns: str | None, workdir: Path | None) -> None:
     """Start every system under test, measure, write <out>/<name>.{json,md,png}."""
     from . import INSTALL_HINT, missing_modules
     from .runner import run_bench
@@ -80,12 +84,17 @@ def run(quick: bool, out_dir: Path, name: str | None, sections: str, ns: str | N
     unknown = [s for s in chosen if s not in SECTIONS]
     if unknown:
         raise click.BadParameter(f"unknown sections {unknown}; known: {', '.join(SECTIONS)}", param_hint="--sections")
+    iso = _ints(isolation_groups)
+    if iso is not None and len(iso) != 2:
+        raise click.BadParameter("expected SMALL,LARGE (two group counts)", param_hint="--isolation-groups")
     opts = BenchOptions(quick=quick, out_dir=out_dir, name=name, sections=chosen, ns=_ints(ns), duration_s=duration_s,
                         repeats=repeats, workers=workers, failover_ns=_ints(failover_ns),
                         failover_trials=failover_trials, restart_trials=restart_trials, sdk_steps=sdk_steps,
                         recovery_sizes_mb=_ints(recovery_sizes), recovery_trials=recovery_trials,
                         footprint_s=footprint_s, goodput_groups=_ints(goodput_groups), goodput_kills=goodput_kills,
-                        goodput_kill_every_s=goodput_kill_every_s, profile_ns=_ints(profile_ns) or (), workdir=workdir,
+                        goodput_kill_every_s=goodput_kill_every_s,
+                        isolation_small=iso[0] if iso else None, isolation_large=iso[1] if iso else None,
+                        isolation_duration_s=isolation_duration_s, profile_ns=_ints(profile_ns) or (), workdir=workdir,
                         keep_workdir=workdir is not None)
     res = run_bench(opts, say=lambda s: click.echo(s))
     stem = opts.name or ("bench-quick" if quick else "bench")

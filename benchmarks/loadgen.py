@@ -72,6 +72,8 @@ class LoadSpec:
     # Parse every answer for its quorum's creation time (failover trials: an answer counts as
     # "the next quorum" only if that quorum was created after the kill). O(N) per answer.
     parse_created: bool = False
+    # The job the groups belong to (named in every call's metadata); None: the default job.
+    job: str | None = None
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     def replica_id(self, i: int) -> str:
@@ -97,7 +99,10 @@ async def _worker(spec: LoadSpec, gids: list[int], ready: Any, go: Any, stop: An
                   last_ok: Any, last_created: Any) -> dict:
     import grpc
 
+    from lighthouse_cluster.core.jobs import JOB_HEADER
     from lighthouse_cluster.proto import torchft_pb2 as pb
+
+    metadata = None if spec.job is None else ((JOB_HEADER, spec.job),)
 
     loop = asyncio.get_running_loop()
     channels: dict[int, Any] = {}
@@ -179,7 +184,7 @@ async def _worker(spec: LoadSpec, gids: list[int], ready: Any, go: Any, stop: An
             raw = pb.LighthouseQuorumRequest(requester=me).SerializeToString()
             t_send = time.monotonic()
             try:
-                resp = await quorum_stub(g)(raw, timeout=spec.quorum_timeout_s)
+                resp = await quorum_stub(g)(raw, timeout=spec.quorum_timeout_s, metadata=metadata)
             except grpc.aio.AioRpcError as e:
                 t = time.monotonic()
                 errors.append((g, t, e.code().name, t - t_send))
@@ -219,7 +224,7 @@ async def _worker(spec: LoadSpec, gids: list[int], ready: Any, go: Any, stop: An
         while True:
             t = time.monotonic()
             try:
-                await heartbeat_stub(g)(raw, timeout=spec.heartbeat_timeout_s)
+                await heartbeat_stub(g)(raw, timeout=spec.heartbeat_timeout_s, metadata=metadata)
                 hb["ok"] += 1
                 n += 1
                 if n % 10 == 0:

@@ -59,6 +59,13 @@ def evaluate_targets(res: dict) -> list[dict]:
         out.append({"name": f"recovery throughput ftclient / torchft, {row['size_mb']} MB", "target": ">= 1.0x",
                     "value": r, "met": None if r is None else r >= 1.0})
     out += _goodput_targets(sec.get("goodput", {}))
+    iso = sec.get("isolation", {})
+    if iso.get("ratio_p50") is not None:
+        c = iso.get("config", {})
+        r = iso["ratio_p50"]
+        out.append({"name": f"isolation: job B (N={c.get('small')}) round latency p50 beside job A "
+                            f"(N={c.get('large')}) / alone", "target": f"<= {c.get('bound', 2.0):g}x", "value": r,
+                    "met": r <= c.get("bound", 2.0)})
     return out
 
 
@@ -127,7 +134,8 @@ def markdown(res: dict, png_name: str | None = None) -> str:
         lines.append("")
     sec = res.get("sections", {})
     for name, render in (("rounds", _md_rounds), ("failover", _md_failover), ("sdk", _md_sdk),
-                         ("recovery", _md_recovery), ("footprint", _md_footprint), ("goodput", _md_goodput)):
+                         ("recovery", _md_recovery), ("footprint", _md_footprint), ("goodput", _md_goodput),
+                         ("isolation", _md_isolation)):
         s = sec.get(name)
         if s is None:
             continue
@@ -299,6 +307,24 @@ def _md_goodput(s: dict) -> list[str]:
                    f"{per} | {gp} | {_fmt(sm.get('batches_ratio'), 3)} | {_fmt(sm.get('rejoin_median_s'), 2, ' s')} | "
                    f"{_fmt(sm.get('rejoin_max_s'), 2, ' s')} | {_fmt(sm.get('ready_median_s'), 2, ' s')} |")
     out.append("")
+    return out
+
+
+def _md_isolation(s: dict) -> list[str]:
+    c = s.get("config", {})
+    out = ["## Isolation (two jobs on one cluster)", "",
+           f"Job B ({c.get('small')} replica groups) asks for quorums alone, then beside job A ({c.get('large')} "
+           f"groups hammering quorums), every group on the leader, {_fmt(c.get('duration_s'), 0)} s per phase. "
+           "Round latency = last request -> last answer of a round of job B.", "",
+           "| job B | rounds/s | latency p50 | p99 | leader CPU |", "|---|---|---|---|---|"]
+    for phase in ("alone", "beside"):
+        r = s.get(phase, {})
+        lat = r.get("latency_ms", {})
+        cpu = r.get("lighthouse_cpu", {}).get("per_process_pct", {}).get("leader")
+        out.append(f"| {phase}{' job A' if phase == 'beside' else ''} | {_fmt(r.get('rounds_per_s'), 1)} | "
+                   f"{_fmt(lat.get('p50'), 2, ' ms')} | {_fmt(lat.get('p99'), 2, ' ms')} | {_fmt(cpu, 0, '%')} |")
+    out += ["", f"Job A meanwhile: {_fmt(s.get('large_rounds_per_s'), 2)} rounds/s. Ratio beside / alone: p50 "
+                f"{_fmt(s.get('ratio_p50'), 2)}, p99 {_fmt(s.get('ratio_p99'), 2)} (bound {c.get('bound')} on p50).", ""]
     return out
 
 

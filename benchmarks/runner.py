@@ -30,7 +30,7 @@ def _command_line() -> str:
     return " ".join(argv)
 
 
-SECTIONS = ("rounds", "failover", "sdk", "recovery", "footprint", "goodput")
+SECTIONS = ("rounds", "failover", "sdk", "recovery", "footprint", "goodput", "isolation")
 SCHEMA = 1
 
 
@@ -55,6 +55,9 @@ class BenchOptions:
     goodput_groups: tuple[int, ...] | None = None
     goodput_kills: int | None = None
     goodput_kill_every_s: float | None = None
+    isolation_small: int | None = None
+    isolation_large: int | None = None
+    isolation_duration_s: float | None = None
     profile_ns: tuple[int, ...] = ()
     workdir: Path | None = None
     keep_workdir: bool = False
@@ -78,6 +81,9 @@ class BenchOptions:
             goodput_groups=(3,) if q else (3, 8),
             goodput_kills=2 if q else 10,
             goodput_kill_every_s=8.0 if q else 15.0,
+            isolation_small=8,
+            isolation_large=64 if q else 256,
+            isolation_duration_s=2.0 if q else 10.0,
             name="bench-quick" if q else "bench",
         )
         values = asdict(self)
@@ -192,6 +198,14 @@ def _run_section(section: str, opts: BenchOptions, workdir: Path, say: Callable[
 
         return run_goodput(list(opts.goodput_groups), opts.goodput_kills, opts.goodput_kill_every_s, workdir, say,
                            systems=list(QUICK_SYSTEMS) if opts.quick else None)
+    if section == "isolation":
+        from .isolation import run_isolation
+
+        out = run_isolation(opts.isolation_small, opts.isolation_large, opts.isolation_duration_s, workdir, say,
+                            workers=opts.workers)
+        if "error" in out:
+            out["errors"] = [out.pop("error")]
+        return out
     raise ValueError(section)
 
 

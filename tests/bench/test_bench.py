@@ -226,6 +226,22 @@ def _goodput_section() -> dict:
             "runs": runs, "errors": []}
 
 
+def test_isolation_target_and_table():
+    iso = {"config": {"small": 8, "large": 256, "duration_s": 10.0, "bound": 2.0},
+           "alone": {"rounds_per_s": 300.0, "latency_ms": {"p50": 3.0, "p99": 6.0},
+                     "lighthouse_cpu": {"per_process_pct": {"leader": 60.0}}},
+           "beside": {"rounds_per_s": 120.0, "latency_ms": {"p50": 7.5, "p99": 30.0},
+                      "lighthouse_cpu": {"per_process_pct": {"leader": 100.0}}},
+           "large_rounds_per_s": 6.5, "ratio_p50": 2.5, "ratio_p99": 5.0}
+    res = {"mode": "full", "sections": {"isolation": iso}}
+    target = next(t for t in evaluate_targets(res) if t["name"].startswith("isolation"))
+    assert target["value"] == 2.5 and target["met"] is False
+    assert target["name"] == "isolation: job B (N=8) round latency p50 beside job A (N=256) / alone"
+    text = markdown(res)
+    assert "| beside job A | 120.0 | 7.50 ms | 30.00 ms | 100% |" in text
+    assert "Ratio beside / alone: p50 2.50, p99 5.00 (bound 2.0 on p50)" in text
+
+
 def test_goodput_targets_and_table():
     res = {"mode": "full", "sections": {"goodput": _goodput_section()}}
     targets = {t["name"]: t for t in evaluate_targets(res)}
@@ -395,7 +411,7 @@ def test_quick_bench_writes_every_section(tmp_path: Path):
     assert res["mode"] == "quick" and res["duration_s"] > 0
     assert len(res["loadavg"]["start"]) == 3 and res["machine"]["cpus"] >= 1
     sections = res["sections"]
-    assert set(sections) == {"rounds", "failover", "sdk", "recovery", "footprint", "goodput"}
+    assert set(sections) == {"rounds", "failover", "sdk", "recovery", "footprint", "goodput", "isolation"}
     for name, sec in sections.items():
         assert "error" not in sec, f"section {name} failed: {sec.get('error')}\n{sec.get('traceback', '')}"
         assert not sec.get("errors"), f"section {name} had failed runs: {sec['errors']}"
@@ -454,6 +470,13 @@ def test_quick_bench_writes_every_section(tmp_path: Path):
         assert 0 < sm["recovery_median_s"] <= sm["recovery_max_s"] < 60, sm
         assert 0 < sm["rejoin_median_s"] <= sm["rejoin_max_s"] < 120, sm
         assert sm["steps_per_s_baseline"] > 0 and sm["goodput_ratio"] is not None and sm["goodput_ratio"] >= 0, sm
+
+    # 7. isolation: job B measured alone and beside job A, every round with every group of its job
+    iso = sections["isolation"]
+    assert not iso.get("errors"), iso.get("errors")
+    for phase in ("alone", "beside"):
+        assert iso[phase]["rounds"] > 0 and iso[phase]["validation"]["bad"] == 0, iso[phase]
+    assert iso["large_rounds_per_s"] > 0 and iso["ratio_p50"] > 0, iso
 
     assert res["targets"], "targets are evaluated"
 
