@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from lighthouse_cluster.client.admin_client import probe_status
+from lighthouse_cluster.client.job_view import quorum_json
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.tls import ClientTLS
 
@@ -120,15 +121,7 @@ def build_view(answers: Sequence[tuple[str, cpb.NodeStatus | None]]) -> ClusterV
 
 
 def _quorum_dict(st: cpb.NodeStatus) -> dict[str, Any] | None:
-    if not st.has_quorum:
-        return None
-    q = st.quorum
-    return {
-        "quorum_id": q.quorum_id,
-        "created_ms": q.created.ToMilliseconds(),
-        "participants": [{"replica_id": m.replica_id, "step": m.step, "address": m.address,
-                          "store_address": m.store_address, "world_size": m.world_size} for m in q.participants],
-    }
+    return quorum_json(st.quorum) if st.has_quorum else None
 
 
 def to_json(view: ClusterView) -> dict[str, Any]:

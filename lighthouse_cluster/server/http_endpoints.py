@@ -1,11 +1,14 @@
 """The node's HTTP port (``--http-bind``): /metrics, /livez, /readyz, /status.json, the dashboard
-at / and ``POST /replica/{id}/kill``.
+at / and ``POST /replica/{id}/kill[?job=NAME]``.
 
 A thin adapter: a deliberately small HTTP/1.1 server on the node's own asyncio loop (one
 request per connection, ``Connection: close``; bounded header and body sizes; read and write
-timeouts), dispatching to the node (readiness, metrics registry, Status: ``ServedNode``) and to
-``cluster_view`` for the dashboard's JSON. Blocking gRPC calls to peers run in threads, so a
-slow or dead peer never stalls the loop that also serves quorum rounds.
+timeouts), dispatching to the node (readiness, metrics registry, Status, its jobs: ``ServedNode``)
+and to ``cluster_view`` and ``job_view`` for the dashboard's JSON: the cluster as every node's
+Status shows it (the default job at the top level, as before jobs) and ``jobs``, every job with
+its settings, ports, config and last quorum, and the leader's live view of it (this node's own
+``ListJobs`` on the serving leader, the leader's elsewhere). Blocking gRPC calls to peers run in
+threads, so a slow or dead peer never stalls the loop that also serves quorum rounds.
 """
 
 from __future__ import annotations
@@ -19,20 +22,24 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import grpc
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from lighthouse_cluster.client.admin_client import query_status
 from lighthouse_cluster.client.cluster_view import build_view, to_json
+from lighthouse_cluster.client.job_view import jobs_view
+from lighthouse_cluster.core.jobs import DEFAULT_JOB
+from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
 from lighthouse_cluster.server.config import parse_host_port
+from lighthouse_cluster.tls import ClientTLS, channel
 
 if TYPE_CHECKING:
     from lighthouse_cluster.core.state_machine import QuorumStateMachine
-    from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
     from lighthouse_cluster.server.config import NodeConfig, PeerSpec
 
 log = logging.getLogger(__name__)
@@ -65,6 +72,7 @@ class Request:
     path: str
     headers: dict[str, str]
     body: bytes = b""
+    query: dict[str, str] = field(default_factory=dict)  # the last value of each parameter
 
 
 @dataclass
@@ -121,7 +129,9 @@ async def read_request(reader: asyncio.StreamReader) -> Request:
     if length < 0 or length > MAX_BODY_BYTES:
         raise BadRequest(413, f"request body over {MAX_BODY_BYTES} bytes")
     body = await reader.readexactly(length) if length else b""
-    return Request(method=method.upper(), path=urlsplit(target).path or "/", headers=headers, body=body)
+    url = urlsplit(target)
+    query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+    return Request(method=method.upper(), path=url.path or "/", headers=headers, body=body, query=query)
 
 
 def manager_target(address: str) -> str:
@@ -138,6 +148,22 @@ class MetricsExposition(Protocol):
     def exposition(self) -> bytes: ...
 
 
+class JobViews(Protocol):
+    """Every job as this node knows it (``job_admin.JobAdmin``)."""
+
+    def list_jobs(self) -> cpb.ListJobsResponse: ...
+
+
+def leader_jobs(address: str, timeout: float, tls: ClientTLS | None) -> cpb.ListJobsResponse | None:
+    """The leader's ``ListJobs`` (its live view of every job), or None when it does not answer."""
+    try:
+        with channel(address, tls) as ch:
+            return cpb_grpc.LighthouseClusterStub(ch).ListJobs(cpb.ListJobsRequest(), timeout=timeout)
+    except grpc.RpcError as e:
+        log.debug("ListJobs at the leader %s: %s", address, e.code().name)
+        return None
+
+
 class ServedNode(Protocol):
     """What the HTTP endpoints use of the node (``LighthouseNode``)."""
 
@@ -152,6 +178,9 @@ class ServedNode(Protocol):
 
     @property
     def other_members(self) -> tuple[PeerSpec, ...]: ...
+
+    @property
+    def job_admin(self) -> JobViews: ...
 
     def readiness(self) -> tuple[bool, str]: ...
 
@@ -255,7 +284,8 @@ class HttpEndpoints:
         if len(parts) == 4 and parts[0] == "" and parts[1] == "replica" and parts[3] == "kill" and parts[2]:
             if method != "POST":
                 return Response.text(405, "kill takes POST", Allow="POST")
-            return await self.kill(unquote(parts[2]), request.headers.get("authorization", ""))
+            return await self.kill(unquote(parts[2]), request.headers.get("authorization", ""),
+                                   request.query.get("job") or DEFAULT_JOB)
         return Response.text(404, f"no such endpoint: {path}")
 
     # -- endpoints --------------------------------------------------------------------------------
@@ -282,34 +312,46 @@ class HttpEndpoints:
 
     async def _build_status(self) -> dict[str, Any]:
         """``cluster_view`` from this node's perspective: its own Status (no I/O) and each peer's
-        Status (blocking gRPC, in threads)."""
+        Status (blocking gRPC, in threads); ``jobs``: ``job_view`` of this node's jobs and, unless
+        this node is the serving leader, the leader's (its ``ListJobs``, in a thread too)."""
         node = self.node
         cfg = node.config
         own = node.status()
+        own_jobs = node.job_admin.list_jobs()
         others = [p.client_address for p in node.other_members]
-        answers = await asyncio.gather(
-            *(asyncio.to_thread(query_status, a, PEER_STATUS_TIMEOUT_S, cfg.peer_tls) for a in others))
+        ask_leader = not own_jobs.leader_view and bool(own.leader_client_address) and own.leader_id != cfg.node_id
+        answers, leaders = await asyncio.gather(
+            asyncio.gather(*(asyncio.to_thread(query_status, a, PEER_STATUS_TIMEOUT_S, cfg.peer_tls) for a in others)),
+            asyncio.to_thread(leader_jobs, own.leader_client_address, PEER_STATUS_TIMEOUT_S, cfg.peer_tls)
+            if ask_leader else asyncio.sleep(0, result=None))
         view = build_view([(cfg.self_peer.client_address, own), *zip(others, answers)])
         data = to_json(view)
+        jobs = jobs_view(own_jobs, leaders)
+        data["jobs"] = jobs["jobs"]
+        data["jobs_answered_by"] = jobs["answered_by"]
         ready, reason = node.readiness()
         data["self"] = {"id": cfg.node_id, "ready": ready, "reason": reason,
                         "kill_enabled": self._token is not None}
         data["generated_ms"] = int(time.time() * 1000)
         return data
 
-    async def kill(self, replica_id: str, authorization: str) -> Response:
+    async def kill(self, replica_id: str, authorization: str, job: str = DEFAULT_JOB) -> Response:
         if self._token is None:
             return Response.text(403, NO_TOKEN_MESSAGE)
         scheme, _, presented = authorization.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), self._token):
             return Response.text(401, "kill needs 'Authorization: Bearer <admin token>'",
                                  **{"WWW-Authenticate": 'Bearer realm="lighthouse-cluster"'})
-        quorum = self.node.machine.quorum
+        state = self.node.machine.job(job)
+        if state is None:
+            return Response.text(404, f"no job {job!r} on this cluster")
+        quorum = state.quorum
         member = next((m for m in (quorum.participants if quorum else ()) if m.replica_id == replica_id), None)
         if member is None:
-            return Response.text(404, f"replica {replica_id!r} is not a member of the current quorum")
+            of = "" if job == DEFAULT_JOB else f" of job {job!r}"
+            return Response.text(404, f"replica {replica_id!r} is not a member of the current quorum{of}")
         target = manager_target(member.address)
-        log.warning("kill of replica %s at %s requested over HTTP", replica_id, target)
+        log.warning("kill of replica %s (job %s) at %s requested over HTTP", replica_id, job, target)
         try:
             async with grpc.aio.insecure_channel(target) as channel:
                 try:
@@ -323,6 +365,7 @@ class HttpEndpoints:
             if e.code() == grpc.StatusCode.UNAVAILABLE:
                 # Connected, then the connection dropped unanswered: torchft's manager acknowledges
                 # a Kill by exiting at once (std::process::exit inside the handler).
-                return Response.json(200, {"killed": replica_id, "address": member.address, "answered": False})
+                return Response.json(200, {"killed": replica_id, "job": job, "address": member.address,
+                                           "answered": False})
             return Response.text(502, f"Kill at {target} failed: {e.code().name}: {e.details()}")
-        return Response.json(200, {"killed": replica_id, "address": member.address, "answered": True})
+        return Response.json(200, {"killed": replica_id, "job": job, "address": member.address, "answered": True})

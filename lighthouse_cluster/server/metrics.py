@@ -1,25 +1,32 @@
 """Prometheus metrics of one node, in a per-node ``CollectorRegistry``.
 
-Two kinds: histograms observed as things happen (a quorum round's Raft commit, observed in the
-coordinator's ``on_issue`` hook; every Raft write, from submit to applied), and gauges/counters
-read from the node at scrape time by ``NodeCollector`` (role, term, indexes, current quorum,
-heartbeating replicas, forwarded and re-routed quorum calls, rounds issued on the lease or through
-a commit, open liveness streams and replica deaths by reason). Nothing here does I/O. What is
-read, and from what, is ``MetricsSource`` (the node, with the Raft node and coordinator it holds),
-``RoutingCounts`` (``routing.Router``), ``LivenessCounts`` (``liveness_streams.LivenessStreams``) and
-``ConnectionCounts`` (``manager_connections.ManagerConnections``).
+Two kinds: histograms observed as things happen (a quorum round's Raft commit, observed in each
+job's coordinator's ``on_issue`` hook; every Raft write, from submit to applied), and
+gauges/counters read from the node at scrape time by ``NodeCollector``.
+
+Node-wide series carry a ``node`` label: Raft role, term and indexes, leader known, serving,
+ready, the number of jobs, forwarded and re-routed quorum calls, Raft write latency. Every series
+that describes one job's rounds carries a ``job`` label too, one series per job on this node (the
+default job's: ``job="default"``, so a dashboard written before jobs keeps working): last quorum
+id and participants, heartbeating replicas, pending requesters, rounds issued on the lease or
+through a commit, open liveness streams, replica deaths by reason, watched manager connections,
+and the round commit latency histogram.
+
+Nothing here does I/O. What is read, and from what, is ``MetricsSource`` (the node: its Raft node,
+state machine and jobs), ``JobReadings`` (``job_registry.JobRuntime``: the job's coordinator,
+``LivenessCounts`` and ``ConnectionCounts``) and ``RoutingCounts`` (``routing.Router``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from lighthouse_cluster.core.state_machine import QuorumStateMachine
+    from lighthouse_cluster.core.state_machine import JobState, QuorumStateMachine
     from lighthouse_cluster.raft.replication import Role
     from lighthouse_cluster.server.config import NodeConfig, PeerSpec
 
@@ -46,7 +53,7 @@ class RaftReadings(Protocol):
 
 
 class RoundReadings(Protocol):
-    """What is read from the leader's coordinator (``coordinator.QuorumCoordinator``)."""
+    """What is read from a job's coordinator on the leader (``coordinator.QuorumCoordinator``)."""
 
     @property
     def term(self) -> int | None: ...
@@ -62,6 +69,25 @@ class RoundReadings(Protocol):
 
     def heartbeat_ages_ms(self) -> dict[str, int]: ...
 
+    def pending(self) -> Sequence[Any]:
+        """The requesters waiting for the job's next quorum."""
+
+
+class JobReadings(Protocol):
+    """What is read of one job's machinery on this node (``job_registry.JobRuntime``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def coordinator(self) -> RoundReadings: ...
+
+    @property
+    def liveness(self) -> LivenessCounts: ...
+
+    @property
+    def connections(self) -> ConnectionCounts: ...
+
 
 class MetricsSource(Protocol):
     """What is read from the node (``LighthouseNode``)."""
@@ -73,7 +99,12 @@ class MetricsSource(Protocol):
     def raft(self) -> RaftReadings | None: ...
 
     @property
-    def coordinator(self) -> RoundReadings | None: ...
+    def coordinator(self) -> RoundReadings | None:
+        """The default job's coordinator (None before the node started)."""
+
+    @property
+    def jobs(self) -> Iterable[JobReadings]:
+        """Every job on this node, the default one first (``job_registry.JobRegistry``)."""
 
     @property
     def machine(self) -> QuorumStateMachine: ...
@@ -112,16 +143,18 @@ class ConnectionCounts(Protocol):
 
 
 class NodeCollector(Collector):
-    """Reads the node's state at scrape time."""
+    """Reads the node's state at scrape time: node-wide series labelled ``node``; one series per
+    job (label ``job``, the default job's ``job="default"``) for what describes a job's rounds."""
 
-    def __init__(self, node: MetricsSource, routing: RoutingCounts, liveness: LivenessCounts,
-                 connections: ConnectionCounts) -> None:
+    def __init__(self, node: MetricsSource, routing: RoutingCounts) -> None:
         self.node = node
         self.routing = routing
-        self.liveness = liveness
-        self.connections = connections
 
     def collect(self) -> Iterator[Any]:
+        yield from self._node_wide()
+        yield from self._per_job()
+
+    def _node_wide(self) -> Iterator[Any]:
         node = self.node
         node_id = node.config.node_id
         raft, coord = node.raft, node.coordinator
@@ -145,12 +178,8 @@ class NodeCollector(Collector):
                     1 if coord is not None and coord.term is not None and coord.serving else 0)
         ready, _ = node.readiness()
         yield gauge("ready", "1 when /readyz answers 200", 1 if ready else 0)
-        q = node.machine.quorum
-        yield gauge("quorum_id", "Id of the last committed quorum (0: none yet)", q.quorum_id if q else 0)
-        yield gauge("quorum_participants", "Participants of the last committed quorum",
-                    len(q.participants) if q else 0)
-        beating = len(coord.heartbeat_ages_ms()) if coord is not None and coord.term is not None else 0
-        yield gauge("heartbeating_replicas", "Replicas with a heartbeat on record (leader only; 0 elsewhere)", beating)
+        yield gauge("jobs", "Jobs (quorum namespaces) this node serves, the default job included",
+                    sum(1 for _ in node.jobs))
         fwd = CounterMetricFamily(PREFIX + "forwarded_quorum_calls", "Quorum calls forwarded to the leader",
                                   labels=["node"])
         fwd.add_metric([node_id], self.routing.forwarded_quorum_calls)
@@ -159,47 +188,90 @@ class NodeCollector(Collector):
                                   "Quorum call attempts re-routed after a leader change or failure", labels=["node"])
         rer.add_metric([node_id], self.routing.rerouted_quorum_calls)
         yield rer
+
+    def _per_job(self) -> Iterator[Any]:
+        node = self.node
+        node_id = node.config.node_id
+        jobs = list(node.jobs)
+
+        def gauge(name: str, doc: str, value_of: Callable[[JobReadings], float]) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(PREFIX + name, doc, labels=["node", "job"])
+            for job in jobs:
+                g.add_metric([node_id, job.name], value_of(job))
+            return g
+
+        def quorum_state(job: JobReadings) -> JobState | None:
+            return node.machine.job(job.name)
+
+        def leading(job: JobReadings) -> bool:
+            return job.coordinator.term is not None
+
+        yield gauge("quorum_id", "Id of the job's last committed quorum (0: none yet; a job created again "
+                    "starts above its predecessor's last)", lambda j: js.quorum_id if (js := quorum_state(j)) else 0)
+        yield gauge("quorum_participants", "Participants of the job's last committed quorum",
+                    lambda j: len(js.quorum.participants) if (js := quorum_state(j)) and js.quorum else 0)
+        yield gauge("heartbeating_replicas", "The job's replicas with a heartbeat on record (leader only; 0 "
+                    "elsewhere)", lambda j: len(j.coordinator.heartbeat_ages_ms()) if leading(j) else 0)
+        yield gauge("pending_requesters", "The job's replica groups waiting for its next quorum (leader only; 0 "
+                    "elsewhere)", lambda j: len(j.coordinator.pending()) if leading(j) else 0)
         rounds = CounterMetricFamily(
-            PREFIX + "quorum_rounds", "Quorum rounds issued, by path: 'commit' (a Raft commit per round) "
-            "or 'lease' (a fast quorum on the leader lease, no commit)", labels=["node", "path"])
-        rounds.add_metric([node_id, "commit"], coord.rounds_committed if coord is not None else 0)
-        rounds.add_metric([node_id, "lease"], coord.rounds_on_lease if coord is not None else 0)
+            PREFIX + "quorum_rounds", "The job's quorum rounds issued here, by path: 'commit' (a Raft commit per "
+            "round) or 'lease' (a fast quorum on the leader lease, no commit)", labels=["node", "job", "path"])
+        for job in jobs:
+            rounds.add_metric([node_id, job.name, "commit"], job.coordinator.rounds_committed)
+            rounds.add_metric([node_id, job.name, "lease"], job.coordinator.rounds_on_lease)
         yield rounds
-        yield gauge("liveness_streams", "Open liveness streams (Watch; the serving leader only)",
-                    self.liveness.open_streams)
+        yield gauge("liveness_streams", "The job's open liveness streams (Watch; the serving leader only)",
+                    lambda j: j.liveness.open_streams)
         deaths = CounterMetricFamily(
-            PREFIX + "replica_deaths", "Replica groups declared dead before their heartbeat timeout, by reason: "
-            "'stream_closed' (the liveness stream ended), 'keepalive_timeout' (no keep-alive for "
+            PREFIX + "replica_deaths", "The job's replica groups declared dead before their heartbeat timeout, by "
+            "reason: 'stream_closed' (the liveness stream ended), 'keepalive_timeout' (no keep-alive for "
             "--liveness-timeout-ms) or 'manager_connection_lost' (the member's manager server closed the "
             "leader's connection and refused a new one: a torchft trainer's death)",
-            labels=["node", "reason"])
-        for reason, count in sorted(self.liveness.deaths.items()):
-            deaths.add_metric([node_id, reason], count)
+            labels=["node", "job", "reason"])
+        for job in jobs:
+            for reason, count in sorted(job.liveness.deaths.items()):
+                deaths.add_metric([node_id, job.name, reason], count)
         yield deaths
-        yield gauge("manager_connections", "Connections up from the serving leader to the running quorum's "
-                    "manager servers (members without a liveness stream)", self.connections.connected)
+        yield gauge("manager_connections", "Connections up from the serving leader to the job's running quorum's "
+                    "manager servers (members without a liveness stream)", lambda j: j.connections.connected)
 
 
 class NodeMetrics:
     """The node's registry and the histograms it observes into."""
 
-    def __init__(self, node: MetricsSource, routing: RoutingCounts, liveness: LivenessCounts,
-                 connections: ConnectionCounts) -> None:
+    def __init__(self, node: MetricsSource, routing: RoutingCounts) -> None:
+        self.node = node
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(NodeCollector(node, routing, liveness, connections))
+        self.registry.register(NodeCollector(node, routing))
         self.quorum_commit_seconds = Histogram(
-            PREFIX + "quorum_commit_seconds", "Raft commit latency of issued quorum rounds",
-            registry=self.registry, buckets=LATENCY_BUCKETS)
+            PREFIX + "quorum_commit_seconds", "Raft commit latency of the job's issued quorum rounds",
+            ["job"], registry=self.registry, buckets=LATENCY_BUCKETS)
         self.raft_write_seconds = Histogram(
             PREFIX + "raft_write_seconds", "Latency of Raft writes from submit to applied (or failed)",
             ["outcome"], registry=self.registry, buckets=LATENCY_BUCKETS)
+        self._histogram_jobs: set[str] = set()
+        self._match_jobs()
 
-    def on_issue(self, _issued: Any, commit_s: float | None) -> None:
+    def on_issue(self, job: str, _issued: Any, commit_s: float | None) -> None:
+        """A round of ``job`` was issued (the coordinator's ``on_issue`` hook)."""
         if commit_s is not None:  # None: issued on the lease, no commit to time
-            self.quorum_commit_seconds.observe(commit_s)
+            self.quorum_commit_seconds.labels(job).observe(commit_s)
+            self._histogram_jobs.add(job)
 
     def observe_raft_write(self, seconds: float, ok: bool) -> None:
         self.raft_write_seconds.labels("ok" if ok else "error").observe(seconds)
 
+    def _match_jobs(self) -> None:
+        """One histogram series per job on this node, from its start (a count of 0 until its first
+        committed round); a removed job's goes with it (its other series are read from its runtime)."""
+        current = {job.name for job in self.node.jobs}
+        for job in current - self._histogram_jobs:
+            self.quorum_commit_seconds.labels(job)
+        for job in self._histogram_jobs - current:
+            self.quorum_commit_seconds.remove(job)
+        self._histogram_jobs = current
+
     def exposition(self) -> bytes:
+        self._match_jobs()
         return generate_latest(self.registry)

@@ -105,9 +105,9 @@ class LighthouseNode:
         self.leader_term = LeaderTerm(config.node_id, self.machine, self.submit,
                                       lease=LeaseSettings(lease_ms=config.quorum_lease_ms))
         self.jobs = JobRegistry(self, config, self.machine, self.submit, self.leader_term,
-                                on_issue=lambda job: lambda issued, commit_s: self.metrics.on_issue(issued, commit_s))
+                                on_issue=lambda job: lambda issued, commit_s: self.metrics.on_issue(job, issued, commit_s))
         self._started_jobs = False
-        self.metrics = NodeMetrics(self, self.router, self.liveness, self.connections)
+        self.metrics = NodeMetrics(self, self.router)
         self.health = health.aio.HealthServicer()
         self._health_serving: bool | None = None
         self.http = None  # http_endpoints.HttpEndpoints when --http-bind is set

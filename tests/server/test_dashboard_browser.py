@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from support.job_admin import add_job
 from support.waiting import wait_for
 from lighthouse_cluster.local.cluster import LocalCluster, free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
@@ -44,10 +45,11 @@ ROLES = {cpb.FOLLOWER: "follower", cpb.CANDIDATE: "candidate", cpb.LEADER: "lead
 # -- the replica group process (this file run as a script) -------------------------------------------
 
 
-def replica_main(replica_id: str, endpoint: str, fallbacks: str, step_time_s: float) -> None:
+def replica_main(replica_id: str, endpoint: str, fallbacks: str, step_time_s: float, job: str | None) -> None:
     """One simulated replica group with a manager server: prints ``MANAGER <address>``, one
     ``ROUND <quorum id> <step sent> <participants>`` line per quorum, and ``KILLED <msg>`` when
-    killed, then exits with status 1 without answering (torchft's manager does the same)."""
+    killed, then exits with status 1 without answering (torchft's manager does the same). Its calls
+    name ``job`` (None: the default job)."""
     import grpc
 
     from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
@@ -69,15 +71,15 @@ def replica_main(replica_id: str, endpoint: str, fallbacks: str, step_time_s: fl
         await server.start()
         group = SimulatedReplicaGroup(replica_id, endpoint, quorum_timeout_s=5.0, step_time_s=step_time_s,
                                       address=f"http://127.0.0.1:{port}", on_round=on_round,
-                                      fallback_endpoints=tuple(fallbacks.split(",")))
+                                      fallback_endpoints=tuple(fallbacks.split(",")), job=job)
         print(f"MANAGER {group.address}", flush=True)
         await group.run()
 
     asyncio.run(main())
 
 
-if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "replica":
-    replica_main(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]))
+if __name__ == "__main__" and len(sys.argv) in (6, 7) and sys.argv[1] == "replica":
+    replica_main(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5]), sys.argv[6] if len(sys.argv) == 7 else None)
     sys.exit(0)
 
 
@@ -164,7 +166,8 @@ def replicas(tmp_path: Path) -> Iterator[Callable[..., Replica]]:
     """Start replica group processes; every one still running is SIGKILLed at the end."""
     started: list[Replica] = []
 
-    def start(replica_id: str, endpoint: str, endpoints: list[str], step_time_s: float) -> Replica:
+    def start(replica_id: str, endpoint: str, endpoints: list[str], step_time_s: float,
+              job: str | None = None) -> Replica:
         log = tmp_path / f"{replica_id}.log"
         # The package importable without an installed package too, and tests/ for ``support``.
         root, tests = str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])
@@ -172,7 +175,8 @@ def replicas(tmp_path: Path) -> Iterator[Callable[..., Replica]]:
                "PYTHONPATH": os.pathsep.join(filter(None, [root, tests, os.environ.get("PYTHONPATH")]))}
         with open(log, "wb") as f:
             proc = subprocess.Popen(
-                [sys.executable, __file__, "replica", replica_id, endpoint, ",".join(endpoints), str(step_time_s)],
+                [sys.executable, __file__, "replica", replica_id, endpoint, ",".join(endpoints), str(step_time_s),
+                 *([job] if job is not None else [])],
                 stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         r = Replica(replica_id, proc, log)
         started.append(r)
@@ -194,11 +198,11 @@ def start_cluster(make_cluster: Callable[..., LocalCluster], **kwargs: Any) -> t
 JS_ERRORS: list[str] = []
 
 
-def open_dashboard(browser: Any, cluster: LocalCluster, i: int) -> Any:
+def open_dashboard(browser: Any, cluster: LocalCluster, i: int, fragment: str = "") -> Any:
     page = browser.new_page()
     page.on("dialog", lambda dialog: dialog.accept())  # the kill button's "Kill replica ...?"
     page.on("pageerror", lambda error: JS_ERRORS.append(f"{node_id(cluster, i)}: {error}"))
-    page.goto(f"http://{cluster.http_address(i)}/")
+    page.goto(f"http://{cluster.http_address(i)}/{fragment}")
     page.wait_for_function("document.getElementById('self').textContent === " + repr(node_id(cluster, i)))
     return page
 
@@ -370,3 +374,83 @@ def test_kill_button_and_leader_failover(make_cluster, browser, replicas, tmp_pa
              and not {r["step"] for r in table(fpage, "quorum").values()} & steps_before, 20, context=cluster.tail_logs,
              interval=0.1)
     fpage.screenshot(path=str(tmp_path / "dashboard-after-failover.png"), full_page=True)
+
+
+def test_dashboard_shows_every_job(make_cluster, browser, replicas, tmp_path) -> None:
+    """A second job beside the default one: the Jobs table lists both; the job's own view (its
+    settings, ports, config, quorum, heartbeats) is the leader's, on a follower's page too; its
+    kill button kills that job's member, and the default job's view is unchanged."""
+    cluster, leader = start_cluster(make_cluster)
+    addrs = cluster.client_addresses
+    ports = {node_id(cluster, i): p for i, p in enumerate(free_ports(3))}  # each node its own: all on loopback
+    add_job(cluster, TOKEN, "train-b", settings=cpb.JobSettingsUpdate(min_replicas=1, heartbeat_timeout_ms=3000),
+            ports=[cpb.JobPort(node_id=n, port=p) for n, p in ports.items()],
+            config=[cpb.ConfigEntry(key="dataset", value="c4"), cpb.ConfigEntry(key="lr", value="3e-4")])
+    g0 = replicas("g0", addrs[0], addrs, 0.5)
+    b = {rid: replicas(rid, addrs[k + 1], addrs, 0.5, job="train-b") for k, rid in enumerate(("b0", "b1"))}
+
+    follower = (leader + 1) % 3
+    page = open_dashboard(browser, cluster, follower)
+    wait_for("both jobs in the Jobs table", lambda: sorted(table(page, "jobs")) == ["default", "train-b"], 20,
+             context=cluster.tail_logs, interval=0.1)
+    wait_for("train-b's two members in the Jobs table", lambda: table(page, "jobs")["train-b"]["members"] == "2", 20,
+             context=cluster.tail_logs, interval=0.1)
+    jobs = table(page, "jobs")
+    assert jobs["train-b"]["config"] == "dataset=c4, lr=3e-4"
+    assert jobs["train-b"]["ports"] == ", ".join(f"{n}: {p}" for n, p in sorted(ports.items()))
+    assert jobs["default"]["ports"] == "the client port" and "is-selected" in jobs["default"]["_cls"]
+    assert text(page, "job-card") == "default"
+    assert text(page, "jobsinfo").startswith(f"heartbeating replicas and waiting requesters as the leader "
+                                             f"{node_id(cluster, leader)} sees them")
+
+    # The job's own view, selected in the table.
+    page.click('#jobs tr[data-key="train-b"] a')
+    page.wait_for_function("document.getElementById('job-card').textContent === 'train-b'")
+    assert page.url.endswith("#job=train-b") and page.input_value("#job") == "train-b"
+    assert "is-selected" in table(page, "jobs")["train-b"]["_cls"]
+    settings = {k: r["value"] for k, r in table(page, "settings").items()}
+    assert settings["min_replicas"] == "1" and settings["heartbeat_timeout_ms"] == "3000"
+    assert {k: r["value"] for k, r in table(page, "config").items()} == {"dataset": "c4", "lr": "3e-4"}
+    assert {r["node"]: r["port"] for r in table(page, "ports").values()} == {n: str(p) for n, p in ports.items()}
+
+    def members_shown() -> Any:
+        rows = table(page, "quorum")
+        return set(rows) == {"b0", "b1"} and rows
+    rows = wait_for("train-b's quorum on the page", members_shown, 20, context=cluster.tail_logs, interval=0.1)
+    qid = int(text(page, "qid").split(" ")[0].lstrip("#"))
+    assert text(page, "qid") == f"#{qid} (job train-b)"
+    for rid, r in b.items():
+        assert rows[rid]["address"] == r.address
+        wait_for(f"{rid}'s own record of quorum {qid}", lambda r=r: any(q == qid for q, _, _ in r.rounds()), 10,
+                 interval=0.1)
+    assert g0.rounds() and all(p == ("g0",) for _, _, p in g0.rounds())  # each job's quorums are its own
+    wait_for("train-b's heartbeats, as the leader sees them",
+             lambda: set(table(page, "heartbeats")) == {"b0", "b1"}, 10, interval=0.1)
+    assert text(page, "hbinfo").startswith(f"as the leader {node_id(cluster, leader)} last heard them")
+    page.screenshot(path=str(tmp_path / "dashboard-job.png"), full_page=True)
+
+    # Its kill button kills train-b's member through this (follower) node.
+    page.fill("#token", TOKEN)
+    page.locator('#quorum tr[data-key="b1"] button').click()
+    victim = b["b1"]
+    wait_for("the kill confirmed on the page", lambda: text(page, "kill-result")
+             == f"killed b1 of job train-b at {victim.address}", 10, context=lambda: text(page, "kill-result"),
+             interval=0.1)
+    assert victim.process.wait(timeout=10) == KILLED_EXIT
+    assert b["b0"].process.poll() is None and g0.process.poll() is None
+    wait_for("a train-b quorum without b1", lambda: set(table(page, "quorum")) == {"b0"}, 20, context=cluster.tail_logs,
+             interval=0.1)
+
+    # The default job, chosen in the selector: its own quorum, as before jobs.
+    page.select_option("#job", "default")
+    page.wait_for_function("document.getElementById('job-card').textContent === 'default'")
+    wait_for("the default job's quorum", lambda: set(table(page, "quorum")) == {"g0"}, 10, interval=0.1)
+    assert not page.url.endswith("#job=train-b")
+    assert {k: r["value"] for k, r in table(page, "settings").items()}["heartbeat_timeout_ms"] == "2000"
+    assert table(page, "config") == {}  # no rows: "no config"
+
+    # A link to a job's view opens it, on the leader's page too.
+    lpage = open_dashboard(browser, cluster, leader, "#job=train-b")
+    lpage.wait_for_function("document.getElementById('job-card').textContent === 'train-b'")
+    wait_for("the leader's page shows train-b's quorum", lambda: set(table(lpage, "quorum")) == {"b0"}, 10,
+             interval=0.1)

@@ -459,13 +459,15 @@ def members(q: pb.Quorum) -> list[str]:
     return [m.replica_id for m in q.participants]
 
 
-def scrape(cluster: Any, i: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def scrape(cluster: Any, i: int, job: str = "default") -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Node ``i``'s samples, node-wide and of ``job`` (another job's left out), keyed by name and
+    their labels other than ``node`` and ``job``."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"http://{cluster.http_address(i)}/metrics", timeout=5) as resp:
         text = resp.read().decode()
-    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "node"))): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples}
+    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("node", "job")))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples if s.labels.get("job", job) == job}
 
 
 def distinct_ports(nodes: int) -> dict[str, list[int]]:

@@ -21,10 +21,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from support.job_admin import add_job
 from support.waiting import wait_for
+from lighthouse_cluster.core.jobs import JOB_HEADER
 from lighthouse_cluster.server.config import ConfigError, build_node_config
 from lighthouse_cluster.local.cluster import LocalCluster, free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
 from lighthouse_cluster.local.simulated_group import SimulatedReplicaGroup
@@ -56,6 +59,12 @@ def metrics(cluster: LocalCluster, i: int) -> dict[str, list[Any]]:
     return {f.name: f.samples for f in text_string_to_metric_families(body.decode())}
 
 
+def per_job(families: dict[str, list[Any]], family: str, name: str | None = None, **labels: str) -> dict[str, float]:
+    """{job: value} of one per-job series."""
+    return {s.labels["job"]: s.value for s in families[family]
+            if s.name == (name or family) and all(s.labels.get(k) == v for k, v in labels.items())}
+
+
 def sample(families: dict[str, list[Any]], family: str, name: str | None = None, **labels: str) -> float:
     for s in families[family]:
         if s.name == (name or family) and all(s.labels.get(k) == v for k, v in labels.items()):
@@ -78,12 +87,12 @@ def formed(cluster: LocalCluster) -> list[cpb.NodeStatus] | None:
     return sts
 
 
-def run_rounds(cluster: LocalCluster, groups: int, rounds: int) -> None:
+def run_rounds(cluster: LocalCluster, groups: int, rounds: int, job: str | None = None, prefix: str = "g") -> None:
     async def main() -> None:
         # Groups stop together once each has ``rounds`` quorums; a call sent just before the
         # others stopped waits for them until its timeout, so late failures are expected.
-        sims = [SimulatedReplicaGroup(f"g{k}", cluster.client_addresses[k % cluster.nodes], quorum_timeout_s=2.0)
-                for k in range(groups)]
+        sims = [SimulatedReplicaGroup(f"{prefix}{k}", cluster.client_addresses[k % cluster.nodes], quorum_timeout_s=2.0,
+                                      job=job) for k in range(groups)]
 
         def ok(s: SimulatedReplicaGroup) -> int:
             return sum(1 for r in s.rounds if not r.error)
@@ -183,6 +192,100 @@ def test_metrics_probes_health_and_reflection_on_a_formed_cluster(observed) -> N
     assert http(cluster, 0, "/metrics", method="POST")[0] == 405
 
 
+def test_metrics_and_status_json_per_job(observed) -> None:
+    """Two jobs beside the default one: /metrics has one series per job, with values that match
+    what each job did; /status.json lists every job with its config and its leader's view."""
+    cluster = observed(admin_token=TOKEN)
+    added = add_job(cluster, TOKEN, "train-b", config=[cpb.ConfigEntry(key="dataset", value="c4"),
+                                                cpb.ConfigEntry(key="lr", value="3e-4")])
+    assert added.quorum_id == 0
+    add_job(cluster, TOKEN, "idle")
+    rounds = "lighthouse_cluster_quorum_rounds"
+    hist = "lighthouse_cluster_quorum_commit_seconds"
+
+    def leader_jobs() -> dict[str, cpb.Job]:
+        leader = cluster.leader_index()
+        assert leader is not None
+        with grpc.insecure_channel(cluster.client_addresses[leader]) as ch:
+            answer = cpb_grpc.LighthouseClusterStub(ch).ListJobs(cpb.ListJobsRequest(), timeout=5)
+        assert answer.leader_view
+        return {j.name: j for j in answer.jobs}
+
+    # The default job's rounds first: only its series move.
+    run_rounds(cluster, groups=2, rounds=3)
+    leader = cluster.leader_index()
+    assert leader is not None
+    first = metrics(cluster, leader)
+    issued_default = {path: per_job(first, rounds, rounds + "_total", path=path)["default"]
+                      for path in ("commit", "lease")}
+    assert sum(issued_default.values()) >= 3
+    for path in ("commit", "lease"):
+        assert per_job(first, rounds, rounds + "_total", path=path) == {
+            "default": issued_default[path], "idle": 0, "train-b": 0}
+    assert per_job(first, hist, hist + "_count") == {"default": issued_default["commit"], "idle": 0, "train-b": 0}
+
+    # Then train-b's, through every node (followers forward the job's calls).
+    run_rounds(cluster, groups=3, rounds=3, job="train-b", prefix="b")
+
+    def consistent() -> dict[str, list[Any]] | None:
+        fam, jobs = metrics(cluster, leader), leader_jobs()
+        ids = per_job(fam, "lighthouse_cluster_quorum_id")
+        if ids != {name: j.quorum_id for name, j in jobs.items()}:
+            return None
+        if per_job(fam, "lighthouse_cluster_pending_requesters") != {"default": 0, "idle": 0, "train-b": 0}:
+            return None  # a late call of a group that finished waits until its deadline
+        return fam
+
+    fam = wait_for("the leader's per-job metrics to match its ListJobs", consistent, 15.0, context=cluster,
+                   interval=0.1, retry_on=(OSError,))
+    jobs = leader_jobs()
+    assert {m.replica_id for m in jobs["default"].quorum.participants} == {"g0", "g1"}
+    assert {m.replica_id for m in jobs["train-b"].quorum.participants} == {"b0", "b1", "b2"}
+    assert jobs["train-b"].quorum_id >= 1 and not jobs["idle"].has_quorum
+    assert per_job(fam, "lighthouse_cluster_quorum_participants") == {"default": 2, "idle": 0, "train-b": 3}
+    assert per_job(fam, "lighthouse_cluster_heartbeating_replicas") == {"default": 2, "idle": 0, "train-b": 3}
+    for path in ("commit", "lease"):  # train-b's rounds were counted as its own, not the default job's
+        assert per_job(fam, rounds, rounds + "_total", path=path)["default"] == issued_default[path]
+    issued_b = {path: per_job(fam, rounds, rounds + "_total", path=path)["train-b"] for path in ("commit", "lease")}
+    assert issued_b["commit"] >= 1 and sum(issued_b.values()) >= 3  # the first round of a new member set commits
+    assert per_job(fam, rounds, rounds + "_total", path="commit")["idle"] == 0
+    assert per_job(fam, hist, hist + "_count") == {"default": issued_default["commit"], "idle": 0,
+                                                     "train-b": issued_b["commit"]}
+    assert sample(fam, "lighthouse_cluster_jobs") == 3
+    for family in ("lighthouse_cluster_term", "lighthouse_cluster_ready", "lighthouse_cluster_commit_index"):
+        assert all("job" not in s.labels for s in fam[family]), family
+    assert all("job" not in s.labels for s in fam["lighthouse_cluster_raft_write_seconds"])
+
+    # A follower: the replicated quorum ids per job; no leader readings.
+    follower = (leader + 1) % 3
+    fam_f = wait_for("the follower's per-job quorum ids",
+                     lambda: (f := metrics(cluster, follower)) and per_job(f, "lighthouse_cluster_quorum_id")
+                     == {name: j.quorum_id for name, j in jobs.items()} and f, 15.0, context=cluster, interval=0.1,
+                     retry_on=(OSError,))
+    assert per_job(fam_f, "lighthouse_cluster_heartbeating_replicas") == {"default": 0, "idle": 0, "train-b": 0}
+
+    # /status.json, on the follower and on the leader: every job, its config, its quorum, and the
+    # leader's live view of it.
+    for i in (follower, leader):
+        status, body, _ = http(cluster, i, "/status.json")
+        assert status == 200
+        data = json.loads(body)
+        shown = {j["name"]: j for j in data["jobs"]}
+        assert [j["name"] for j in data["jobs"]] == ["default", "idle", "train-b"]
+        assert data["jobs_answered_by"] == cluster.members[leader].peer.node_id
+        assert shown["train-b"]["config"] == {"dataset": "c4", "lr": "3e-4"}
+        assert shown["default"]["config"] == {} and shown["default"]["settings_from_flags"] is True
+        assert shown["train-b"]["settings"]["min_replicas"] == added.settings.min_replicas
+        assert shown["train-b"]["quorum_id"] == jobs["train-b"].quorum_id
+        assert {p["replica_id"] for p in shown["train-b"]["quorum"]["participants"]} == {"b0", "b1", "b2"}
+        assert shown["idle"]["quorum"] is None
+        assert all(j["leader_view"] for j in data["jobs"])
+        assert {h["replica_id"] for h in shown["train-b"]["heartbeats"]} == {"b0", "b1", "b2"}
+        assert {h["replica_id"] for h in shown["default"]["heartbeats"]} == {"g0", "g1"}
+        # The default job is still at the top level, as before jobs.
+        assert data["quorum"]["quorum_id"] == shown["default"]["quorum_id"] == jobs["default"].quorum_id
+
+
 def test_status_json_matches_status_cli(observed) -> None:
     cluster = observed()
     run_rounds(cluster, groups=2, rounds=2)
@@ -247,12 +350,18 @@ def test_kill_endpoint(observed) -> None:
     cluster = observed(admin_token=TOKEN)
     open_cluster = observed()  # no token configured
 
+    add_job(cluster, TOKEN, "train-b")
+
     async def main() -> None:
-        fake = FakeManager()
+        fake, fake_b = FakeManager(), FakeManager()  # the default job's member, train-b's
         server = grpc.aio.server()
         pb_grpc.add_ManagerServiceServicer_to_server(fake, server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
+        server_b = grpc.aio.server()
+        pb_grpc.add_ManagerServiceServicer_to_server(fake_b, server_b)
+        port_b = server_b.add_insecure_port("127.0.0.1:0")
+        await server_b.start()
         try:
             async with grpc.aio.insecure_channel(cluster.client_addresses[0]) as ch:
                 stub = pb_grpc.LighthouseServiceStub(ch)
@@ -290,8 +399,30 @@ def test_kill_endpoint(observed) -> None:
             assert status == 200, body
             assert json.loads(body)["killed"] == "victim"
             assert len(fake.kills) == 1 and "n2" in fake.kills[0]
+
+            # A replica of the same id in another job: the kill names the job.
+            async with grpc.aio.insecure_channel(cluster.client_addresses[0]) as ch:
+                resp = await pb_grpc.LighthouseServiceStub(ch).Quorum(pb.LighthouseQuorumRequest(
+                    requester=pb.QuorumMember(replica_id="victim", address=f"http://127.0.0.1:{port_b}",
+                                              store_address="store:2", step=0, world_size=1)),
+                    timeout=20, metadata=((JOB_HEADER, "train-b"),))
+            assert [m.replica_id for m in resp.quorum.participants] == ["victim"]
+            status, body, _ = await asyncio.to_thread(call, cluster, 1, "/replica/victim/kill?job=nope",
+                                                      Authorization=f"Bearer {TOKEN}")
+            assert status == 404 and b"no job 'nope'" in body
+
+            def killed_in_b() -> tuple[int, bytes, dict[str, str]] | None:
+                answer = call(cluster, 1, "/replica/victim/kill?job=train-b", Authorization=f"Bearer {TOKEN}")
+                return answer if answer[0] != 404 else None  # until n2 applied train-b's quorum
+            status, body, _ = await asyncio.to_thread(wait_for, "the kill of train-b's victim", killed_in_b, 15.0,
+                                                      context=cluster, interval=0.05, retry_on=(OSError,))
+            assert status == 200, body
+            assert json.loads(body) == {"killed": "victim", "job": "train-b", "address": f"http://127.0.0.1:{port_b}",
+                                        "answered": True}
+            assert len(fake_b.kills) == 1 and len(fake.kills) == 1
         finally:
             await server.stop(None)
+            await server_b.stop(None)
 
     asyncio.run(main())
     for m in cluster.members:  # the token is never logged
