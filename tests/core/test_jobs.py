@@ -35,7 +35,7 @@ def test_valid_job_names(name: str) -> None:
     assert spec(name).check().name == name
 
 
-@pytest.mark.parametrize("name", ["", "-a", "_a", ".a", "x" * 64, "a b", "a/b", "a:b", "é", "job*"])
+@pytest.mark.parametrize("name", ["", "-a", "_a", ".a", "x" * 64, "a b", "a/b", "a:b", "é", "a\n", "job*"])
 def test_invalid_job_names_are_refused_with_the_name(name: str) -> None:
     with pytest.raises(JobError, match="must be 1-63 letters, digits") as e:
         check_job_name(name)
@@ -155,6 +155,7 @@ def test_valid_ports(ports) -> None:
     ((("", 29600),), "port entry =29600: '' is not a node id"),
     ((("n 1", 29600),), "'n 1' is not a node id"),
     ((("**", 29600),), "'\\*\\*' is not a node id"),
+    ((("n1\n", 29600),), "'n1\\\\n' is not a node id"),
     (tuple((f"n{i}", 30000 + i) for i in range(jobs.MAX_PORTS + 1)), f"at most {jobs.MAX_PORTS} port entries"),
 ])
 def test_invalid_ports_are_refused(ports, message: str) -> None:
@@ -201,6 +202,7 @@ def test_valid_config(config) -> None:
     ((("a", "x" * (jobs.MAX_CONFIG_VALUE_BYTES + 1)),), "config value of 'a' is 4097 bytes; the limit is 4096"),
     ((("a", "é" * (jobs.MAX_CONFIG_VALUE_BYTES // 2 + 1)),), "is 4098 bytes; the limit is 4096"),
     (config_of(17, "v" * 4000), "the job's config is 68068 bytes; the limit is 65536"),
+    ((("a\n", "1"),), "config key 'a\\\\n' must be"),          # '$' would match before a final newline
 ])
 def test_invalid_config_is_refused(config, message: str) -> None:
     with pytest.raises(JobError, match=message):
