@@ -19,6 +19,7 @@ from lighthouse_cluster.core.codec import (
     EnableSchema,
     PutJob,
     RemoveJob,
+    SchemaError,
     TermStart,
 )
 from lighthouse_cluster.core.jobs import ALL_NODES, DEFAULT_JOB, JobSettings, JobSpec
@@ -324,6 +325,24 @@ def test_after_a_schema_3_log_jobs_wait_for_schema_4() -> None:
                  commit(0, q(1, "t"), "train", term=3), commit(3, q(4, "a", "c"), term=3)) == [
         apply(QuorumStateMachine(), TermStart(3, "n1", 0))[0], JobResult(True, 1),
         CommitResult(True, 1), CommitResult(True, 4)]
+
+
+# -- bad bytes ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", [
+    {"n": "a", "p": [["*", "not-a-port"]]},
+    {"n": "a", "c": [["k", "v", "extra"]]},
+    {"n": "a", "p": [7]},
+    {"s": {}},
+])
+def test_a_malformed_job_command_is_a_schema_error_not_a_crash(spec) -> None:
+    """``ReplicatedState`` skips a SchemaError as a deterministic no-op; any other exception
+    would fail pysyncobj's apply on every node at that entry, again at every tick (the whole
+    cluster stops applying)."""
+    raw = msgpack.packb({"v": V, "k": "put_job", "expect": 0, "spec": spec})
+    with pytest.raises(SchemaError, match="malformed put_job command"):
+        codec.decode_command(raw)
 
 
 # -- property: any interleaving over three jobs ------------------------------------------------------------
