@@ -5,21 +5,29 @@ of them, plus a count). They read only the history: client operations, the nemes
 the monitor's status observations and the ``journal`` process's ``final-state`` events (each
 node's committed log, replayed after the run; see ``jepsen_like.journal.summarize``).
 
-* ``no_split_brain``: no quorum id has two member sets, in what clients were told or in any
-  node's committed log.
+Jobs (``lighthouse_cluster/core/jobs.py``): every client operation names its job, and each job's
+quorum ids are a namespace of their own, so every quorum property is checked per job (an id of
+one job says nothing about another's); a history from before jobs is the default job's alone.
+Leaders, logs and heals are the cluster's, not a job's.
+
+* ``no_split_brain``: no quorum id of a job has two member sets, in what clients were told or in
+  any node's committed log.
 * ``monotonic_quorum_ids``: a client never sees a quorum id go down, and an operation invoked
-  after another completed never returns a lower id (real-time order).
-* ``acknowledged_committed``: every quorum a client received is in the committed log of every
-  node at the end of the run.
+  after another one of the same job completed never returns a lower id (real-time order).
+* ``acknowledged_committed``: every quorum a client received is in its job's committed quorums
+  in the log of every node at the end of the run.
+* ``jobs_isolated``: no quorum of a job (told to a client, or committed) has a member that is
+  another job's replica group.
 * ``one_leader_per_term``: no two nodes lead the same term, neither in the committed log
   (``TermStart`` and ``CommitQuorum`` carry the writer's term and id) nor as observed.
 * ``recovery_after_heal``: after each ``recover`` (the cluster healthy again) held for at least
   ``bound_s``, every client that keeps asking gets a quorum within ``bound_s``.
-* ``survivor_wait``: after each client kill (``kill-client``), every surviving client gets a
-  quorum without the killed one within ``bound_s``; reports how long (median and max per run).
-* ``durable_after_restart_all``: after every node is killed and restarted, quorum ids are at
-  least the highest acknowledged before.
-* ``logs_agree``: nodes' committed logs are identical where they overlap (digests).
+* ``survivor_wait``: after each client kill (``kill-client``), every surviving client of its job
+  gets a quorum without the killed one within ``bound_s``; reports how long (median and max per run).
+* ``durable_after_restart_all``: after every node is killed and restarted, each job's quorum ids
+  are at least the highest acknowledged for it before.
+* ``logs_agree``: nodes' committed logs are identical where they overlap (digests), and nodes
+  that replayed their logs to the same index hold the same state of every job.
 """
 
 from __future__ import annotations
@@ -29,7 +37,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .history import JOURNAL, MONITOR, NEMESIS, OK, Event, is_client, pair_operations
+from lighthouse_cluster.core.jobs import DEFAULT_JOB
+
+from .history import JOURNAL, MONITOR, NEMESIS, OK, Event, Operation, is_client, job_of, pair_operations
 from .schedule import CLIENT_FAULTS, RESTORING
 
 MAX_OFFENDING = 20
@@ -86,6 +96,28 @@ def _quorum_oks(history: Sequence[Event]) -> list[Event]:
             and isinstance(e.get("value"), dict) and e["value"].get("quorum_id") is not None]
 
 
+def committed_quorums(state: dict[str, Any]) -> list[tuple[str, int, list[str], int, int]]:
+    """A node's committed quorums from its ``final-state``: (job, id, member ids, first index,
+    term); a summary from before jobs (four fields) is the default job's."""
+    return [(str(q[4]) if len(q) > 4 else DEFAULT_JOB, q[0], q[1], q[2], q[3]) for q in state.get("quorums", [])]
+
+
+def _unverifiable(state: dict[str, Any], job: str, qid: int) -> bool:
+    """Whether ``job``'s quorum id ``qid`` falls in a stretch of the node's log known only from a
+    snapshot older than its history window."""
+    return any(r[0] < qid < r[1] for r in state.get("unverifiable_quorum_ids", [])
+               if (str(r[2]) if len(r) > 2 else DEFAULT_JOB) == job)
+
+
+def replica_jobs(history: Sequence[Event]) -> dict[str, set[str]]:
+    """Replica id -> the jobs its client operations named (one, unless the harness is wrong)."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for e in history:
+        if is_client(e["process"]) and e["f"] in ("quorum", "heartbeat"):
+            out[e["process"]].add(job_of(e))
+    return out
+
+
 def final_states(history: Sequence[Event]) -> dict[str, dict[str, Any]]:
     """node -> the last ``final-state`` value recorded for it."""
     out: dict[str, dict[str, Any]] = {}
@@ -99,19 +131,25 @@ def final_states(history: Sequence[Event]) -> dict[str, dict[str, Any]]:
 
 
 def no_split_brain(history: Sequence[Event]) -> CheckResult:
-    seen: dict[int, dict[tuple[str, ...], Any]] = defaultdict(dict)
+    seen: dict[tuple[str, int], dict[tuple[str, ...], Any]] = defaultdict(dict)
     for e in _quorum_oks(history):
-        seen[e["value"]["quorum_id"]].setdefault(_members(e["value"]), e)
+        seen[(job_of(e), e["value"]["quorum_id"])].setdefault(_members(e["value"]), e)
     for node, st in final_states(history).items():
-        for qid, members, first_index, term in st.get("quorums", []):
-            seen[qid].setdefault(tuple(sorted(members)),
-                                 {"process": JOURNAL, "node": node, "quorum_id": qid, "participants": members,
-                                  "log_index": first_index, "term": term})
-    offending = [{"quorum_id": qid, "member_sets": [list(m) for m in sets], "witnesses": list(sets.values())}
-                 for qid, sets in sorted(seen.items()) if len(sets) > 1]
+        for job, qid, members, first_index, term in committed_quorums(st):
+            seen[(job, qid)].setdefault(tuple(sorted(members)),
+                                        {"process": JOURNAL, "node": node, "job": job, "quorum_id": qid,
+                                         "participants": members, "log_index": first_index, "term": term})
+    offending = [{"job": job, "quorum_id": qid, "member_sets": [list(m) for m in sets],
+                  "witnesses": list(sets.values())}
+                 for (job, qid), sets in sorted(seen.items()) if len(sets) > 1]
     return _result("no-split-brain", offending,
-                   f"{len(seen)} quorum ids, each with one member set",
-                   "{n} quorum ids were given two or more member sets")
+                   f"{len(seen)} quorum ids{_of_jobs(k[0] for k in seen)}, each with one member set",
+                   "{n} quorum ids of a job were given two or more member sets")
+
+
+def _of_jobs(jobs: Any) -> str:
+    names = sorted(set(jobs))
+    return f" of {len(names)} jobs" if len(names) > 1 else ""
 
 
 def monotonic_quorum_ids(history: Sequence[Event]) -> CheckResult:
@@ -122,22 +160,27 @@ def monotonic_quorum_ids(history: Sequence[Event]) -> CheckResult:
         if prev is not None and e["value"]["quorum_id"] < prev["value"]["quorum_id"]:
             offending.append({"kind": "client", "process": e["process"], "earlier": prev, "later": e})
         last[e["process"]] = e
-    # Real time: an operation invoked after another one completed must not see a lower id.
+    # Real time, within a job: an operation invoked after another one of its job completed must
+    # not see a lower id.
     ops = [op for op in pair_operations(history, "quorum") if op.type == OK and is_client(op.process)
            and isinstance(op.value, dict) and op.value.get("quorum_id") is not None]
-    by_end = sorted(ops, key=lambda op: op.end_ns)
-    best: Any = None
-    j = 0
-    for op in sorted(ops, key=lambda op: op.start_ns):
-        while j < len(by_end) and by_end[j].end_ns < op.start_ns:
-            if best is None or by_end[j].value["quorum_id"] > best.value["quorum_id"]:
-                best = by_end[j]
-            j += 1
-        if best is not None and op.value["quorum_id"] < best.value["quorum_id"]:
-            offending.append({"kind": "real-time", "completed_before": best.complete, "invoked": op.invoke,
-                              "returned": op.complete})
+    by_job: dict[str, list[Operation]] = defaultdict(list)
+    for op in ops:
+        by_job[op.job].append(op)
+    for job, job_ops in sorted(by_job.items()):
+        by_end = sorted(job_ops, key=lambda op: op.end_ns)
+        best: Any = None
+        j = 0
+        for op in sorted(job_ops, key=lambda op: op.start_ns):
+            while j < len(by_end) and by_end[j].end_ns < op.start_ns:
+                if best is None or by_end[j].value["quorum_id"] > best.value["quorum_id"]:
+                    best = by_end[j]
+                j += 1
+            if best is not None and op.value["quorum_id"] < best.value["quorum_id"]:
+                offending.append({"kind": "real-time", "job": job, "completed_before": best.complete,
+                                  "invoked": op.invoke, "returned": op.complete})
     return _result("monotonic-quorum-ids", offending,
-                   f"{len(ops)} quorum acknowledgements in per-client and real-time order",
+                   f"{len(ops)} quorum acknowledgements{_of_jobs(by_job)} in per-client and per-job real-time order",
                    "{n} quorum ids went backwards")
 
 
@@ -149,25 +192,57 @@ def acknowledged_committed(history: Sequence[Event]) -> CheckResult:
                            "no final committed state recorded (the run did not finish): cannot check")
     offending: list[Any] = []
     unverifiable = 0
-    acked: dict[tuple[int, tuple[str, ...]], Event] = {}
+    acked: dict[tuple[str, int, tuple[str, ...]], Event] = {}
     for e in oks:
-        acked.setdefault((e["value"]["quorum_id"], _members(e["value"])), e)
+        acked.setdefault((job_of(e), e["value"]["quorum_id"], _members(e["value"])), e)
     for node, st in sorted(states.items()):
-        committed = {(q, tuple(sorted(m))) for q, m, _i, _t in st.get("quorums", [])}
-        unknown = st.get("unverifiable_quorum_ids", [])
-        for (qid, members), e in acked.items():
-            if (qid, members) in committed:
+        committed = {(job, q, tuple(sorted(m))) for job, q, m, _i, _t in committed_quorums(st)}
+        for (job, qid, members), e in acked.items():
+            if (job, qid, members) in committed:
                 continue
-            if any(lo < qid < hi for lo, hi in unknown):
+            if _unverifiable(st, job, qid):
                 unverifiable += 1
                 continue
-            offending.append({"node": node, "quorum_id": qid, "participants": list(members), "acknowledged": e,
-                              "node_commit_index": st.get("commit_index")})
+            offending.append({"node": node, "job": job, "quorum_id": qid, "participants": list(members),
+                              "acknowledged": e, "node_commit_index": st.get("commit_index")})
     extra = (f" ({unverifiable} fell in a stretch of a node's log known only from a snapshot, older than its "
              f"history window: not verifiable there)" if unverifiable else "")
     return _result("acknowledged-committed", offending,
-                   f"{len(acked)} distinct acknowledged quorums committed on all {len(states)} nodes{extra}",
+                   f"{len(acked)} distinct acknowledged quorums{_of_jobs(k[0] for k in acked)} committed on all "
+                   f"{len(states)} nodes{extra}",
                    "{n} acknowledged quorums missing from a node's committed log" + extra)
+
+
+def jobs_isolated(history: Sequence[Event]) -> CheckResult:
+    """No job's quorum holds another job's replica group: neither one a client was told (its
+    participants) nor one committed in any node's log. A replica's job is the one its own client
+    operations name; a replica that named two jobs is an offence too (the harness is wrong)."""
+    jobs_of = replica_jobs(history)
+    offending: list[Any] = [{"replica": r, "jobs": sorted(js), "problem": "one replica group named two jobs"}
+                            for r, js in sorted(jobs_of.items()) if len(js) > 1]
+    home = {r: next(iter(js)) for r, js in jobs_of.items() if len(js) == 1}
+    checked = 0
+
+    def strangers(job: str, members: Any) -> list[str]:
+        return sorted(m for m in members if m in home and home[m] != job)
+
+    for e in _quorum_oks(history):
+        checked += 1
+        job = job_of(e)
+        if bad := strangers(job, e["value"].get("participants") or ()):
+            offending.append({"job": job, "quorum_id": e["value"]["quorum_id"], "other_jobs_replicas":
+                              {m: home[m] for m in bad}, "acknowledged": e})
+    for node, st in sorted(final_states(history).items()):
+        for job, qid, members, first_index, term in committed_quorums(st):
+            checked += 1
+            if bad := strangers(job, members):
+                offending.append({"job": job, "quorum_id": qid, "other_jobs_replicas": {m: home[m] for m in bad},
+                                  "node": node, "log_index": first_index, "term": term})
+    jobs = sorted(set(home.values()))
+    return _result("jobs-isolated", offending,
+                   f"{checked} quorums of {len(jobs)} job{'s' if len(jobs) != 1 else ''} ({', '.join(jobs) or '-'}), "
+                   f"none with another job's replica group",
+                   "{n} quorums held another job's replica group")
 
 
 def one_leader_per_term(history: Sequence[Event]) -> CheckResult:
@@ -206,9 +281,25 @@ def logs_agree(history: Sequence[Event]) -> CheckResult:
             compared += 1
             if len(set(per_node.values())) > 1:
                 offending.append({"index": int(idx), "digests": per_node, "problem": "committed logs differ"})
+    # Nodes that replayed their committed logs to the same index hold the same state of every job
+    # (the state machine is deterministic; a difference means their logs or replays differ).
+    by_end: dict[Any, dict[str, Any]] = defaultdict(dict)
+    for node, st in states.items():
+        if "jobs" in st and st.get("replayed_to"):
+            by_end[st["replayed_to"]][node] = {"jobs": st["jobs"], "retired": st.get("retired", {})}
+    jobs_compared = 0
+    for index, per_node in sorted(by_end.items()):
+        if len(per_node) > 1:
+            jobs_compared += 1
+            first = next(iter(per_node.values()))
+            if any(v != first for v in per_node.values()):
+                offending.append({"index": index, "jobs": per_node,
+                                  "problem": "nodes at the same index hold different job states"})
     if not states:
         return CheckResult("logs-agree", False, "no final committed state recorded: cannot check")
-    return _result("logs-agree", offending, f"committed logs identical at {compared} compared indexes",
+    jobs_note = f"; every job's state identical on nodes at the same index ({jobs_compared} compared)" \
+        if jobs_compared else ""
+    return _result("logs-agree", offending, f"committed logs identical at {compared} compared indexes{jobs_note}",
                    "{n} places where committed logs differ")
 
 
@@ -218,13 +309,16 @@ def durable_after_restart_all(history: Sequence[Event]) -> CheckResult:
     restarts = [op for op in pair_operations(history, "restart-all") if op.process == NEMESIS and op.type == OK]
     offending: list[Any] = []
     for r in restarts:
-        before = [op for op in ops if op.end_ns <= r.start_ns]
-        if not before:
-            continue
-        high = max(before, key=lambda op: op.value["quorum_id"])
+        highest: dict[str, Operation] = {}
         for op in ops:
-            if op.start_ns >= r.end_ns and op.value["quorum_id"] < high.value["quorum_id"]:
-                offending.append({"restart": r.complete, "highest_before": high.complete, "after": op.complete})
+            if op.end_ns <= r.start_ns and (op.job not in highest
+                                            or op.value["quorum_id"] > highest[op.job].value["quorum_id"]):
+                highest[op.job] = op
+        for op in ops:
+            high = highest.get(op.job)
+            if high is not None and op.start_ns >= r.end_ns and op.value["quorum_id"] < high.value["quorum_id"]:
+                offending.append({"restart": r.complete, "job": op.job, "highest_before": high.complete,
+                                  "after": op.complete})
     return _result("durable-after-restart-all", offending,
                    f"{len(restarts)} full-cluster restarts; ids afterwards never below those acknowledged before",
                    "{n} quorums after a full restart had a lower id than one acknowledged before it")
@@ -272,8 +366,8 @@ def survivor_wait(history: Sequence[Event], bound_s: float = DEFAULT_SURVIVOR_WA
     """For each client kill (a ``kill-client`` that succeeded, at its invocation): how long each
     survivor waited until it completed a quorum round whose members exclude the killed client.
 
-    Survivors are the other clients that were running at the kill (not in its ``clients_down``)
-    and kept asking (a quorum call of theirs overlaps the window). The window runs from the kill
+    Survivors are the other clients of the killed client's job that were running at the kill (not
+    in its ``clients_down``) and kept asking (a quorum call of theirs overlaps the window). The window runs from the kill
     to the next fault (any nemesis action but a restoring one) or the end of the run. Once the
     killed client is back (its first quorum call after the kill completed), a quorum naming it is
     legitimate again and ends a wait too (counted as ``rejoined``). A wait over ``bound_s``, or no
@@ -286,6 +380,7 @@ def survivor_wait(history: Sequence[Event], bound_s: float = DEFAULT_SURVIVOR_WA
     kills = [op for op in nemesis_ops if op.f in CLIENT_FAULTS and op.type == OK]
     client_end = max((e["time_ns"] for e in history if is_client(e["process"])), default=0)
     quorum_ops = [op for op in pair_operations(history, "quorum") if is_client(op.process)]
+    job_of_client = {op.process: op.job for op in quorum_ops}
     offending: list[Any] = []
     per_kill: list[dict[str, Any]] = []
     waits_all: list[float] = []
@@ -298,7 +393,9 @@ def survivor_wait(history: Sequence[Event], bound_s: float = DEFAULT_SURVIVOR_WA
         down_before = set(value.get("clients_down") or ()) - {victim}
         back = min((op.start_ns for op in quorum_ops if op.process == victim and k.end_ns is not None
                     and op.start_ns > k.end_ns), default=None)
+        # Only the victim's job waits for it: another job's quorums never hold it (jobs-isolated).
         survivors = sorted({op.process for op in quorum_ops if op.process != victim and op.process not in down_before
+                            and op.job == job_of_client.get(victim, op.job)
                             and op.start_ns <= window_end and (op.end_ns is None or op.end_ns > t0)})
         waits: dict[str, float] = {}
         rejoined: list[str] = []
@@ -355,6 +452,7 @@ def survivor_wait(history: Sequence[Event], bound_s: float = DEFAULT_SURVIVOR_WA
 CHEAP: dict[str, Callable[[Sequence[Event]], CheckResult]] = {
     "no-split-brain": no_split_brain,
     "monotonic-quorum-ids": monotonic_quorum_ids,
+    "jobs-isolated": jobs_isolated,
 }
 
 
@@ -365,6 +463,7 @@ def check_all(history: Sequence[Event], recovery_bound_s: float = DEFAULT_RECOVE
         no_split_brain(history),
         monotonic_quorum_ids(history),
         acknowledged_committed(history),
+        jobs_isolated(history),
         one_leader_per_term(history),
         recovery_after_heal(history, recovery_bound_s),
         survivor_wait(history, survivor_wait_bound_s),

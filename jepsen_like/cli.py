@@ -2,6 +2,7 @@
 
     python -m jepsen_like run --time-limit 60 --nodes 3 --nemesis halves,kill --seed 7
     python -m jepsen_like run --time-limit 60 --nemesis kill-client     # kill and restart replica groups
+    python -m jepsen_like run --time-limit 60 --jobs 1                  # the default job only
     python -m jepsen_like check jepsen-runs/<run>        # exit status 1 if any checker fails
     python -m jepsen_like replay jepsen-runs/<run>       # the same schedule, again
 """
@@ -21,7 +22,7 @@ from rich.table import Table
 
 from . import checkers
 from .cluster import ClusterSettings
-from .clients import ClientSettings
+from .clients import ClientSettings, job_names
 from .network import BACKENDS, BackendUnavailable
 from .runner import Printer, RunOptions, RunResult, check_directory, load_schedule, run_schedule
 from .schedule import ALL_FAULTS, DEFAULT_FAULTS, NETWORK_FAULTS, Schedule, generate
@@ -64,6 +65,11 @@ def report(result: RunResult) -> None:
         t.add_column(col, justify="right" if col != "f" else "left")
     for f, c in counts["client"].items():
         t.add_row(f, *(str(c.get(k, 0)) for k in ("ok", "fail", "info", "open")))
+    per_job = counts.get("jobs", {})
+    if len(per_job) > 1:
+        for job, fs in per_job.items():
+            c = fs.get("quorum", {})
+            t.add_row(f"  quorum of {job}", *(str(c.get(k, 0)) for k in ("ok", "fail", "info", "open")))
     console.print(t)
     if counts["nemesis"]:
         console.print("faults: " + ", ".join(f"{f} x{n}" for f, n in counts["nemesis"].items()))
@@ -94,6 +100,7 @@ def _run(directory: Path, schedule: Schedule, options: RunOptions) -> RunResult:
     previous = signal.signal(signal.SIGINT, lambda *_: stop.set())   # Ctrl-C: finish early, still check
     try:
         console.print(f"seed {schedule.seed}  nodes {schedule.nodes}  clients {schedule.clients}  "
+                      f"jobs {', '.join(options.clients.jobs)}  "
                       f"time limit {schedule.time_limit_s:g}s  backend {options.backend}  -> {directory}")
         console.print(f"schedule: {len(schedule.ops)} actions: "
                       + ", ".join(op.f for op in schedule.ops if op.f != "recover"))
@@ -110,7 +117,11 @@ def main() -> None:
 @main.command()
 @click.option("--time-limit", type=float, default=60.0, show_default=True, help="seconds of faults and traffic")
 @click.option("--nodes", type=click.Choice(["3", "5"]), default="3", show_default=True)
-@click.option("--clients", type=int, default=4, show_default=True, help="simulated replica groups")
+@click.option("--jobs", type=click.IntRange(1, 16), default=3, show_default=True,
+              help="jobs the clients belong to, round-robin: the default job and job-1, job-2, ... (created "
+                   "through the admin API when the run starts); every checker runs per job")
+@click.option("--clients", type=click.IntRange(1), default=None,
+              help="simulated replica groups (default: 2 per job, 4 with one job)")
 @click.option("--nemesis", "nemeses", multiple=True,
               help=f"comma-separated faults (default all but clock and kill-client; 'all,kill-client' adds "
                    f"client kills to the default set): {', '.join(ALL_FAULTS)}")
@@ -127,11 +138,14 @@ def main() -> None:
               help="seconds within which every surviving client must get a quorum without a killed one "
                    "(default: the nodes' heartbeat timeout + join timeout + 2 s)")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="run directory")
-def run(time_limit: float, nodes: str, clients: int, nemeses: tuple[str, ...], seed: int | None, backend: str,
+def run(time_limit: float, nodes: str, jobs: int, clients: int | None, nemeses: tuple[str, ...], seed: int | None,
+        backend: str,
         fault_seconds: tuple[float, float], quiet_seconds: tuple[float, float], recovery_bound: float,
         survivor_wait_bound: float | None, out: Path | None) -> None:
     """Start a cluster, inject faults while clients run, check the history."""
     seed = seed if seed is not None else random.randrange(2**31)
+    if clients is None:
+        clients = 4 if jobs == 1 else 2 * jobs
     chosen = _parse_nemeses(nemeses)
     if backend == "none":
         network_faults = [n for n in chosen if n in NETWORK_FAULTS]
@@ -144,7 +158,8 @@ def run(time_limit: float, nodes: str, clients: int, nemeses: tuple[str, ...], s
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
     options = RunOptions(backend=backend, recovery_bound_s=recovery_bound,
-                         cluster=ClusterSettings(nodes=int(nodes)), clients=ClientSettings(clients=clients),
+                         cluster=ClusterSettings(nodes=int(nodes)),
+                         clients=ClientSettings(clients=clients, jobs=job_names(jobs)),
                          survivor_wait_bound_s=survivor_wait_bound)
     try:
         result = _run(_out_dir(out, seed), schedule, options)

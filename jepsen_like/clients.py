@@ -4,6 +4,10 @@ Each client is one torchft replica group (replica id ``c0``, ``c1``, ...), a
 ``lighthouse_cluster.local.simulated_group.SimulatedReplicaGroup`` (a heartbeat every 100 ms
 and one Quorum call per step with a deadline; the definition of that traffic and of what a
 failed call means lives there). This module adds what the harness needs on top: the history.
+Client ``k`` belongs to job ``jobs[k mod len(jobs)]`` (``ClientSettings.jobs``: the default job
+alone unless the run asks for more; the runner creates the other jobs before the clients start)
+and names it in every call, except a default-job client, which names none (an unchanged torchft
+trainer); every event it records carries its job.
 Client ``k`` starts on node ``k mod n``; even clients stay on their node unless a call certainly
 did not reach it (connection refused: a killed node; they move on, like a client with the
 endpoint list), odd clients also move on after any failed call (a client that load-balances).
@@ -37,10 +41,11 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from lighthouse_cluster.core.jobs import DEFAULT_JOB
 from lighthouse_cluster.local.simulated_group import (
     FAILED, OK as ANSWERED, ON_ANY_ERROR, ON_NOT_SENT, HeartbeatResult, RoundResult, SimulatedReplicaGroup,
 )
@@ -59,6 +64,19 @@ class ClientSettings:
     # Each client a process of its own (``ProcessClientPool``: ``kill-client`` can SIGKILL it);
     # None: only when the schedule kills or restarts clients (``schedule.uses_client_faults``).
     processes: bool | None = None
+    # The jobs the clients belong to, round-robin (client k: jobs[k % len(jobs)]); jobs other than
+    # the default one are created through the admin API when the run starts.
+    jobs: list[str] = field(default_factory=lambda: [DEFAULT_JOB])
+
+    def job_of(self, k: int) -> str:
+        return self.jobs[k % len(self.jobs)] if self.jobs else DEFAULT_JOB
+
+
+def job_names(count: int) -> list[str]:
+    """``count`` jobs for a run: the default job and ``job-1``, ``job-2``, ..."""
+    if count < 1:
+        raise ValueError(f"a run needs at least one job, got {count}")
+    return [DEFAULT_JOB] + [f"job-{i}" for i in range(1, count)]
 
 
 class EventSink(Protocol):
@@ -66,7 +84,7 @@ class EventSink(Protocol):
     stdout (``EventLines``)."""
 
     def append(self, process: str, type: str, f: str, value: Any = None, node: str | None = None,
-               error: str | None = None, time_ns: int | None = None) -> Any: ...
+               error: str | None = None, time_ns: int | None = None, job: str | None = None) -> Any: ...
 
 
 def completion_type(outcome: str) -> str:
@@ -82,8 +100,9 @@ class Client:
     """One simulated replica group whose every call goes into the history."""
 
     def __init__(self, replica_id: str, endpoints: list[str], node_ids: list[str], start: int, roaming: bool,
-                 settings: ClientSettings, history: EventSink) -> None:
+                 settings: ClientSettings, history: EventSink, job: str = DEFAULT_JOB) -> None:
         self.history = history
+        self.job = job
         self._node_of = dict(zip(endpoints, node_ids))
         # The invocation of each call kind ("quorum", "heartbeat") still waiting for its
         # completion: (node, value). What is left when the client stops is completed as ``info``.
@@ -93,7 +112,8 @@ class Client:
             heartbeat_interval_s=settings.heartbeat_interval_s, heartbeat_timeout_s=settings.heartbeat_timeout_s,
             step_time_s=settings.step_time_s, retry_sleep_s=settings.retry_sleep_s,
             fallback_endpoints=tuple(endpoints), move_on=ON_ANY_ERROR if roaming else ON_NOT_SENT,
-            on_send=self._sent, on_round=self._round_done, on_heartbeat=self._heartbeat_done, keep_rounds=False)
+            on_send=self._sent, on_round=self._round_done, on_heartbeat=self._heartbeat_done, keep_rounds=False,
+            job=None if job == DEFAULT_JOB else job)
 
     @property
     def replica_id(self) -> str:
@@ -112,21 +132,22 @@ class Client:
         node = self._node_of[endpoint]
         value = {"step": self.group.step} if f == "quorum" else None
         self._open[f] = (node, value)
-        self.history.append(self.replica_id, INVOKE, f, value, node)
+        self.history.append(self.replica_id, INVOKE, f, value, node, job=self.job)
 
     def _round_done(self, r: RoundResult) -> None:
         node, value = self._open.pop("quorum")
         if r.outcome == ANSWERED:
             self.history.append(self.replica_id, OK, "quorum",
-                                {"quorum_id": r.quorum_id, "participants": list(r.participants), "step": r.step}, node)
+                                {"quorum_id": r.quorum_id, "participants": list(r.participants), "step": r.step}, node,
+                                job=self.job)
         else:
             self.history.append(self.replica_id, completion_type(r.outcome), "quorum", value, node,
-                                error_text(r.error, r.details))
+                                error_text(r.error, r.details), job=self.job)
 
     def _heartbeat_done(self, h: HeartbeatResult) -> None:
         node, _ = self._open.pop("heartbeat")
         self.history.append(self.replica_id, completion_type(h.outcome), "heartbeat", None, node,
-                            None if h.outcome == ANSWERED else error_text(h.error, h.details))
+                            None if h.outcome == ANSWERED else error_text(h.error, h.details), job=self.job)
 
     async def close(self) -> None:
         await self.group.close()
@@ -136,7 +157,7 @@ class Client:
             await self.group.run(until=stop)
         finally:
             for f, (node, value) in list(self._open.items()):
-                self.history.append(self.replica_id, INFO, f, value, node, "cancelled at shutdown")
+                self.history.append(self.replica_id, INFO, f, value, node, "cancelled at shutdown", job=self.job)
             self._open.clear()
             await self.close()
 
@@ -148,7 +169,7 @@ class ClientPool:
                  settings: ClientSettings | None = None) -> None:
         self.settings = settings or ClientSettings()
         self.clients = [Client(f"c{k}", endpoints, node_ids, start=k, roaming=bool(k % 2), settings=self.settings,
-                               history=history) for k in range(self.settings.clients)]
+                               history=history, job=self.settings.job_of(k)) for k in range(self.settings.clients)]
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="jepsen-clients", daemon=True)
         self.error: BaseException | None = None
@@ -212,17 +233,17 @@ class EventLines:
         self.fd = fd
 
     def append(self, process: str, type: str, f: str, value: Any = None, node: str | None = None,
-               error: str | None = None, time_ns: int | None = None) -> None:
+               error: str | None = None, time_ns: int | None = None, job: str | None = None) -> None:
         t = time.monotonic_ns() - self.t0_ns if time_ns is None else time_ns
         line = json.dumps({"time_ns": t, "process": process, "type": type, "f": f, "value": value, "node": node,
-                           "error": error}, separators=(",", ":")) + "\n"
+                           "error": error, "job": job}, separators=(",", ":")) + "\n"
         os.write(self.fd, line.encode())
 
 
 def child_config(replica_id: str, endpoints: list[str], node_ids: list[str], start: int, roaming: bool,
-                 settings: ClientSettings, t0_ns: int) -> dict[str, Any]:
+                 settings: ClientSettings, t0_ns: int, job: str = DEFAULT_JOB) -> dict[str, Any]:
     return {"replica_id": replica_id, "endpoints": list(endpoints), "node_ids": list(node_ids), "start": start,
-            "roaming": roaming, "settings": asdict(settings), "t0_ns": t0_ns}
+            "roaming": roaming, "settings": asdict(settings), "t0_ns": t0_ns, "job": job}
 
 
 def child_main(argv: list[str] | None = None) -> int:
@@ -233,7 +254,7 @@ def child_main(argv: list[str] | None = None) -> int:
     sink = EventLines(int(cfg["t0_ns"]))
     settings = ClientSettings(**{k: v for k, v in cfg["settings"].items() if k in ClientSettings.__dataclass_fields__})
     client = Client(cfg["replica_id"], cfg["endpoints"], cfg["node_ids"], start=int(cfg["start"]),
-                    roaming=bool(cfg["roaming"]), settings=settings, history=sink)
+                    roaming=bool(cfg["roaming"]), settings=settings, history=sink, job=cfg.get("job", DEFAULT_JOB))
     stop = threading.Event()
 
     def wait_for_eof() -> None:
@@ -260,6 +281,7 @@ class ClientProcess:
         self.errors: list[str] = []
         self._reader: threading.Thread | None = None
         self._open: dict[str, tuple[str | None, Any]] = {}    # f -> (node, value) of the open call
+        self.job = str(config.get("job", DEFAULT_JOB))
         self._ending = False                                  # killed or stopped by the harness
 
     @property
@@ -310,7 +332,7 @@ class ClientProcess:
             else:
                 self._open.pop(e["f"], None)
             self.history.append(e["process"], e["type"], e["f"], e.get("value"), e.get("node"), e.get("error"),
-                                time_ns=int(e["time_ns"]))
+                                time_ns=int(e["time_ns"]), job=e.get("job"))
         rc = proc.wait()
         if not self._ending:
             self.errors.append(f"client {self.replica_id} (pid {proc.pid}) exited on its own with status {rc}"
@@ -319,7 +341,7 @@ class ClientProcess:
 
     def _complete_open(self, error: str) -> None:
         for f, (node, value) in list(self._open.items()):
-            self.history.append(self.replica_id, INFO, f, value, node, error)
+            self.history.append(self.replica_id, INFO, f, value, node, error, job=self.job)
         self._open.clear()
 
     def _join_reader(self, timeout: float) -> None:
@@ -383,7 +405,8 @@ class ProcessClientPool:
         self.history = history
         self.clients = [
             ClientProcess(f"c{k}", child_config(f"c{k}", endpoints, node_ids, start=k, roaming=bool(k % 2),
-                                                settings=self.settings, t0_ns=history.t0_ns),
+                                                settings=self.settings, t0_ns=history.t0_ns,
+                                                job=self.settings.job_of(k)),
                           history, None if log_dir is None else Path(log_dir) / f"c{k}.log")
             for k in range(self.settings.clients)]
         self._by_id = {c.replica_id: c for c in self.clients}

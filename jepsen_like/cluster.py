@@ -5,11 +5,13 @@ log under ``<run>/cluster/``), the network backend the nodes are wired through, 
 the libfaketime clock backend. It adds what a nemesis needs on top of ``LocalCluster``: the
 current leader, ``restart_all``, ``recover`` (the fully healthy cluster again), a parallel
 status poll, and a ``close()`` that always kills every process and removes every namespace,
-whatever failed before (use it as a context manager).
+whatever failed before (use it as a context manager), and ``add_job`` (the nodes get an admin
+token of the run's own, never written anywhere, so the runner can create the run's jobs).
 """
 
 from __future__ import annotations
 
+import secrets
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,8 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import grpc
+
+from lighthouse_cluster.client.admin_client import AdminCallError, AdminClient
 from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 
 from . import clock as clock_skew
 from . import network
@@ -73,6 +79,8 @@ class HarnessCluster:
     local: LocalCluster | None = field(init=False, default=None)
     clock_error: str = field(init=False, default="")   # why clock skew is off although asked for
     _skewed: bool = field(init=False, default=False)    # a clock rate is not 1 now
+    # The admin token the nodes take (for add_job); made per run, kept in memory only.
+    _admin_token: str = field(init=False, default_factory=lambda: secrets.token_urlsafe(24), repr=False)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -96,7 +104,7 @@ class HarnessCluster:
                 join_timeout_ms=s.join_timeout_ms, heartbeat_timeout_ms=s.heartbeat_timeout_ms,
                 quorum_tick_ms=s.quorum_tick_ms, election_timeout_ms=s.election_timeout_ms,
                 quorum_lease_ms=s.quorum_lease_ms if s.quorum_lease_ms is not None or self.skew is None else 0,
-                **kwargs)
+                admin_token=self._admin_token, **kwargs)
             net.attach(self.local)
             self.local.start()
             self.local.wait_for_leader(timeout=leader_timeout_s)
@@ -198,6 +206,22 @@ class HarnessCluster:
                 return i
             time.sleep(0.05)
         return None
+
+    # -- jobs -----------------------------------------------------------------------------------------
+
+    def add_job(self, name: str, timeout: float = 20.0) -> cpb.Job:
+        """Create job ``name`` (the leader's default-job settings) through the admin API, routed to
+        the leader; a retry that finds the job already there (its first attempt applied) is fine."""
+        running = [a for i, a in enumerate(self.cluster.client_addresses) if self.running(i)]
+        admin = AdminClient(running, token=self._admin_token, timeout=timeout)
+        try:
+            return admin.call("AddJob", cpb.AddJobRequest(name=name))
+        except AdminCallError as e:
+            if e.code != grpc.StatusCode.ALREADY_EXISTS:
+                raise
+        leader, _ = admin.leader()
+        with grpc.insecure_channel(leader) as ch:
+            return cpb_grpc.LighthouseClusterStub(ch).GetJob(cpb.JobRequest(name=name), timeout=timeout)
 
     # -- process faults ------------------------------------------------------------------------------
 

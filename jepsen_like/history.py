@@ -13,7 +13,10 @@ An event is a plain dict with the fields
   ``status`` (monitor) or ``final-state`` (journal);
 * ``value``: for a quorum ``ok`` at least ``quorum_id`` and ``participants`` (replica ids);
 * ``node``: the lighthouse node the operation went through (``n1`` ...), if any;
-* ``error``: the error of a ``fail``/``info``, else ``None``.
+* ``error``: the error of a ``fail``/``info``, else ``None``;
+* ``job``: the job (``lighthouse_cluster/core/jobs.py``) a client's operation belongs to
+  (``default``, or a job the run created), else ``None``. Histories from before jobs have no
+  ``job``: their client operations are the default job's (``job_of``).
 
 A client's quorum loop and heartbeat loop each have at most one operation outstanding, so an
 invocation is completed by the next ``ok``/``fail``/``info`` with the same ``process`` and
@@ -30,21 +33,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+from lighthouse_cluster.core.jobs import DEFAULT_JOB
+
 Event = dict[str, Any]
 
 INVOKE, OK, FAIL, INFO = "invoke", "ok", "fail", "info"
 COMPLETIONS = (OK, FAIL, INFO)
 NEMESIS, MONITOR, JOURNAL = "nemesis", "monitor", "journal"
-EVENT_FIELDS = ("index", "time_ns", "process", "type", "f", "value", "node", "error")
+EVENT_FIELDS = ("index", "time_ns", "process", "type", "f", "value", "node", "error", "job")
 
 
 def make_event(index: int, time_ns: int, process: str, type: str, f: str, value: Any = None,
-               node: str | None = None, error: str | None = None) -> Event:
+               node: str | None = None, error: str | None = None, job: str | None = None) -> Event:
     """An event dict with exactly the history's fields (for writers and hand-made tests)."""
     if type not in (INVOKE, *COMPLETIONS):
         raise ValueError(f"event type must be invoke/ok/fail/info, not {type!r}")
     return {"index": index, "time_ns": time_ns, "process": process, "type": type, "f": f,
-            "value": value, "node": node, "error": error}
+            "value": value, "node": node, "error": error, "job": job}
+
+
+def job_of(event: Event) -> str:
+    """The job of a client's event (the default job where the history names none)."""
+    return event.get("job") or DEFAULT_JOB
 
 
 class HistoryWriter:
@@ -65,10 +75,10 @@ class HistoryWriter:
         return int(monotonic_s * 1e9) - self.t0_ns
 
     def append(self, process: str, type: str, f: str, value: Any = None, node: str | None = None,
-               error: str | None = None, time_ns: int | None = None) -> Event:
+               error: str | None = None, time_ns: int | None = None, job: str | None = None) -> Event:
         with self._lock:
             event = make_event(len(self._events), self.now_ns() if time_ns is None else time_ns, process, type, f,
-                               value, node, error)
+                               value, node, error, job)
             self._events.append(event)
             if self._file is not None:
                 self._file.write(json.dumps(event, separators=(",", ":")) + "\n")
@@ -148,6 +158,10 @@ class Operation:
     @property
     def node(self) -> str | None:
         return self.invoke.get("node") or (self.complete or {}).get("node")
+
+    @property
+    def job(self) -> str:
+        return job_of(self.invoke)
 
 
 def pair_operations(history: Sequence[Event], f: str | Iterable[str] | None = None) -> list[Operation]:

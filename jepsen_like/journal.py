@@ -9,7 +9,8 @@ before log compaction drops them. Only entries at or below a commit index the no
 
 ``summarize`` replays committed entries through ``QuorumStateMachine`` (compare-and-set
 rejections included) and returns what the checkers need, as JSON-able data: the distinct
-committed quorums (id, member ids), every ``TermStart`` and the (term, node) of every command,
+committed quorums of every job (id, member ids, job), each job's state at the end, every
+``TermStart`` and the (term, node) of every command,
 and digests of the log per bucket of ``DIGEST_EVERY`` indexes so logs of different nodes can
 be compared. ``read_snapshot`` reads the node's snapshot file; the monitor keeps every one it
 sees, so a gap left by log compaction between two reads is bridged by a snapshot.
@@ -73,11 +74,16 @@ def summarize(log: CommittedLog, snapshots: dict[int, bytes] | None = None) -> d
     Where entries are missing (log compaction removed them between two reads of the journal),
     the replay jumps over the gap with a snapshot of the node taken at an index inside or at the
     end of it (``snapshots``: index -> state-machine snapshot, collected during the run): the
-    snapshot's ``history`` holds the last ``HISTORY_LENGTH`` quorums committed before it."""
+    snapshot's ``history`` holds the last ``HISTORY_LENGTH`` quorums committed before it, per job.
+
+    ``quorums``: ``[quorum id, member ids, first index (0: from a snapshot), term, job]``;
+    ``unverifiable_quorum_ids``: ``[lo, hi, job]``, the job's ids strictly between unknown;
+    ``jobs``: each job's ``quorum_id`` and ``version`` at the end (removed ones as ``retired``)."""
     snaps = dict(snapshots or {})
     machine = QuorumStateMachine()
     indexes = sorted(i for i in log.entries if i <= log.commit_index)
-    quorums: dict[tuple[int, tuple[str, ...]], list[int]] = {}   # -> [first index (0: from a snapshot), term]
+    # (job, id, members) -> [first index (0: from a snapshot), term]
+    quorums: dict[tuple[str, int, tuple[str, ...]], list[int]] = {}
     term_starts: list[list[Any]] = []
     leaders: dict[int, list[str]] = {}
     buckets: dict[int, Any] = {}
@@ -95,15 +101,16 @@ def summarize(log: CommittedLog, snapshots: dict[int, bytes] | None = None) -> d
                 unbridged = [expected, idx - 1]
                 break
             k = min(usable)
-            before = machine.quorum_id
+            before = {name: js.quorum_id for name, js in machine.jobs.items()}
             machine.restore_snapshot(snaps[k])
-            if len(machine.history) >= HISTORY_LENGTH:
-                # Quorums committed in the gap before the snapshot's history window are unknown here.
-                oldest = min(h.quorum_id for h in machine.history)
-                if oldest - before > 1:
-                    unverifiable.append([before, oldest])
-            for h in machine.history:
-                quorums.setdefault((h.quorum_id, tuple(h.replica_ids)), [0, h.term])
+            for name, js in machine.jobs.items():
+                if len(js.history) >= HISTORY_LENGTH:
+                    # Quorums committed in the gap before the snapshot's history window are unknown here.
+                    oldest = min(h.quorum_id for h in js.history)
+                    if oldest - before.get(name, 0) > 1:
+                        unverifiable.append([before.get(name, 0), oldest, name])
+                for h in js.history:
+                    quorums.setdefault((name, h.quorum_id, tuple(h.replica_ids)), [0, h.term])
             if expected == 1:
                 started_from = k
             bridged.append([expected, k])
@@ -127,7 +134,7 @@ def summarize(log: CommittedLog, snapshots: dict[int, bytes] | None = None) -> d
         elif isinstance(command, CommitQuorum):
             _note_leader(leaders, command.term, command.node_id)
             if isinstance(result, CommitResult) and result.applied:
-                key = (command.quorum.quorum_id, tuple(m.replica_id for m in command.quorum.participants))
+                key = (command.job, command.quorum.quorum_id, tuple(m.replica_id for m in command.quorum.participants))
                 quorums.setdefault(key, [idx, command.term])
     # A bucket [b*N, (b+1)*N) is comparable across nodes only when this node has all of it.
     digests = {str(b * DIGEST_EVERY): h.hexdigest()[:16] for b, h in buckets.items()
@@ -141,7 +148,9 @@ def summarize(log: CommittedLog, snapshots: dict[int, bytes] | None = None) -> d
         "from_snapshot": started_from,
         "unverifiable_quorum_ids": unverifiable,
         "quorum_id": machine.quorum_id,
-        "quorums": [[q, list(m), first, term] for (q, m), (first, term) in sorted(quorums.items())],
+        "quorums": [[q, list(m), first, term, job] for (job, q, m), (first, term) in sorted(quorums.items())],
+        "jobs": {name: {"quorum_id": js.quorum_id, "version": js.version} for name, js in sorted(machine.jobs.items())},
+        "retired": dict(sorted(machine.retired.items())),
         "term_starts": term_starts,
         "leaders": {str(t): nodes for t, nodes in sorted(leaders.items())},
         "digests": digests,

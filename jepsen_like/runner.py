@@ -1,6 +1,7 @@
 """A run: cluster + clients + monitor + nemesis, then the final state, the checks and the report.
 
 ``Session`` is one run as a context manager: ``start()`` brings up the network, the nodes, the
+run's jobs (``ClientSettings.jobs`` other than the default one, added through the admin API), the
 monitor and the clients; ``apply(op)`` injects a fault now; ``finish()`` recovers the cluster,
 waits for every client to get a quorum, stops the clients, waits for the nodes to converge,
 stops them, replays every node's committed log into the history (``final-state`` events), runs
@@ -29,6 +30,8 @@ from . import checkers, known_bugs, stats, timeline
 from .checkers import CheckResult
 from .cluster import ClusterSettings, HarnessCluster
 from .clients import ClientPool, ClientSettings, ProcessClientPool, make_pool
+from lighthouse_cluster.core.jobs import DEFAULT_JOB
+
 from .history import INFO, JOURNAL, MONITOR, OK, Event, HistoryWriter, read_history
 from .journal import parse_journal, read_meta_commit_index, summarize
 from .monitor import Monitor
@@ -141,6 +144,7 @@ class Session:
                                           clock=wants_clock).start()
             if self.cluster.clock_error:
                 self.printer.line(f"[yellow]clock skew unavailable: {self.cluster.clock_error}[/]")
+            self._add_jobs()
             self.nemesis = Nemesis(self.cluster, self.history, on_event=self._print_nemesis)
             self.monitor = Monitor(self.cluster, self.history).start()
             c = self.cluster.cluster
@@ -156,6 +160,18 @@ class Session:
                 self.history.close()
             raise
         return self
+
+    def _add_jobs(self) -> None:
+        """Create the run's jobs other than the default one (the clients' ``jobs``) through the
+        admin API, each recorded as a ``monitor`` ``add-job`` event naming the job."""
+        assert self.cluster is not None and self.history is not None
+        for name in dict.fromkeys(self.options.clients.jobs):
+            if name == DEFAULT_JOB:
+                continue
+            job = self.cluster.add_job(name)
+            self.history.append(MONITOR, INFO, "add-job", {"version": job.version, "quorum_id": job.quorum_id},
+                                job=name)
+            self.printer.line(f"job {name} added (version {job.version})")
 
     def close(self) -> None:
         """Stop everything this session started (idempotent, never raises)."""

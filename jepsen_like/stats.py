@@ -1,7 +1,7 @@
 """Figures of a run, computed from its history (pure): operation counts and unavailability.
 
-* ``operation_counts``: ``{f: {ok, fail, info, open}}`` for client operations, and how many of
-  each nemesis action succeeded.
+* ``operation_counts``: ``{f: {ok, fail, info, open}}`` for client operations (in all, and per
+  job under ``jobs``), and how many of each nemesis action succeeded.
 * ``fault_windows``: for each fault, from its injection to the next fault (or the end):
   ``unavailable_s``, the longest stretch in the window in which no client got any quorum
   (cluster-wide unavailability, starting at the injection), and ``recovery_s``, from the
@@ -22,13 +22,17 @@ from .schedule import RESTORING
 def operation_counts(history: Sequence[Event]) -> dict[str, Any]:
     ops = pair_operations(history)
     clients: dict[str, Counter[str]] = defaultdict(Counter)
+    jobs: dict[str, dict[str, Counter[str]]] = defaultdict(lambda: defaultdict(Counter))
     nemesis: Counter[str] = Counter()
     for op in ops:
         if is_client(op.process):
-            clients[op.f][op.type if op.complete is not None else "open"] += 1
+            kind = op.type if op.complete is not None else "open"
+            clients[op.f][kind] += 1
+            jobs[op.job][op.f][kind] += 1
         elif op.process == NEMESIS and op.f not in ("wait",):
             nemesis[op.f if op.type == OK else f"{op.f} (failed)"] += 1
-    return {"client": {f: dict(c) for f, c in sorted(clients.items())}, "nemesis": dict(sorted(nemesis.items()))}
+    return {"client": {f: dict(c) for f, c in sorted(clients.items())}, "nemesis": dict(sorted(nemesis.items())),
+            "jobs": {job: {f: dict(c) for f, c in sorted(fs.items())} for job, fs in sorted(jobs.items())}}
 
 
 def fault_windows(history: Sequence[Event]) -> list[dict[str, Any]]:

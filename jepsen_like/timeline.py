@@ -1,6 +1,6 @@
 """An HTML timeline of a history: one self-contained file (inline CSS and JS, no network).
 
-One lane per client (quorum calls as bars: green ok, red fail, orange unknown; failed
+One lane per client, named with its job unless that is the default one (quorum calls as bars: green ok, red fail, orange unknown; failed
 heartbeats as ticks under them), one lane per node from the monitor (leader in blue, follower
 grey, candidate yellow, unreachable hatched), and faults as shaded bands across every lane from
 injection to the ``recover`` that ended them. Drag to zoom, double-click to reset, hover for
@@ -12,6 +12,8 @@ from __future__ import annotations
 import html
 import json
 from typing import Any, Sequence
+
+from lighthouse_cluster.core.jobs import DEFAULT_JOB
 
 from .history import MONITOR, NEMESIS, Event, is_client, pair_operations
 from .schedule import RESTORING
@@ -27,14 +29,15 @@ def _data(history: Sequence[Event], checks: Sequence[dict[str, Any]]) -> dict[st
             continue
         e = op.complete
         t1 = op.end_ns if op.end_ns is not None else end
+        lane = op.process if op.job == DEFAULT_JOB else f"{op.process} {op.job}"
         if op.f == "quorum":
             v = op.value if isinstance(op.value, dict) else {}
             label = (f"quorum {v.get('quorum_id')} {v.get('participants')}" if op.type == "ok"
                      else f"quorum {op.type}: {(e or {}).get('error') or 'no completion'}")
-            lanes.setdefault(op.process, []).append(
+            lanes.setdefault(lane, []).append(
                 [op.start_ns / 1e6, t1 / 1e6, op.type, f"{label} via {op.node}"])
         elif op.f == "heartbeat" and op.type != "ok":
-            ticks.setdefault(op.process, []).append([op.start_ns / 1e6, t1 / 1e6, op.type,
+            ticks.setdefault(lane, []).append([op.start_ns / 1e6, t1 / 1e6, op.type,
                                                      f"heartbeat {op.type} via {op.node}: {(e or {}).get('error')}"])
     roles: dict[str, list[list[Any]]] = {}
     last: dict[str, list[Any]] = {}

@@ -252,8 +252,14 @@ def _command_of(obj: dict[str, Any]) -> Command:
         if kind == "set_members":
             return SetMembers(expected_version=obj["expect"],
                               members=tuple((str(m[0]), str(m[1]), str(m[2])) for m in obj["m"]))
-    except (KeyError, TypeError) as e:
+    except SchemaError:
+        raise
+    except KeyError as e:
         raise SchemaError(f"malformed {kind} command: missing {e}") from e
+    except (TypeError, ValueError, AttributeError) as e:
+        # A value of the wrong shape (a port that is no integer, a pair of three): any exception
+        # but SchemaError would fail the apply on every node at this entry, at every tick.
+        raise SchemaError(f"malformed {kind} command: {e}") from e
     return UnknownCommand(kind=str(kind))
 
 

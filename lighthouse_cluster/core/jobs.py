@@ -49,8 +49,9 @@ MAX_MEMBER_BYTES_LIMIT = 64 * 1024
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
 MAX_LEASE_MS = 10_000
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-_CONFIG_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-/]*$")
+# Matched with ``fullmatch``: ``$`` also matches before a final newline ("job\n" would pass).
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+_CONFIG_KEY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*")
 
 
 class JobError(ValueError):
@@ -58,7 +59,7 @@ class JobError(ValueError):
 
 
 def check_job_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise JobError(f"job name {name!r} must be 1-63 letters, digits, '.', '_' or '-', starting with a "
                        "letter or digit")
     return name
@@ -170,7 +171,7 @@ def _check_ports(ports: tuple[tuple[str, int], ...]) -> None:
         raise JobError(f"a job has at most {MAX_PORTS} port entries, got {len(ports)}")
     seen: set[str] = set()
     for node, port in ports:
-        if node != ALL_NODES and not _NAME.match(node):
+        if node != ALL_NODES and not _NAME.fullmatch(node):
             raise JobError(f"port entry {node}={port}: {node!r} is not a node id")
         if node in seen:
             raise JobError(f"two ports given for {'every node' if node == ALL_NODES else 'node ' + node}")
@@ -187,7 +188,7 @@ def _check_config(config: tuple[tuple[str, str], ...]) -> None:
         raise JobError("config keys must be unique and sorted")
     total = 0
     for key, value in config:
-        if not isinstance(key, str) or not _CONFIG_KEY.match(key) or len(key) > MAX_CONFIG_KEY_CHARS:
+        if not isinstance(key, str) or not _CONFIG_KEY.fullmatch(key) or len(key) > MAX_CONFIG_KEY_CHARS:
             raise JobError(f"config key {key!r} must be 1-{MAX_CONFIG_KEY_CHARS} letters, digits, '_', '.', '-' "
                            "or '/'")
         if not isinstance(value, str):

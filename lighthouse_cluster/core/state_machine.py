@@ -42,7 +42,8 @@ Snapshots carry the version.
   ``PutJob`` creates a job or replaces its spec, ``RemoveJob`` removes one (both compare-and-set
   on the job's version); a ``CommitQuorum`` names its job and is the same compare-and-set within
   that job. A removed job's last quorum id is kept (``retired``): created again, its ids go on
-  from there, so a job's quorum ids never go back.
+  above it (a commit of that id or a lower one is refused), so a job's quorum ids never go back
+  and none is issued twice.
 """
 
 from __future__ import annotations
@@ -285,12 +286,17 @@ class QuorumStateMachine:
             job.quorum is not None and q.quorum_id == current
             and [m.replica_id for m in q.participants] != [m.replica_id for m in job.quorum.participants]
         )
-        if cmd.expected_quorum_id != current or q.quorum_id < current or same_id_other_members:
+        # A job created again: its old self issued ids up to the floor, so the floor itself is
+        # taken too (a commit computed from the old job's state may carry it).
+        reissued_floor = job.quorum is None and job.id_floor > 0 and q.quorum_id <= job.id_floor
+        if cmd.expected_quorum_id != current or q.quorum_id < current or same_id_other_members or reissued_floor:
             self.rejected_commits += 1
             if cmd.expected_quorum_id != current:
                 reason = f"stale: computed from quorum id {cmd.expected_quorum_id}, the current one is {current}"
             elif q.quorum_id < current:
                 reason = f"quorum id {q.quorum_id} would go back from {current}"
+            elif reissued_floor:
+                reason = f"quorum id {q.quorum_id} was the job's before it was removed and created again"
             else:
                 reason = f"quorum id {current} already has other members"
             return CommitResult(applied=False, current_quorum_id=current, reason=reason)

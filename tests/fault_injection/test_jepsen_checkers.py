@@ -27,25 +27,30 @@ class H:
         self.events: list[dict[str, Any]] = []
 
     def add(self, t: float, process: str, type: str, f: str, value: Any = None, node: str | None = "n1",
-            error: str | None = None) -> "H":
-        self.events.append(make_event(len(self.events), int(t * S), process, type, f, value, node, error))
+            error: str | None = None, job: str | None = None) -> "H":
+        self.events.append(make_event(len(self.events), int(t * S), process, type, f, value, node, error, job))
         return self
 
     def quorum(self, process: str, t0: float, t1: float, type: str = "ok", qid: int | None = None,
-               members: tuple[str, ...] = ("c0", "c1"), node: str = "n1") -> "H":
-        self.add(t0, process, "invoke", "quorum", {"step": 0}, node)
+               members: tuple[str, ...] = ("c0", "c1"), node: str = "n1", job: str | None = None) -> "H":
+        """A client's quorum call; ``job`` None: an event without a job (a history from before
+        jobs, read as the default job's)."""
+        self.add(t0, process, "invoke", "quorum", {"step": 0}, node, job=job)
         value = {"quorum_id": qid, "participants": list(members), "step": 0} if type == "ok" else {"step": 0}
-        return self.add(t1, process, type, "quorum", value, node, None if type == "ok" else "DEADLINE_EXCEEDED")
+        return self.add(t1, process, type, "quorum", value, node, None if type == "ok" else "DEADLINE_EXCEEDED",
+                        job=job)
 
     def nemesis(self, t0: float, t1: float, f: str, value: Any = None, type: str = "ok") -> "H":
         self.add(t0, "nemesis", "invoke", f, value or {}, None)
         return self.add(t1, "nemesis", type, f, value or {}, None)
 
-    def final(self, node: str, quorums: list[tuple[int, tuple[str, ...]]], leaders: dict[int, list[str]] | None = None,
-              digests: dict[str, str] | None = None, unknown: list[list[int]] | None = None) -> "H":
-        value = {"commit_index": 100, "quorums": [[q, list(m), i + 1, 1] for i, (q, m) in enumerate(quorums)],
+    def final(self, node: str, quorums: list[tuple[Any, ...]], leaders: dict[int, list[str]] | None = None,
+              digests: dict[str, str] | None = None, unknown: list[list[Any]] | None = None,
+              **extra: Any) -> "H":
+        """``quorums``: (id, members) (a summary from before jobs) or (id, members, job)."""
+        value = {"commit_index": 100, "quorums": [[q[0], list(q[1]), i + 1, 1, *q[2:]] for i, q in enumerate(quorums)],
                  "leaders": {str(t): n for t, n in (leaders or {1: ["n1"]}).items()},
-                 "digests": digests or {}, "conflicts": [], "unverifiable_quorum_ids": unknown or []}
+                 "digests": digests or {}, "conflicts": [], "unverifiable_quorum_ids": unknown or [], **extra}
         return self.add(1000.0, "journal", "info", "final-state", value, node)
 
     def status(self, t: float, node: str, role: str, term: int) -> "H":
@@ -76,7 +81,7 @@ def by_name(results: list[checkers.CheckResult]) -> dict[str, checkers.CheckResu
 def test_every_checker_passes_a_good_history() -> None:
     results = checkers.check_all(good().events)
     assert [r.name for r in results] == ["no-split-brain", "monotonic-quorum-ids", "acknowledged-committed",
-                                         "one-leader-per-term", "recovery-after-heal", "survivor-wait",
+                                         "jobs-isolated", "one-leader-per-term", "recovery-after-heal", "survivor-wait",
                                          "durable-after-restart-all", "logs-agree"]
     assert all(r.valid for r in results), [(r.name, r.summary, r.offending) for r in results if not r.valid]
     assert all(r.status == "PASS" for r in results)
@@ -185,7 +190,8 @@ def test_diverging_logs_fail() -> None:
 
 
 def test_check_cheap_is_a_subset() -> None:
-    assert [r.name for r in checkers.check_cheap(good().events)] == ["no-split-brain", "monotonic-quorum-ids"]
+    assert [r.name for r in checkers.check_cheap(good().events)] == ["no-split-brain", "monotonic-quorum-ids",
+                                                                     "jobs-isolated"]
 
 
 # -- history ------------------------------------------------------------------------------------
@@ -203,7 +209,7 @@ def test_history_writer_round_trip_and_pairing(tmp_path: Path) -> None:
         f.write('{"index": 5, "time')               # a torn last line is ignored
     events = read_history(tmp_path / "h.jsonl")
     assert [e["index"] for e in events] == [0, 1, 2, 3, 4]
-    assert set(events[0]) == {"index", "time_ns", "process", "type", "f", "value", "node", "error"}
+    assert set(events[0]) == {"index", "time_ns", "process", "type", "f", "value", "node", "error", "job"}
     ops = pair_operations(events)
     assert [(o.process, o.f, o.type) for o in ops] == [("c0", "quorum", "ok"), ("c0", "heartbeat", "ok"),
                                                         ("c1", "quorum", "info")]
@@ -280,7 +286,8 @@ def test_journal_parse_and_replay() -> None:
     log.absorb(entries, commit_index=4)
     s = summarize(log)
     assert s["complete"] and s["replayed_to"] == 4 and s["quorum_id"] == 1 and s["rejected_commits"] == 1
-    assert s["quorums"] == [[1, ["a", "b"], 2, 1]]
+    assert s["quorums"] == [[1, ["a", "b"], 2, 1, "default"]]
+    assert s["jobs"] == {"default": {"quorum_id": 1, "version": 0}} and s["retired"] == {}
     assert s["leaders"] == {"1": ["n1"], "2": ["n2"]}
     log.absorb(entries, commit_index=5)
     s = summarize(log)
@@ -394,7 +401,7 @@ def test_snapshot_bridge_marks_quorums_older_than_its_history_as_unverifiable() 
     log.absorb(entries[n - 2:], commit_index=len(entries))
     s = summarize(log, {n: machine.to_snapshot()})
     oldest = n - 1 - HISTORY_LENGTH + 1                         # first quorum id still in the snapshot's history
-    assert s["unverifiable_quorum_ids"] == [[1, oldest]]
+    assert s["unverifiable_quorum_ids"] == [[1, oldest, "default"]]
     ids = {q[0] for q in s["quorums"]}
     assert 1 in ids and oldest in ids and (oldest - 1) not in ids and n + 0 in ids
 
@@ -624,4 +631,174 @@ def test_event_lines_round_trip(tmp_path: Path) -> None:
     finally:
         os.close(fd)
     assert json.loads(path.read_text()) == {"time_ns": 42, "process": "c1", "type": "invoke", "f": "quorum",
-                                            "value": {"step": 3}, "node": "n2", "error": None}
+                                            "value": {"step": 3}, "node": "n2", "error": None, "job": None}
+
+
+# -- jobs: every quorum property per job ----------------------------------------------------------------
+
+JA, JB = "job-1", "job-2"
+
+
+def three_jobs() -> H:
+    """A healthy run of three jobs whose ids overlap: the default job (c0, c3) reaches id 3, job-1
+    (c1, c4) id 2, job-2 (c2) id 1; the same id means a different member set in each job, and
+    job-2's id 1 comes after job-1's id 2 in real time. Every node's log holds every job."""
+    h = H()
+    h.status(0.1, "n1", "leader", 1)
+    h.quorum("c0", 0.5, 0.6, qid=1, members=("c0", "c3"), job="default")
+    h.quorum("c3", 0.5, 0.6, qid=1, members=("c0", "c3"), job="default")
+    h.quorum("c1", 0.5, 0.6, qid=1, members=("c1",), job=JA)
+    h.quorum("c4", 0.7, 0.8, qid=2, members=("c1", "c4"), job=JA)
+    h.quorum("c1", 0.7, 0.8, qid=2, members=("c1", "c4"), job=JA)
+    h.quorum("c2", 0.9, 1.0, qid=1, members=("c2",), job=JB)
+    h.nemesis(1.1, 1.11, "kill-leader", {"node": 0})
+    h.status(1.5, "n2", "leader", 2)
+    h.nemesis(2.0, 2.01, "recover", {"healthy": True})
+    h.quorum("c0", 2.1, 2.2, qid=3, members=("c0",), job="default")
+    h.quorum("c2", 2.3, 2.4, qid=1, members=("c2",), job=JB)
+    h.quorum("c1", 2.3, 2.4, qid=2, members=("c1", "c4"), job=JA)
+    committed = [(1, ("c0", "c3"), "default"), (3, ("c0",), "default"), (1, ("c1",), JA), (2, ("c1", "c4"), JA),
+                 (1, ("c2",), JB)]
+    jobs = {"default": {"quorum_id": 3, "version": 0}, JA: {"quorum_id": 2, "version": 1},
+            JB: {"quorum_id": 1, "version": 1}}
+    for n in ("n1", "n2", "n3"):
+        h.final(n, committed, {1: ["n1"], 2: ["n2"]}, {"100": "abc"}, jobs=jobs, retired={}, replayed_to=120)
+    return h
+
+
+def test_every_checker_passes_three_jobs_whose_ids_overlap() -> None:
+    results = by_name(checkers.check_all(three_jobs().events))
+    assert all(r.valid for r in results.values()), {n: r.offending for n, r in results.items() if not r.valid}
+    assert results["no-split-brain"].summary == "5 quorum ids of 3 jobs, each with one member set"
+    assert results["jobs-isolated"].summary.startswith("24 quorums of 3 jobs (default, job-1, job-2)")
+    assert "of 3 jobs committed on all 3 nodes" in results["acknowledged-committed"].summary
+    assert "every job's state identical on nodes at the same index (1 compared)" in results["logs-agree"].summary
+
+
+def test_split_brain_is_per_job() -> None:
+    h = three_jobs().quorum("c4", 3.0, 3.1, qid=2, members=("c4",), job=JA)    # job-1's id 2: another member set
+    r = checkers.no_split_brain(h.events)
+    assert not r.valid and r.count == 1
+    assert r.offending[0]["job"] == JA and r.offending[0]["quorum_id"] == 2
+    assert sorted(r.offending[0]["member_sets"]) == [["c1", "c4"], ["c4"]]
+    # In a node's committed log too.
+    h = three_jobs()
+    h.final("n3", [(1, ("c0", "c3"), "default"), (1, ("c9",), JB)])
+    r = checkers.no_split_brain(h.events)
+    assert not r.valid and [(o["job"], o["quorum_id"]) for o in r.offending] == [(JB, 1)]
+
+
+def test_real_time_order_is_per_job() -> None:
+    h = three_jobs()
+    r = checkers.monotonic_quorum_ids(h.events)
+    assert r.valid, r.offending     # job-2's id 1 after job-1's id 2 is no regression
+    h.quorum("c4", 3.0, 3.1, qid=1, members=("c1",), job=JA)      # job-1 back to 1 after its 2 completed
+    r = checkers.monotonic_quorum_ids(h.events)
+    assert not r.valid and {o["kind"] for o in r.offending} == {"client", "real-time"}
+    assert [o["job"] for o in r.offending if o["kind"] == "real-time"] == [JA]
+
+
+def test_an_acknowledged_quorum_must_be_committed_under_its_own_job() -> None:
+    h = H()
+    h.quorum("c2", 0.5, 0.6, qid=1, members=("c2",), job=JB)
+    h.final("n1", [(1, ("c2",), JA)])          # same id and members, but job-1's
+    r = checkers.acknowledged_committed(h.events)
+    assert not r.valid and r.offending[0]["job"] == JB
+    # A stretch known only from a snapshot excuses only that job's ids.
+    h = H().quorum("c2", 0.5, 0.6, qid=5, members=("c2",), job=JB)
+    h.final("n1", [], unknown=[[1, 9, JA]])
+    assert not checkers.acknowledged_committed(h.events).valid
+    h = H().quorum("c2", 0.5, 0.6, qid=5, members=("c2",), job=JB)
+    h.final("n1", [], unknown=[[1, 9, JB]])
+    assert checkers.acknowledged_committed(h.events).valid
+
+
+def test_jobs_isolated_fails_on_another_jobs_replica_in_a_quorum() -> None:
+    h = three_jobs().quorum("c2", 3.0, 3.1, qid=2, members=("c2", "c1"), job=JB)   # c1 is job-1's
+    r = checkers.jobs_isolated(h.events)
+    assert not r.valid and r.offending[0]["other_jobs_replicas"] == {"c1": JA} and r.offending[0]["job"] == JB
+    # Committed in a node's log.
+    h = three_jobs()
+    h.final("n2", [(4, ("c0", "c2"), "default")])
+    r = checkers.jobs_isolated(h.events)
+    assert not r.valid and r.offending[0]["node"] == "n2" and r.offending[0]["other_jobs_replicas"] == {"c2": JB}
+    # A replica group that named two jobs: the harness itself is wrong.
+    h = three_jobs().quorum("c0", 3.0, 3.1, qid=1, members=("c0",), job=JB)
+    r = checkers.jobs_isolated(h.events)
+    assert not r.valid and r.offending[0] == {"replica": "c0", "jobs": ["default", JB],
+                                              "problem": "one replica group named two jobs"}
+
+
+def test_durable_after_restart_all_is_per_job() -> None:
+    h = H()
+    h.quorum("c0", 0.5, 0.6, qid=9, members=("c0",), job="default")
+    h.quorum("c1", 0.5, 0.6, qid=2, members=("c1",), job=JA)
+    h.nemesis(1.0, 2.0, "restart-all")
+    h.quorum("c1", 2.5, 2.6, qid=3, members=("c1",), job=JA)       # below the default job's 9: fine
+    assert checkers.durable_after_restart_all(h.events).valid
+    h.quorum("c1", 2.7, 2.8, qid=1, members=("c1",), job=JA)       # below job-1's 2: not
+    r = checkers.durable_after_restart_all(h.events)
+    assert not r.valid and r.count == 1 and r.offending[0]["job"] == JA
+
+
+def test_survivors_of_a_client_kill_are_its_own_jobs_clients() -> None:
+    """c1 (job-1) is killed; c0 (default) never had c1 in its quorums and is no survivor: its
+    quorums say nothing about how long c1's death held up its own job's rounds."""
+    h = H()
+    h.quorum("c1", 1.0, 1.1, qid=1, members=("c1", "c4"), job=JA)
+    h.quorum("c4", 1.0, 1.1, qid=1, members=("c1", "c4"), job=JA)
+    h.quorum("c0", 1.0, 1.1, qid=1, members=("c0",), job="default")
+    h.nemesis(2.0, 2.01, "kill-client", {"client": "c1", "clients_down": ["c1"]})
+    h.quorum("c0", 2.1, 2.2, qid=1, members=("c0",), job="default")
+    h.quorum("c4", 2.1, 2.9, qid=2, members=("c4",), job=JA)
+    r = checkers.survivor_wait(h.events, bound_s=3.5)
+    assert r.valid, r.offending
+    kill = r.figures["per_kill"][0]
+    assert kill["survivors"] == ["c4"] and kill["waits_s"] == {"c4": pytest.approx(0.9)}
+
+
+def test_logs_agree_compares_every_jobs_state_at_the_same_index() -> None:
+    h = three_jobs()
+    h.final("n3", [], digests={"100": "abc"}, replayed_to=120,
+            jobs={"default": {"quorum_id": 3, "version": 0}, JA: {"quorum_id": 1, "version": 1}}, retired={})
+    r = checkers.logs_agree(h.events)
+    assert not r.valid and r.offending[0]["problem"] == "nodes at the same index hold different job states"
+    # Nodes replayed to different indexes are not compared.
+    h = three_jobs()
+    h.final("n3", [], digests={"100": "abc"}, replayed_to=119, jobs={}, retired={})
+    assert checkers.logs_agree(h.events).valid
+
+
+def test_a_history_from_before_jobs_is_the_default_jobs() -> None:
+    """Events without ``job`` and four-field committed quorums (runs recorded before jobs)."""
+    results = by_name(checkers.check_all(good().events))
+    assert all(r.valid for r in results.values())
+    assert results["jobs-isolated"].summary.startswith("16 quorums of 1 job (default)")
+    h = good().quorum("c0", 21.0, 21.1, qid=3, members=("c0",))
+    assert not checkers.no_split_brain(h.events).valid
+
+
+def test_operation_counts_per_job() -> None:
+    counts = stats.operation_counts(three_jobs().events)
+    assert counts["client"]["quorum"]["ok"] == 9
+    assert {job: c["quorum"]["ok"] for job, c in counts["jobs"].items()} == {"default": 3, JA: 4, JB: 2}
+
+
+def test_journal_summary_keeps_each_jobs_quorums() -> None:
+    from lighthouse_cluster.core.codec import CommitQuorum, PutJob, RemoveJob, TermStart
+    from lighthouse_cluster.core.jobs import JobSettings, JobSpec
+    from lighthouse_cluster.core.quorum import Member, Quorum
+
+    def q(qid: int, *ids: str) -> Quorum:
+        return Quorum(qid, tuple(Member(i) for i in ids), 0)
+
+    commands = [TermStart(1, "n1", 0), PutJob(JobSpec(JA, settings=JobSettings()), 0),
+                CommitQuorum(0, q(1, "c0"), 1, "n1"), CommitQuorum(0, q(1, "c1"), 1, "n1", job=JA),
+                CommitQuorum(1, q(2, "c1", "c4"), 1, "n1", job=JA), CommitQuorum(0, q(1, "x"), 1, "n1", job=JB),
+                PutJob(JobSpec(JB, settings=JobSettings()), 0), RemoveJob(JB, 1)]
+    log = CommittedLog("n1")
+    log.absorb([(i + 1, 1, _command(c)) for i, c in enumerate(commands)], commit_index=len(commands))
+    s = summarize(log)
+    assert s["quorums"] == [[1, ["c0"], 3, 1, "default"], [1, ["c1"], 4, 1, JA], [2, ["c1", "c4"], 5, 1, JA]]
+    assert s["jobs"] == {"default": {"quorum_id": 1, "version": 0}, JA: {"quorum_id": 2, "version": 1}}
+    assert s["retired"] == {JB: 0} and s["rejected_commits"] == 1

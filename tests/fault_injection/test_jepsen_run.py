@@ -31,6 +31,9 @@ from pathlib import Path
 import pytest
 
 from jepsen_like import network
+from jepsen_like.checkers import final_states
+from jepsen_like.clients import ClientSettings, job_names
+from jepsen_like.history import read_history
 from jepsen_like.pbt import run_property_test
 from jepsen_like.runner import RunOptions, RunResult, load_schedule, run_schedule
 from jepsen_like.schedule import NETWORK_ACTIONS, FaultOp, Schedule
@@ -128,6 +131,33 @@ def test_crashes_pauses_and_full_restart(runs_dir) -> None:
     result = run_schedule(runs_dir("crashes"), schedule, RunOptions(backend=backend))
     assert result.valid_but_known_bugs, explain(result)
     assert result.counts["nemesis"].get("restart-all") == 1
+
+
+def test_three_jobs_through_a_leader_kill_and_a_partition(runs_dir) -> None:
+    """Clients of three jobs (the default one and two created through the admin API when the run
+    starts; two replica groups each, one pinned to its node, one moving on) through a leader
+    SIGKILL and, with a network backend, an isolated leader: every checker passes per job, each
+    job's quorums went on, and no job's quorum ever held another job's replica group."""
+    backend = network_backend()
+    ops = [(2.0, "kill-leader", {"node": "leader"}), (4.0, "recover", {})]
+    if backend is not None:
+        ops += [(6.0, "isolate-leader", {"node": "leader"}), (8.5, "recover", {})]
+    jobs = job_names(3)
+    schedule = Schedule(seed=3, nodes=3, clients=2 * len(jobs), time_limit_s=10.5, name="ci-three-jobs",
+                        ops=[FaultOp(t, f, a) for t, f, a in ops])
+    options = RunOptions(backend=backend or "none", clients=ClientSettings(jobs=jobs))
+    result = run_schedule(runs_dir("three-jobs"), schedule, options)
+    assert result.valid, explain(result)
+    checks = {c.name: c for c in result.checks}
+    assert "of 3 jobs" in checks["no-split-brain"].summary, checks["no-split-brain"].summary
+    assert "quorums of 3 jobs (default, job-1, job-2)" in checks["jobs-isolated"].summary, checks["jobs-isolated"]
+    per_job = result.counts["jobs"]
+    assert sorted(per_job) == jobs and all(per_job[j]["quorum"]["ok"] > 20 for j in jobs), per_job
+    # Every node replayed its log to the three jobs, each with quorums of its own.
+    states = final_states(read_history(result.directory / "history.jsonl"))
+    assert len(states) == 3
+    for node, st in states.items():
+        assert sorted(st["jobs"]) == jobs and all(st["jobs"][j]["quorum_id"] >= 1 for j in jobs), (node, st["jobs"])
 
 
 @pytest.mark.parametrize("path", sorted(REGRESSIONS.glob("*.json")), ids=lambda p: p.stem)

@@ -132,7 +132,8 @@ def enabled_schemas(cluster: LocalCluster) -> list[int | None]:
 
 def test_rolling_upgrade_from_schema_2_keeps_whole_members_once_every_node_reads_them(make_cluster) -> None:
     """Nodes of a version that writes schema 2 (simulated with the hidden --schema-version 2) are
-    restarted one by one as this version: members are written field by field (what an old node
+    restarted one by one as the version that writes 3 (--schema-version 3; this version writes 4,
+    jobs: test_rolling_upgrade_from_schema_3_...): members are written field by field (what an old node
     reads) until the last old node is gone; then the leader enables schema 3 by itself, and the
     replicated state keeps every field. Trainers get their fields back throughout (a response is
     built from the requests, never from the log)."""
@@ -146,7 +147,7 @@ def test_rolling_upgrade_from_schema_2_keeps_whole_members_once_every_node_reads
                  10.0, context=cluster)
     assert enabled_schemas(cluster) == [2, 2, 2]
 
-    cluster.extra_args = []  # this version from now on
+    cluster.extra_args = ["--schema-version", "3"]  # the version with whole members (jobs came later: schema 4)
     order = [i for i in range(3) if i != leader] + [leader]
     for k, i in enumerate(order):
         cluster.restart(i)

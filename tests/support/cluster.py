@@ -26,9 +26,11 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30.0) ->
 
 
 def quorum_call(address: str, replica_id: str, *, step: int = 0, timeout: float = 15.0,
-                tls: ClientTLS | None = None, commit_failures: int = 0, heartbeats: bool = True) -> pb.Quorum:
+                tls: ClientTLS | None = None, commit_failures: int = 0, heartbeats: bool = True,
+                job: str | None = None) -> pb.Quorum:
     """One torchft Quorum call (blocking) from replica group ``replica_id``, heartbeating every
-    100 ms while it waits, as torchft's manager does (``heartbeats=False``: the call alone).
+    100 ms while it waits, as torchft's manager does (``heartbeats=False``: the call alone);
+    ``job``: the job its calls name (``x-lighthouse-job``; None: the default job).
     A ``SimulatedReplicaGroup`` making one call; raises the call's ``grpc.RpcError``.
 
     The default deadline outlasts the heartbeat timeout (5 s): a leader elected since the last
@@ -38,7 +40,7 @@ def quorum_call(address: str, replica_id: str, *, step: int = 0, timeout: float 
     new leader before the seeding, and never get a quorum)."""
     async def call() -> pb.Quorum:
         group = SimulatedReplicaGroup(replica_id, address, quorum_timeout_s=timeout, tls=tls, step=step,
-                                      commit_failures=commit_failures)
+                                      commit_failures=commit_failures, job=job)
         try:
             if not heartbeats:
                 return await group.call_quorum()
