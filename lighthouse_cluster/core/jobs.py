@@ -28,6 +28,7 @@ __all__ = [
     "check_job_name",
     "parse_config_items",
     "parse_ports",
+    "port_conflict",
 ]
 
 DEFAULT_JOB = "default"
@@ -164,6 +165,25 @@ class JobSpec:
             del cfg[key]
         cfg.update(set_items)
         return replace(self, config=tuple(sorted(cfg.items()))).check()
+
+
+def port_conflict(spec: JobSpec, others: Iterable[JobSpec]) -> str | None:
+    """Why ``spec``'s ports clash with another job's (one node would serve two jobs on one port),
+    or None. Deterministic (the state machine refuses such a spec): the nodes compared are the
+    ones either job names, plus any other node (where only ``ALL_NODES`` entries apply)."""
+    if not spec.ports:
+        return None
+    for other in others:
+        if other.name == spec.name or not other.ports:
+            continue
+        nodes = {n for n, _ in spec.ports + other.ports if n != ALL_NODES}
+        for node in sorted(nodes) + [None]:
+            mine = spec.port_for(node) if node is not None else spec.port_for(ALL_NODES)
+            theirs = other.port_for(node) if node is not None else other.port_for(ALL_NODES)
+            if mine is not None and mine == theirs:
+                where = f"node {node}" if node is not None else "every node"
+                return f"port {mine} on {where} is job {other.name!r}'s already"
+    return None
 
 
 def _check_ports(ports: tuple[tuple[str, int], ...]) -> None:

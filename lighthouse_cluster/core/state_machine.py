@@ -63,7 +63,15 @@ from lighthouse_cluster.core.codec import (
     TermStart,
     UnknownCommand,
 )
-from lighthouse_cluster.core.jobs import DEFAULT_JOB, MAX_JOBS, JobError, JobSpec, spec_from_wire, spec_to_wire
+from lighthouse_cluster.core.jobs import (
+    DEFAULT_JOB,
+    MAX_JOBS,
+    JobError,
+    JobSpec,
+    port_conflict,
+    spec_from_wire,
+    spec_to_wire,
+)
 from lighthouse_cluster.core.quorum import Quorum
 
 HISTORY_LENGTH = 256
@@ -247,6 +255,9 @@ class QuorumStateMachine:
             spec.check()
         except JobError as e:
             return JobResult(applied=False, version=version, reason=str(e))
+        clash = port_conflict(spec, (j.spec for j in self.jobs.values()))
+        if clash is not None:
+            return JobResult(applied=False, version=version, reason=clash)
         if current is None:
             if len(self.jobs) >= MAX_JOBS:
                 return JobResult(applied=False, version=0, reason=f"the cluster has {MAX_JOBS} jobs, its limit")

@@ -23,7 +23,16 @@ import grpc
 
 from lighthouse_cluster.core import codec
 from lighthouse_cluster.core.codec import PutJob, RemoveJob
-from lighthouse_cluster.core.jobs import DEFAULT_JOB, SETTING_NAMES, JobError, JobSettings, JobSpec, check_job_name
+from lighthouse_cluster.core.jobs import (
+    DEFAULT_JOB,
+    MAX_JOBS,
+    SETTING_NAMES,
+    JobError,
+    JobSettings,
+    JobSpec,
+    check_job_name,
+    port_conflict,
+)
 from lighthouse_cluster.core.state_machine import JobResult, JobState, QuorumStateMachine
 from lighthouse_cluster.core.torchft_wire import member_to_proto, quorum_to_proto
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
@@ -132,6 +141,12 @@ class JobAdmin:
             spec.check()
         except JobError as e:
             raise AdminError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        clash = port_conflict(spec, (j.spec for j in self.machine.jobs.values()))
+        if clash is not None:
+            raise AdminError(grpc.StatusCode.ALREADY_EXISTS, clash)
+        if expected_version == 0 and len(self.machine.jobs) >= MAX_JOBS:
+            raise AdminError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"the cluster has {len(self.machine.jobs)} jobs, its limit (remove one first)")
         result = await self._commit(PutJob(spec=spec, expected_version=expected_version))
         if not isinstance(result, JobResult) or not result.applied:
             reason = getattr(result, "reason", "not applied")

@@ -17,6 +17,7 @@ from lighthouse_cluster.core.jobs import (
     check_job_name,
     parse_config_items,
     parse_ports,
+    port_conflict,
     spec_from_wire,
     spec_to_wire,
 )
@@ -292,3 +293,36 @@ def test_spec_wire_round_trip(s: JobSpec) -> None:
 def test_a_spec_from_a_newer_writer_reads_known_keys_and_defaults_for_missing_settings() -> None:
     wire = {"n": "train", "s": {"min": 2, "future": 1}, "p": [["*", 29600]], "x": "new top-level key"}
     assert spec_from_wire(wire) == JobSpec("train", settings=JobSettings(min_replicas=2), ports=((ALL_NODES, 29600),))
+
+
+# -- ports of two jobs ------------------------------------------------------------------------------
+
+def _spec(name: str, *ports: tuple[str, int]) -> JobSpec:
+    return JobSpec(name=name, settings=JobSettings(), ports=tuple(sorted(ports)))
+
+
+@pytest.mark.parametrize("mine, theirs, clash", [
+    ((("*", 29600),), (("*", 29600),), "port 29600 on every node is job 'b''s already"),
+    ((("*", 29600),), (("*", 29601),), None),
+    ((("n1", 29600),), (("*", 29600),), "port 29600 on node n1 is job 'b''s already"),
+    # b serves 29600 everywhere but on n1, where it has its own port: a's 29600 on n1 is free.
+    ((("n1", 29600),), (("*", 29600), ("n1", 29700)), None),
+    ((("n1", 29600), ("n2", 29601)), (("n2", 29601),), "port 29601 on node n2 is job 'b''s already"),
+    ((("n1", 29600),), (("n2", 29600),), None),
+    ((), (("*", 29600),), None),
+])
+def test_two_jobs_never_share_a_port_on_one_node(mine: tuple, theirs: tuple, clash: str | None) -> None:
+    assert port_conflict(_spec("a", *mine), [_spec("b", *theirs), _spec("a", ("*", 29600))]) == clash
+
+
+def test_the_state_machine_refuses_a_job_whose_port_another_job_has() -> None:
+    from lighthouse_cluster.core.codec import PutJob
+    from lighthouse_cluster.core.state_machine import QuorumStateMachine
+
+    m = QuorumStateMachine()
+    assert m.apply(PutJob(spec=_spec("b", ("*", 29600)), expected_version=0)).applied
+    got = m.apply(PutJob(spec=_spec("a", ("n2", 29600)), expected_version=0))
+    assert not got.applied and got.reason == "port 29600 on node n2 is job 'b''s already"
+    assert m.job("a") is None
+    # Its own port again (a change of its settings) is no clash.
+    assert m.apply(PutJob(spec=_spec("b", ("*", 29600), ("n1", 29700)), expected_version=1)).applied
