@@ -788,7 +788,11 @@ def _snapshot_table(title: str, rows: dict[str, Any], output: str) -> None:
         return
     from lighthouse_cluster.cli.output import print_record
 
-    print_record(title, {k: str(v) for k, v in rows.items()})
+    flat = {k: str(v) for k, v in rows.items() if k != "jobs"}
+    for name, j in rows.get("jobs", {}).items():
+        flat[f"job {name}"] = (("created, " if j["created"] else "") + f"quorum id {j['previous_quorum_id']} -> "
+                               f"{j['quorum_id']}" + (f" ({j['not_restored']})" if j.get("not_restored") else ""))
+    print_record(title, flat)
 
 
 @snapshot.command("save")
@@ -845,8 +849,12 @@ def snapshot_restore(file: Path, endpoints: str | None, tls_ca: str | None, tls_
     r = _admin_call(lambda: client.call("RestoreSnapshot", cpb.Snapshot(
         state=state, term=data.get("term", 0), last_applied=data.get("last_applied", 0),
         quorum_id=data.get("quorum_id", 0), leader_id=data.get("leader_id", ""))))
-    _snapshot_table(f"snapshot {file} restored", {"applied": r.applied, "quorum_id": r.quorum_id,
-                                                  "previous_quorum_id": r.previous_quorum_id}, output)
+    shown: dict[str, Any] = {"applied": r.applied, "quorum_id": r.quorum_id, "previous_quorum_id": r.previous_quorum_id}
+    if r.jobs:  # the snapshot's other jobs: name -> what happened to it
+        shown["jobs"] = {j.name: {"created": j.created, "quorum_id": j.quorum_id,
+                                  "previous_quorum_id": j.previous_quorum_id,
+                                  **({"not_restored": j.not_restored} if j.not_restored else {})} for j in r.jobs}
+    _snapshot_table(f"snapshot {file} restored", shown, output)
 
 
 # -- bench -----------------------------------------------------------------------------------------

@@ -422,14 +422,30 @@ class Snapshot(_message.Message):
     def __init__(self, state: _Optional[bytes] = ..., term: _Optional[int] = ..., last_applied: _Optional[int] = ..., quorum_id: _Optional[int] = ..., leader_id: _Optional[str] = ..., taken_ms: _Optional[int] = ..., schema_version: _Optional[int] = ...) -> None: ...
 
 class RestoreResponse(_message.Message):
-    __slots__ = ("applied", "quorum_id", "previous_quorum_id")
+    __slots__ = ("applied", "quorum_id", "previous_quorum_id", "jobs")
     APPLIED_FIELD_NUMBER: _ClassVar[int]
     QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
     applied: bool
     quorum_id: int
     previous_quorum_id: int
-    def __init__(self, applied: _Optional[bool] = ..., quorum_id: _Optional[int] = ..., previous_quorum_id: _Optional[int] = ...) -> None: ...
+    jobs: _containers.RepeatedCompositeFieldContainer[RestoredJob]
+    def __init__(self, applied: _Optional[bool] = ..., quorum_id: _Optional[int] = ..., previous_quorum_id: _Optional[int] = ..., jobs: _Optional[_Iterable[_Union[RestoredJob, _Mapping]]] = ...) -> None: ...
+
+class RestoredJob(_message.Message):
+    __slots__ = ("name", "created", "quorum_id", "previous_quorum_id", "not_restored")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_QUORUM_ID_FIELD_NUMBER: _ClassVar[int]
+    NOT_RESTORED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    created: bool
+    quorum_id: int
+    previous_quorum_id: int
+    not_restored: str
+    def __init__(self, name: _Optional[str] = ..., created: _Optional[bool] = ..., quorum_id: _Optional[int] = ..., previous_quorum_id: _Optional[int] = ..., not_restored: _Optional[str] = ...) -> None: ...
 
 class ForwardedQuorum(_message.Message):
     __slots__ = ("key", "request", "has_deadline", "timeout_ms", "job")

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 import grpc
 
 from lighthouse_cluster.core import codec
-from lighthouse_cluster.core.codec import CommitQuorum, EnableSchema, SetMembers
+from lighthouse_cluster.core.codec import CommitQuorum, EnableSchema, PutJob, SetMembers
+from lighthouse_cluster.core.jobs import DEFAULT_JOB
 from lighthouse_cluster.core.state_machine import CommitResult, QuorumStateMachine
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.raft.replication import CommitError
@@ -349,6 +350,8 @@ class NodeAdmin:
         return await self._on_tick_thread(read)
 
     async def restore_snapshot(self, snapshot: cpb.Snapshot) -> cpb.RestoreResponse:
+        """Commit the snapshot's quorums where the cluster's ids are below them: the default job's,
+        and every other job's (a job the cluster lacks is created with its saved spec first)."""
         node = self.node
         self.require_leader("snapshot restore")
         saved = QuorumStateMachine()
@@ -356,18 +359,60 @@ class NodeAdmin:
             saved.restore_snapshot(snapshot.state)
         except (codec.SchemaError, KeyError, TypeError, ValueError) as e:
             raise AdminError(grpc.StatusCode.INVALID_ARGUMENT, f"not a readable snapshot: {e}") from None
-        if saved.quorum is None:
+        others = sorted(n for n in saved.jobs if n != DEFAULT_JOB)
+        if saved.quorum is None and not others:
             raise AdminError(grpc.StatusCode.FAILED_PRECONDITION, "the snapshot holds no quorum: nothing to restore")
         current = node.machine.quorum_id
-        if saved.quorum.quorum_id <= current:
+        restored = saved.quorum is not None and saved.quorum.quorum_id > current
+        if saved.quorum is not None and not restored and not others:
             raise AdminError(grpc.StatusCode.FAILED_PRECONDITION,
                              f"the cluster is at quorum id {current}, the snapshot at {saved.quorum.quorum_id}: "
                              "nothing to restore (quorum ids never go backwards)")
-        coord = node.coordinator
-        result = await self.commit(CommitQuorum(expected_quorum_id=current, quorum=saved.quorum,
-                                                 term=coord.term if coord and coord.term else 0,
-                                                 node_id=node.config.node_id))
+        if restored:
+            assert saved.quorum is not None
+            await self._restore_quorum(DEFAULT_JOB, current, saved.quorum)
+            log.warning("restored quorum %d from a snapshot (was %d)", saved.quorum.quorum_id, current)
+        out = cpb.RestoreResponse(applied=restored, quorum_id=node.machine.quorum_id, previous_quorum_id=current)
+        for name in others:
+            out.jobs.append(await self._restore_job(name, saved))
+        if not restored and not any(j.created or j.quorum_id > j.previous_quorum_id for j in out.jobs):
+            why = "; ".join(f"{j.name}: {j.not_restored}" for j in out.jobs if j.not_restored)
+            raise AdminError(grpc.StatusCode.FAILED_PRECONDITION,
+                             f"nothing to restore (quorum ids never go backwards){': ' + why if why else ''}")
+        out.applied = True
+        return out
+
+    async def _restore_quorum(self, job: str, current: int, quorum: Any) -> None:
+        coord = self.node.coordinator
+        result = await self.commit(CommitQuorum(expected_quorum_id=current, quorum=quorum,
+                                                term=coord.term if coord and coord.term else 0,
+                                                node_id=self.node.config.node_id, job=job))
         if not isinstance(result, CommitResult) or not result.applied:
-            raise AdminError(grpc.StatusCode.ABORTED, "a quorum committed meanwhile; retry the restore")
-        log.warning("restored quorum %d from a snapshot (was %d)", saved.quorum.quorum_id, current)
-        return cpb.RestoreResponse(applied=True, quorum_id=saved.quorum.quorum_id, previous_quorum_id=current)
+            raise AdminError(grpc.StatusCode.ABORTED, f"a quorum of job {job} committed meanwhile; retry the restore")
+
+    async def _restore_job(self, name: str, saved: QuorumStateMachine) -> cpb.RestoredJob:
+        machine = self.node.machine
+        js = saved.jobs[name]
+        out = cpb.RestoredJob(name=name)
+        here = machine.job(name)
+        if here is None:
+            if machine.schema_version < codec.JOBS_SCHEMA_VERSION:
+                out.not_restored = f"the cluster has schema {machine.schema_version} enabled, jobs need {codec.JOBS_SCHEMA_VERSION}"
+                return out
+            result = await self.commit(PutJob(spec=js.spec, expected_version=0))
+            if not getattr(result, "applied", False):
+                out.not_restored = f"not created: {getattr(result, 'reason', 'not applied')}"
+                return out
+            out.created = True
+            here = machine.job(name)
+            assert here is not None
+        out.previous_quorum_id = out.quorum_id = here.quorum_id
+        if js.quorum is None:
+            return out
+        if js.quorum.quorum_id <= here.quorum_id:
+            out.not_restored = f"the cluster is at quorum id {here.quorum_id}, the snapshot at {js.quorum.quorum_id}"
+            return out
+        await self._restore_quorum(name, here.quorum_id, js.quorum)
+        out.quorum_id = js.quorum.quorum_id
+        log.warning("restored job %s's quorum %d from a snapshot (was %d)", name, out.quorum_id, out.previous_quorum_id)
+        return out
