@@ -114,7 +114,7 @@ class JobAdmin:
         return job
 
     def list_jobs(self) -> cpb.ListJobsResponse:
-        jobs = self.machine.jobs
+        jobs = dict(self.machine.jobs)  # one copy: Raft's thread applies changes
         names = [DEFAULT_JOB] + sorted(n for n in jobs if n != DEFAULT_JOB)
         out = cpb.ListJobsResponse(answered_by=self.node_id,
                                    jobs=[self.job_proto(n, jobs[n]) for n in names if n in jobs])

@@ -110,7 +110,7 @@ class JobPorts:
             return
         self._seen_version = version
         wanted: dict[str, tuple[int, int]] = {}
-        for name, js in self._machine.jobs.items():
+        for name, js in list(self._machine.jobs.items()):  # one copy: Raft's thread applies changes
             spec = js.spec
             port = spec.port_for(self._node_id)
             if port is not None and spec.settings is not None:
