@@ -19,6 +19,7 @@ node (``n1=P1`` ...), as in Kubernetes one ``*`` port serves on every pod.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import socket
 from pathlib import Path
@@ -36,6 +37,8 @@ from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
 from lighthouse_cluster.server.admin import token_metadata
+from lighthouse_cluster.tls import channel as tls_channel
+from lighthouse_cluster.tls import generate_pki
 from support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -118,16 +121,17 @@ def wait_listening(nodes: Nodes, name: str, ports: list[int], timeout: float = 2
 
 
 def quorums(groups: list[SimulatedReplicaGroup]) -> list[pb.Quorum]:
-    """One Quorum call from each group at once, each heartbeating while it waits."""
+    """One Quorum call from each group at once, each heartbeating while it waits (as a torchft
+    manager does; a group that got its quorum stops, so it holds no one else's up)."""
+    async def one(group: SimulatedReplicaGroup) -> pb.Quorum:
+        try:
+            async with group.heartbeating():
+                return await group.call_quorum()
+        finally:
+            await group.close()
+
     async def run() -> list[pb.Quorum]:
-        async with contextlib.AsyncExitStack() as stack:
-            for g in groups:
-                await stack.enter_async_context(g.heartbeating())
-            try:
-                return list(await asyncio.gather(*(g.call_quorum() for g in groups)))
-            finally:
-                for g in groups:
-                    await g.close()
+        return list(await asyncio.gather(*(one(g) for g in groups)))
     return asyncio.run(run())
 
 
@@ -202,7 +206,8 @@ def test_moving_a_port_rebinds_and_removing_the_job_closes_it(shared) -> None:
     cluster, nodes = shared
     old, new = free_ports(3, HOST), free_ports(3, HOST)
     admin = nodes.admin()
-    admin.AddJob(cpb.AddJobRequest(name="moving", ports=per_node(old)), metadata=AUTH, timeout=10)
+    admin.AddJob(cpb.AddJobRequest(name="moving", ports=per_node(old), settings=cpb.JobSettingsUpdate(
+        min_replicas=2, join_timeout_ms=500)), metadata=AUTH, timeout=10)
     wait_listening(nodes, "moving", old)
     assert not any(can_bind(HOST, p) for p in old)
     job = nodes.admin().SetJob(cpb.SetJobRequest(name="moving", set_ports=True, ports=per_node(new)), metadata=AUTH,
@@ -211,11 +216,21 @@ def test_moving_a_port_rebinds_and_removing_the_job_closes_it(shared) -> None:
     wait_listening(nodes, "moving", new)
     wait_for("the old ports closed", lambda: all(can_bind(HOST, p) for p in old), 10, context=cluster)
     follower = follower_of(cluster)
-    (q,) = quorums([SimulatedReplicaGroup("mover", f"{HOST}:{new[follower]}", quorum_timeout_s=20)])
-    assert members(q) == {"mover"}
+    leader, _ = cluster.wait_for_stable_leader(timeout=30)
+    q, _ = quorums([SimulatedReplicaGroup("mover-a", f"{HOST}:{new[follower]}", quorum_timeout_s=20),
+                    SimulatedReplicaGroup("mover-b", f"{HOST}:{new[leader]}", quorum_timeout_s=20)])
+    assert members(q) == {"mover-a", "mover-b"}
     wait_for("the moved job's quorum on the follower", lambda: nodes.job(follower, "moving").quorum_id, 10,
              ready=lambda qid: qid == q.quorum_id, context=cluster)
-    nodes.admin().RemoveJob(cpb.RemoveJobRequest(name="moving", force=True), metadata=AUTH, timeout=10)
+    # A call waiting on the follower's port (min_replicas 2, alone) ends when the job is removed.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(quorums, [SimulatedReplicaGroup("waiter", f"{HOST}:{new[follower]}",
+                                                              quorum_timeout_s=60)])
+        wait_for("the waiter pending on the leader", lambda: nodes.job(leader, "moving").pending, 10,
+                 ready=lambda pending: [p.member.replica_id for p in pending] == ["waiter"], context=cluster)
+        nodes.admin().RemoveJob(cpb.RemoveJobRequest(name="moving", force=True), metadata=AUTH, timeout=10)
+        error = waiting.exception(timeout=10)  # at once, not at its 60 s deadline
+    assert isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.NOT_FOUND, error
     wait_for("the removed job's ports closed", lambda: all(can_bind(HOST, p) for p in new), 10, context=cluster)
     assert all(nodes.job(i, "moving") is None for i in range(cluster.nodes))
 
@@ -367,3 +382,30 @@ async def watch_first_event(address: str, job: str) -> cpb.WatchEvent:
             raise AssertionError(f"the Watch stream ended without an event: {await call.code()}")
         call.cancel()
         return event
+
+
+def test_a_job_port_has_the_client_ports_tls(tmp_path: Path) -> None:
+    """A TLS node serves a declared job's port (``port = P``: every node) with TLS too."""
+    pki = generate_pki(tmp_path / "pki")
+    (port,) = free_ports(1, HOST)
+    config = tmp_path / "jobs.toml"
+    config.write_text(f'[[jobs]]\nname = "secure"\nport = {port}\n')
+    cluster = LocalCluster(root=tmp_path / "cluster", nodes=1, pki=pki, extra_args=["--config", str(config)])
+    tls = pki.client_tls(with_cert=False)
+    with cluster:
+        address = f"{HOST}:{port}"
+
+        def secure_job() -> cpb.Job | None:
+            with tls_channel(cluster.client_addresses[0], tls) as ch:
+                try:
+                    return cpb_grpc.LighthouseClusterStub(ch).GetJob(cpb.JobRequest(name="secure"), timeout=2)
+                except grpc.RpcError:
+                    return None
+        wait_for("the declared job's TLS port", secure_job, 30, ready=lambda j: j is not None and j.listening_port,
+                 context=cluster)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            quorums([SimulatedReplicaGroup("plain", address, quorum_timeout_s=3)])
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        (q,) = quorums([SimulatedReplicaGroup("tls", address, quorum_timeout_s=20, tls=tls)])
+        assert members(q) == {"tls"}
+        assert secure_job().quorum_id == q.quorum_id
