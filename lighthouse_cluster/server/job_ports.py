@@ -126,11 +126,6 @@ class JobPorts:
             return 0, ""
         return (js.port, "") if js.server is not None else (0, js.error)
 
-    @property
-    def listening(self) -> dict[str, int]:
-        """Job -> the port this node serves it on, for every job port bound now."""
-        return {name: js.port for name, js in self._servers.items() if js.server is not None}
-
     async def close(self, grace_s: float = 0.2) -> None:
         """Stop every job port (the node stops; its calls get ``grace_s``, as the client port's)."""
         if self._task is not None:
