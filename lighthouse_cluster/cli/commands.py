@@ -38,6 +38,8 @@ from lighthouse_cluster.server.event_loop import DEFAULT_LOOP, LOOPS
 from lighthouse_cluster.server.event_loop import run as run_event_loop
 
 ENV = "LIGHTHOUSE_CLUSTER_"
+# Where `serve --config` leaves the file's [[jobs]] tables (click's context meta).
+DECLARED_JOBS = "lighthouse_cluster.declared_jobs"
 # gRPC core logs a failed TLS handshake at INFO on stderr; the commands say what failed in one line.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
@@ -52,6 +54,8 @@ def _load_config_file(ctx: click.Context, _param: click.Parameter, value: str | 
         raise click.BadParameter(f"cannot read {value}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise click.BadParameter(f"{value} is not valid TOML: {e}") from None
+    # [[jobs]] tables are no option: serve reads them from here (``DECLARED_JOBS``).
+    ctx.meta[DECLARED_JOBS] = data.pop("jobs", None)
     defaults: dict[str, Any] = {}
     for key, v in data.items():
         name = key.replace("-", "_")
@@ -147,7 +151,9 @@ def main() -> None:
 @main.command()
 @click.option("--config", type=click.Path(dir_okay=False), is_eager=True, expose_value=False,
               callback=_load_config_file, envvar=ENV + "CONFIG",
-              help="TOML file whose keys are these options' names (peers = [...] for --peer).")
+              help="TOML file whose keys are these options' names (peers = [...] for --peer), and "
+                   "[[jobs]] tables declaring jobs (name, port or ports, settings, [jobs.config]) that the "
+                   "leader creates when the cluster does not have them yet.")
 @click.option("--node-id", required=True, envvar=ENV + "NODE_ID", help="This node's id; must be one of the peers.")
 @click.option("--peer", "peers", multiple=True, envvar=ENV + "PEERS", metavar="ID=RAFT_HOST:PORT,CLIENT_HOST:PORT",
               help="Every node of the cluster, this one included (repeat; env: space-separated).")
@@ -190,6 +196,10 @@ def main() -> None:
 @lease_flag
 @liveness_flag
 @manager_watch_flag
+@click.option("--auto-create-jobs/--no-auto-create-jobs", "auto_create_jobs", default=False, show_default=True,
+              envvar=ENV + "AUTO_CREATE_JOBS",
+              help="The leader creates a job nobody added on its first use (a Quorum call, heartbeat or Watch "
+                   "naming it) with the settings `jobs add` would give it. Off: such calls fail NOT_FOUND.")
 @click.option("--event-loop", type=click.Choice(LOOPS), default=DEFAULT_LOOP, show_default=True,
               envvar=ENV + "EVENT_LOOP", help="asyncio event loop of the node (uvloop: faster; asyncio: the standard one).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
@@ -199,13 +209,14 @@ def main() -> None:
 @click.option("--schema-version", type=int, default=SCHEMA_VERSION, hidden=True,
               help="Write and report at most this replicated schema version: act as an older version "
                    "(rolling-upgrade tests).")
-def serve(node_id: str, peers: tuple[str, ...], client_bind: str | None, raft_bind: str | None,
+@click.pass_context
+def serve(ctx: click.Context, node_id: str, peers: tuple[str, ...], client_bind: str | None, raft_bind: str | None,
           raft_dial: tuple[str, ...], data_dir: Path | None, secret: str | None, secret_file: Path | None,
           insecure: bool, http_bind: str | None, admin_token: str | None, tls_cert: str | None, tls_key: str | None,
           tls_client_ca: str | None, tls_ca: str | None, join: bool, min_replicas: int, join_timeout_ms: int,
           quorum_tick_ms: int, heartbeat_timeout_ms: int, election_timeout_ms: int | None, quorum_lease_ms: int,
-          liveness_timeout_ms: int, watch_manager_connections: bool, event_loop: str, log_level: str,
-          log_format: str, schema_version: int) -> None:
+          liveness_timeout_ms: int, watch_manager_connections: bool, auto_create_jobs: bool, event_loop: str,
+          log_level: str, log_format: str, schema_version: int) -> None:
     """Run one lighthouse node in the foreground (SIGTERM hands leadership over, then exits)."""
     from lighthouse_cluster.local.supervise import die_with_parent_from_env
     from lighthouse_cluster.server.logs import configure_logging
@@ -229,7 +240,8 @@ def serve(node_id: str, peers: tuple[str, ...], client_bind: str | None, raft_bi
             election_timeout_ms=election_timeout_ms, raft_dial=list(raft_dial), http_bind=http_bind,
             admin_token=admin_token, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca, tls_ca=tls_ca,
             join=join, quorum_lease_ms=quorum_lease_ms, schema_version=schema_version,
-            liveness_timeout_ms=liveness_timeout_ms, watch_manager_connections=watch_manager_connections)
+            liveness_timeout_ms=liveness_timeout_ms, watch_manager_connections=watch_manager_connections,
+            jobs=ctx.meta.get(DECLARED_JOBS), auto_create_jobs=auto_create_jobs)
     except ConfigError as e:
         _exit_config_error(e)
     configure_logging(log_level, log_format, node_id)

@@ -1,17 +1,32 @@
-"""Node configuration: peers, addresses, secrets and quorum options, validated in one place.
+"""Node configuration: peers, addresses, secrets, quorum options and declared jobs, validated in
+one place.
 
 Pure parsing and validation; the CLI maps flags, environment variables and a TOML config file
-onto ``NodeConfig`` and every error is a ``ConfigError`` with a one-line reason.
+onto ``NodeConfig`` and every error is a ``ConfigError`` with a one-line reason. Jobs declared in
+the config file (``[[jobs]]`` tables, ``parse_declared_jobs``) become ``JobSpec``s checked by
+``core/jobs.py``'s rules, with the settings a ``jobs add`` on this node would give them where the
+table leaves one out.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from lighthouse_cluster.core.codec import MEMBERS_SCHEMA_VERSION as MIN_WRITABLE_VERSION
 from lighthouse_cluster.core.codec import SCHEMA_VERSION
+from lighthouse_cluster.core.jobs import (
+    ALL_NODES,
+    DEFAULT_JOB,
+    SETTING_NAMES,
+    JobError,
+    JobSettings,
+    JobSpec,
+    check_job_name,
+    parse_ports,
+)
 from lighthouse_cluster.core.lease import DEFAULT_LEASE_MS
 from lighthouse_cluster.core.quorum import QuorumOptions
 from lighthouse_cluster.raft.replication import RaftSettings
@@ -140,6 +155,22 @@ class NodeConfig:
     # --join: joins a running cluster (even peer counts allowed; no elections before a leader
     # is heard of while the journal is empty).
     join: bool = False
+    # [[jobs]] in the config file: the serving leader creates each one the cluster does not have
+    # yet (job_creation.py); an existing job is never changed by it.
+    jobs: tuple[JobSpec, ...] = ()
+    # --auto-create-jobs: the leader creates an unknown job on its first use (a Quorum call, a
+    # heartbeat, a Watch naming it) with new_job_settings; off: unknown jobs are NOT_FOUND.
+    auto_create_jobs: bool = False
+
+    @property
+    def new_job_settings(self) -> JobSettings:
+        """The settings a job is created with unless it is given others (``jobs add``, a declared
+        job, an auto-created one): this node's quorum flags, and ``JobSettings``' own limit on
+        replica groups."""
+        o = self.options
+        return JobSettings(min_replicas=o.min_replicas, join_timeout_ms=o.join_timeout_ms,
+                           quorum_tick_ms=self.quorum_tick_ms, heartbeat_timeout_ms=o.heartbeat_timeout_ms,
+                           quorum_lease_ms=self.quorum_lease_ms, max_member_bytes=self.max_member_bytes)
 
     @property
     def self_peer(self) -> PeerSpec:
@@ -179,6 +210,106 @@ def parse_raft_dial(values: list[str] | tuple[str, ...], peers: tuple[PeerSpec, 
     return tuple(seen.items())
 
 
+_JOB_TABLE_KEYS = ("name", "port", "ports", "config", *SETTING_NAMES)
+
+
+def _declared_ports(where: str, table: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    """``port = 29600`` / ``port = "n1=29601"``, or ``ports = [...]`` (or one string, entries
+    separated by commas or spaces) as port entries."""
+    if "port" in table and "ports" in table:
+        raise ConfigError(f"{where}: give either port or ports, not both")
+    value = table.get("port", table.get("ports", ()))
+    if isinstance(value, str):
+        items: list[Any] = [v for v in re.split(r"[,\s]+", value.strip()) if v]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        items = [value]
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (int, str)):
+            raise ConfigError(f"{where}: port {item!r} is not PORT or \"NODE=PORT\"")
+    try:
+        return parse_ports(str(item) for item in items)
+    except JobError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def _declared_config(where: str, value: Any) -> tuple[tuple[str, str], ...]:
+    """A ``[jobs.config]`` table (or ``config = {key = "value"}``): strings, and numbers or
+    booleans written as TOML would (``lr = 0.1`` is ``"0.1"``)."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: config must be a table of KEY = VALUE, got {value!r}")
+    out: dict[str, str] = {}
+    for key, v in value.items():
+        if isinstance(v, bool):
+            out[key] = "true" if v else "false"
+        elif isinstance(v, (str, int, float)):
+            out[key] = str(v)
+        else:
+            raise ConfigError(f"{where}: config value of {key!r} must be a string, number or boolean, got {v!r}")
+    return tuple(sorted(out.items()))
+
+
+def parse_declared_jobs(tables: Any, base: JobSettings, node_id: str | None = None,
+                        reserved_ports: tuple[int, ...] = ()) -> tuple[JobSpec, ...]:
+    """The ``[[jobs]]`` tables of a config file as ``JobSpec``s, each setting it leaves out taken
+    from ``base``. ``reserved_ports``: this node's own ports (client, HTTP), which a job's port
+    for ``node_id`` may not be. ``ConfigError`` naming the table on the first problem."""
+    if tables is None:
+        return ()
+    if isinstance(tables, dict):
+        tables = [tables]
+    if not isinstance(tables, (list, tuple)):
+        raise ConfigError(f"jobs must be an array of tables ([[jobs]]), got {tables!r}")
+    specs: list[JobSpec] = []
+    seen: set[str] = set()
+    for i, table in enumerate(tables):
+        where = f"[[jobs]] #{i + 1}"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where} is not a table: {table!r}")
+        name = table.get("name")
+        if name is None:
+            raise ConfigError(f"{where} has no name")
+        where = f"[[jobs]] {name!r}"
+        unknown = sorted(set(table) - set(_JOB_TABLE_KEYS))
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(_JOB_TABLE_KEYS)})")
+        try:
+            check_job_name(name)
+            if name == DEFAULT_JOB:
+                raise JobError(f"the {DEFAULT_JOB} job is not declared: its settings are the serve flags")
+            if name in seen:
+                raise JobError(f"job {name!r} is declared twice")
+            seen.add(name)
+            settings = base.updated({k: table[k] for k in SETTING_NAMES if k in table})
+            spec = JobSpec(name=name, settings=settings, ports=_declared_ports(where, table),
+                           config=_declared_config(where, table.get("config", {}))).check()
+        except JobError as e:
+            raise ConfigError(f"{where}: {e}") from None
+        own = spec.port_for(node_id) if node_id is not None else None
+        if own is not None and own in reserved_ports:
+            raise ConfigError(f"{where}: port {own} is already this node's client or HTTP port")
+        specs.append(spec)
+    _check_port_clashes(specs, node_id)
+    return tuple(specs)
+
+
+def _check_port_clashes(specs: list[JobSpec], node_id: str | None) -> None:
+    """No two declared jobs may listen on one port of one node (this one, every node an entry
+    names, and a node no entry names, which takes the ``*`` ports)."""
+    nodes = {n for spec in specs for n, _ in spec.ports} | ({node_id} if node_id is not None else set())
+    for node in sorted(nodes):
+        owners: dict[int, str] = {}
+        for spec in specs:
+            port = spec.port_for(node)
+            if port is None:
+                continue
+            if port in owners:
+                on = "every node" if node == ALL_NODES else f"node {node}"
+                raise ConfigError(f"[[jobs]] {spec.name!r}: port {port} on {on} is also job {owners[port]!r}'s")
+            owners[port] = spec.name
+
+
 def build_node_config(
     *,
     node_id: str,
@@ -205,6 +336,8 @@ def build_node_config(
     schema_version: int = SCHEMA_VERSION,
     liveness_timeout_ms: int = DEFAULT_LIVENESS_TIMEOUT_MS,
     watch_manager_connections: bool = True,
+    jobs: Any = None,
+    auto_create_jobs: bool = False,
 ) -> NodeConfig:
     """Validate raw settings into a NodeConfig, or raise ConfigError naming the problem."""
     check_node_id(node_id)
@@ -262,7 +395,7 @@ def build_node_config(
         raise ConfigError("--tls-ca is for dialing TLS peers: it needs --tls-cert and --tls-key too")
     if http is not None and http in (bind, self_spec.client_address):
         raise ConfigError(f"--http-bind {http} is the client (gRPC) address; give the HTTP port its own port")
-    return NodeConfig(
+    config = NodeConfig(
         node_id=node_id,
         peers=specs,
         client_bind=bind,
@@ -283,4 +416,13 @@ def build_node_config(
         peer_tls=peer_tls,
         join=join,
         schema_version=schema_version,
+        auto_create_jobs=bool(auto_create_jobs),
     )
+    if jobs is None:
+        return config
+    try:
+        base = config.new_job_settings.check()
+    except JobError as e:
+        raise ConfigError(f"[[jobs]]: the serve flags cannot be a job's settings: {e}") from None
+    reserved = tuple(parse_host_port(a, "address")[1] for a in (bind, http) if a is not None)
+    return replace(config, jobs=parse_declared_jobs(jobs, base, node_id, reserved))

@@ -91,7 +91,8 @@ class QuorumRouting(Protocol):
     def route_heartbeat(self, replica_id: str, job: str = DEFAULT_JOB) -> None: ...
 
     def known_job(self, job: str) -> bool:
-        """Whether this node's copy of the job table has ``job``."""
+        """Whether this node takes calls of ``job``: its copy of the job table has it, or the job
+        would be created on its first use (``--auto-create-jobs``)."""
 
 
 class LighthouseServiceAdapter:

@@ -10,6 +10,9 @@ and only once the cluster has enabled the jobs schema (every node runs a version
 a rolling upgrade they are refused with the reason). A job is added with the leader's default-job
 settings unless given others; the default job's settings stay the nodes' flags (only its config
 can be set); a job is removed only while none of its replicas heartbeats, unless forced.
+``create_if_absent`` is the same creation for the jobs the cluster creates itself (declared in
+the config file, or auto-created on first use; ``job_creation.py``): it never changes a job that
+exists.
 """
 
 from __future__ import annotations
@@ -112,7 +115,7 @@ class JobAdmin:
         return job
 
     def list_jobs(self) -> cpb.ListJobsResponse:
-        jobs = self.machine.jobs
+        jobs = dict(self.machine.jobs)  # one copy: Raft's thread applies changes
         names = [DEFAULT_JOB] + sorted(n for n in jobs if n != DEFAULT_JOB)
         out = cpb.ListJobsResponse(answered_by=self.node_id,
                                    jobs=[self.job_proto(n, jobs[n]) for n in names if n in jobs])
@@ -141,12 +144,14 @@ class JobAdmin:
             spec.check()
         except JobError as e:
             raise AdminError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        clash = port_conflict(spec, (j.spec for j in self.machine.jobs.values()))
+        jobs = dict(self.machine.jobs)  # one copy: Raft's thread applies changes
+        clash = port_conflict(spec, (j.spec for j in jobs.values()))
         if clash is not None:
             raise AdminError(grpc.StatusCode.ALREADY_EXISTS, clash)
-        if expected_version == 0 and len(self.machine.jobs) >= MAX_JOBS:
+        if expected_version == 0 and len(jobs) >= MAX_JOBS:
             raise AdminError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                             f"the cluster has {len(self.machine.jobs)} jobs, its limit (remove one first)")
+                             f"job {spec.name!r} not created: the cluster has {len(jobs)} jobs, its limit "
+                             "(remove one first)")
         result = await self._commit(PutJob(spec=spec, expected_version=expected_version))
         if not isinstance(result, JobResult) or not result.applied:
             reason = getattr(result, "reason", "not applied")
@@ -156,12 +161,38 @@ class JobAdmin:
         assert js is not None
         return self.job_proto(spec.name, js)
 
+    @property
+    def new_job_settings(self) -> JobSettings:
+        """What a new job's settings are unless it is given others: the default job's (this
+        node's flags), with ``JobSettings``' own limit on replica groups (as
+        ``NodeConfig.new_job_settings``)."""
+        return replace(self.registry.default_settings, max_replicas=JobSettings().max_replicas)
+
+    async def create_if_absent(self, spec: JobSpec) -> bool:
+        """Create ``spec``'s job unless the cluster has it (a declared or auto-created job):
+        True when this call created it, False when it existed (it is left as it is).
+        ``AdminError`` when it cannot be created now (not the serving leader, jobs schema not
+        enabled, not committed) or at all (the job limit)."""
+        if self.machine.job(spec.name) is not None:
+            return False
+        async with self._lock:
+            self._require_leader(f"creating job {spec.name}")
+            self._require_jobs_schema()
+            if self.machine.job(spec.name) is not None:
+                return False
+            try:
+                await self._put(spec, 0)
+            except AdminError:
+                if self.machine.job(spec.name) is not None:
+                    return False  # created meanwhile (the version check refused ours)
+                raise
+        return True
+
     async def add_job(self, request: cpb.AddJobRequest) -> cpb.Job:
         name = request.name
         try:
             check_job_name(name)
-            base = replace(self.registry.default_settings, max_replicas=JobSettings().max_replicas)
-            settings = base.updated(settings_changes(request.settings))
+            settings = self.new_job_settings.updated(settings_changes(request.settings))
             spec = JobSpec(name=name, settings=settings, ports=ports_of(request.ports),
                            config=tuple(sorted((c.key, c.value) for c in request.config)))
             spec.check()

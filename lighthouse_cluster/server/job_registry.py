@@ -169,7 +169,7 @@ class JobRegistry:
         if version == self._synced_version:
             return False
         self._synced_version = version
-        table = self._machine.jobs
+        table = dict(self._machine.jobs)  # one copy: Raft's thread applies changes
         changed = False
         for name in [n for n in self._jobs if n not in table and n != DEFAULT_JOB]:
             self._remove(name)

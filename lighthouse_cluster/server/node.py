@@ -4,7 +4,9 @@
 plus a short poll for leader changes that involve no local state change), starts and stops every
 job's coordinator as leadership comes and goes (``job_registry.JobRegistry``: one coordinator,
 liveness streams and manager connections per job, the default job's being ``coordinator``,
-``liveness`` and ``connections``), keeps the registry in step with the replicated job table, tells
+``liveness`` and ``connections``), keeps the registry and the jobs' own client ports
+(``job_ports.JobPorts``) in step with the replicated job table, creates the jobs declared in its
+config and, with ``--auto-create-jobs``, unknown jobs on first use (``job_creation``), tells
 the router (``routing.Router``, where every call goes) and the liveness streams when leadership may
 have changed, adopts the replicated member table (persisted by
 ``member_table``), enables newer state schemas once every node reads them, and answers for the
@@ -38,6 +40,8 @@ from lighthouse_cluster.server.admin import NodeAdmin
 from lighthouse_cluster.server.config import NodeConfig, PeerSpec
 from lighthouse_cluster.server.coordinator import QuorumCoordinator
 from lighthouse_cluster.server.job_admin import JobAdmin
+from lighthouse_cluster.server.job_creation import JobCreator, WatchOfNewJob
+from lighthouse_cluster.server.job_ports import JobPorts
 from lighthouse_cluster.server.job_registry import JobRegistry, JobRuntime
 from lighthouse_cluster.server.leader_term import LeaderTerm
 from lighthouse_cluster.server.event_loop import running_loop_name
@@ -116,6 +120,13 @@ class LighthouseNode:
         self.admin = NodeAdmin(self)
         self.job_admin = JobAdmin(config.node_id, self.machine, self.jobs, self.admin.require_leader,
                                   self.admin.commit)
+        self.job_ports = JobPorts(config.node_id, config.client_bind, config.tls, SERVER_OPTIONS, self.machine,
+                                  self.router, self.router, self, self.watch_streams, self.job_admin, self.health)
+        self.job_admin.ports = self.job_ports  # each job's listening_port / port_error
+        self.creator = JobCreator(config.jobs, config.auto_create_jobs, self.job_admin, self.machine,
+                                  self.serving_term)
+        if config.auto_create_jobs:
+            self.router.creator = self.creator
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -126,7 +137,7 @@ class LighthouseNode:
         self.server.add_generic_rpc_handlers((LighthouseServiceAdapter(self.router, cfg.max_member_bytes).handler(),
                                               self.router.forwarding.handler()))
         cpb_grpc.add_LighthouseClusterServicer_to_server(
-            ClusterServiceAdapter(self, self.router, cfg.node_id, self.job_streams, self.job_admin), self.server)
+            ClusterServiceAdapter(self, self.router, cfg.node_id, self.watch_streams, self.job_admin), self.server)
         cpb_grpc.add_LighthouseAdminServicer_to_server(
             AdminServiceAdapter(self.admin, cfg.admin_token, self.job_admin), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -166,6 +177,7 @@ class LighthouseNode:
         self.router.start()
         self.jobs.start()
         self._started_jobs = True
+        self.job_ports.start()
         self._watch_task = asyncio.get_running_loop().create_task(self._watch())
         if self.http is not None:
             log.info("node %s serving /metrics, /livez, /readyz and the dashboard on http://%s", cfg.node_id,
@@ -188,6 +200,8 @@ class LighthouseNode:
             self._watch_task.cancel()
         if self._schema_task is not None:
             self._schema_task.cancel()
+        self.creator.stop()
+        await self.job_ports.close()
         self.jobs.stop()
         await self.router.stop()
         self._health_serving = False
@@ -253,9 +267,26 @@ class LighthouseNode:
         rt = self.job_runtime(job)
         return rt.liveness if rt is not None else None
 
+    def watch_streams(self, job: str) -> Any:
+        """What serves a Watch stream of ``job`` (None: NOT_FOUND): the job's liveness streams;
+        for a job this node does not have, with auto-creation on, ``WatchOfNewJob``."""
+        streams = self.job_streams(job)
+        if streams is not None or not self.config.auto_create_jobs or not self._started_jobs:
+            return streams
+        return WatchOfNewJob(self.creator, job, self.job_streams, self.liveness, self.serving_term)
+
+    def serving_term(self) -> int | None:
+        """The term this node serves quorum rounds in as leader (None: it does not)."""
+        raft, coord = self.raft, self.coordinator
+        if raft is None or coord is None or not raft.is_leader or coord.term is None or not coord.serving:
+            return None
+        return coord.term
+
     async def _watch(self) -> None:
         while True:
             self.jobs.sync()
+            self.job_ports.sync()
+            self.creator.tick()
             self._check_raft()
             self.refresh_members()
             await self._update_health()
@@ -467,6 +498,7 @@ class LighthouseNode:
                                         liveness_timeout_ms=cfg.liveness_timeout_ms),
         )
         st.ready, st.ready_reason = self.readiness()
+        st.jobs.extend(self.job_admin.list_jobs().jobs)
         q = self.machine.quorum
         if q is not None:
             st.has_quorum = True

@@ -14,7 +14,9 @@ Every call belongs to a job (``core/jobs.py``; the default job unless the call n
 The leader answers it from that job's coordinator, or NOT_FOUND when the cluster has no such job;
 a follower forwards it with its job whatever its own (possibly lagging) copy of the job table
 says, and the leader decides. A job's limits (members, member size) are checked where the call is
-answered, on the leader.
+answered, on the leader. With auto-creation on (``--auto-create-jobs``, ``creator``), the leader
+first creates a job it does not have (``job_creation.JobCreator.ensure``) and then answers, and
+a follower takes a unary heartbeat for any job to the leader.
 
 The router reads who leads from the node (``Leadership``; ``LighthouseNode`` satisfies it) and is
 told by the node when that may have changed (``leadership_changed``); it never touches Raft. How
@@ -25,14 +27,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from lighthouse_cluster.core.jobs import DEFAULT_JOB
+from lighthouse_cluster.core.jobs import DEFAULT_JOB, JobError, check_job_name
 from lighthouse_cluster.core.quorum import Member
 from lighthouse_cluster.proto import torchft_pb2 as pb
+from lighthouse_cluster.server.admin import AdminError
 from lighthouse_cluster.server.coordinator import JobLimitError, NotLeader, QuorumCoordinator
 from lighthouse_cluster.server.forwarding import (
     HeartbeatBatcher,
@@ -75,6 +78,20 @@ class Leadership(Protocol):
         """The leader as far as the node knows; None when unknown or not connected."""
 
 
+class JobAutoCreation(Protocol):
+    """Creates a job on its first use (``job_creation.JobCreator``)."""
+
+    async def ensure(self, job: str) -> None:
+        """Return once ``job`` exists, creating it; ``AdminError`` when it cannot be created."""
+
+    def ensure_soon(self, job: str, then: Callable[[], None]) -> None:
+        """``ensure(job)`` in the background, then ``then()``."""
+
+
+# Failures of a job's creation that no retry mends: the call ends with them.
+_CREATION_FINAL = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND)
+
+
 class Router:
     """Routes Quorum calls and heartbeats to the leader's coordinator (see the module docstring).
 
@@ -92,6 +109,8 @@ class Router:
         self.heartbeats = HeartbeatBatcher(channels, node_id, self.remote_leader_address)
         self.forwarded_quorum_calls = 0
         self.rerouted_quorum_calls = 0
+        # Set by the node with --auto-create-jobs: unknown jobs are created on first use.
+        self.creator: JobAutoCreation | None = None
 
     def start(self) -> None:
         self.heartbeats.start()
@@ -132,8 +151,32 @@ class Router:
         return None
 
     def known_job(self, job: str) -> bool:
-        """Whether this node's copy of the job table has ``job``."""
-        return job == DEFAULT_JOB or self._node.job_coordinator(job) is not None
+        """Whether this node's copy of the job table has ``job``, or, with auto-creation on,
+        whether ``job`` could be created (a valid name)."""
+        if job == DEFAULT_JOB or self._node.job_coordinator(job) is not None:
+            return True
+        if self.creator is None:
+            return False
+        try:
+            check_job_name(job)
+        except JobError:
+            return False
+        return True
+
+    async def _create_job(self, job: str, left: float | None) -> AdminError | None:
+        """With auto-creation on, on the leader: create ``job``. None: it exists now, or it could
+        not be created yet (not committed, the jobs schema not enabled yet: this waits a little
+        first, the caller tries again); the error when it cannot be created."""
+        assert self.creator is not None
+        try:
+            await self.creator.ensure(job)
+            return None
+        except AdminError as e:
+            if e.code in _CREATION_FINAL:
+                return e
+            log.debug("job %s not created yet (%s); trying again", job, e.message)
+        await self._wait_for_change(REROUTE_POLL_S if left is None else max(0.0, min(REROUTE_POLL_S, left)))
+        return None
 
     def _missing_job(self, job: str) -> str | None:
         """The NOT_FOUND message when this node leads and has no ``job`` (None otherwise)."""
@@ -178,7 +221,12 @@ class Router:
                     await context.abort(e.code, str(e))
             missing = self._missing_job(job)
             if missing is not None:
-                await context.abort(grpc.StatusCode.NOT_FOUND, missing)
+                if self.creator is None:
+                    await context.abort(grpc.StatusCode.NOT_FOUND, missing)
+                error = await self._create_job(job, left)
+                if error is not None:
+                    await context.abort(error.code, error.message)
+                continue
             if forwarded_by is not None:
                 # Never forward twice: the origin re-routes once it knows the new leader.
                 await context.abort(grpc.StatusCode.UNAVAILABLE,
@@ -238,22 +286,32 @@ class Router:
             raise forward_error(grpc.StatusCode.INVALID_ARGUMENT, f"malformed LighthouseQuorumRequest: {e}") from None
         except InvalidRequest as e:
             raise forward_error(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        left = None if timeout is None else timeout - DEADLINE_MARGIN_S
-        coord = self._leading_coordinator(job)
-        if coord is not None:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout - DEADLINE_MARGIN_S
+        while True:
+            left = None if deadline is None else deadline - loop.time()
+            coord = self._leading_coordinator(job)
+            if coord is not None:
+                if left is not None and left <= 0:
+                    raise forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE)
+                try:
+                    return await coord.quorum(member, left)
+                except asyncio.TimeoutError:
+                    raise forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE) from None
+                except JobLimitError as e:
+                    raise forward_error(e.code, str(e)) from None
+                except NotLeader:
+                    pass
+            missing = self._missing_job(job)
+            if missing is None:
+                break
+            if self.creator is None:
+                raise forward_error(grpc.StatusCode.NOT_FOUND, missing)
             if left is not None and left <= 0:
                 raise forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE)
-            try:
-                return await coord.quorum(member, left)
-            except asyncio.TimeoutError:
-                raise forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE) from None
-            except JobLimitError as e:
-                raise forward_error(e.code, str(e)) from None
-            except NotLeader:
-                pass
-        missing = self._missing_job(job)
-        if missing is not None:
-            raise forward_error(grpc.StatusCode.NOT_FOUND, missing)
+            error = await self._create_job(job, left)
+            if error is not None:
+                raise forward_error(error.code, error.message)
         raise forward_error(grpc.StatusCode.UNAVAILABLE, f"node {self._node_id} is not the leader (forwarded)")
 
     # -- heartbeats ------------------------------------------------------------------------------
@@ -264,8 +322,16 @@ class Router:
             coord.heartbeat(replica_id)
         elif not self._leading():
             self.heartbeats.add(replica_id, job)
+        elif self.creator is not None and self._node.job_coordinator(job) is None:
+            self.creator.ensure_soon(job, lambda: self._heartbeat_if_known([replica_id], job))
         # else: this node leads and has no such job (or is warming up): dropped, as torchft drops
         # nothing it would count
+
+    def _heartbeat_if_known(self, replica_ids: Iterable[str], job: str) -> None:
+        coord = self._leading_coordinator(job)
+        if coord is not None:
+            for rid in replica_ids:
+                coord.heartbeat(rid)
 
     def accept_heartbeat_batch(self, replica_ids: Iterable[str], job: str = DEFAULT_JOB) -> bool:
         """A follower's batch (``ForwardHeartbeats``): recorded, and True, while this node has a
@@ -276,6 +342,10 @@ class Router:
         if default is None or default.term is None:
             return False
         coord = self._node.job_coordinator(job)
+        if coord is None and self.creator is not None:
+            ids = list(replica_ids)
+            self.creator.ensure_soon(job, lambda: self._heartbeat_if_known(ids, job))
+            return True
         if coord is None or coord.term is None:
             return True
         for rid in replica_ids:

@@ -1,0 +1,247 @@
+"""A job's own client ports: how unchanged torchft trainers select a job.
+
+Every job whose spec names a port for this node (``JobSpec.port_for``: its own entry, else the
+``*`` one) gets a gRPC server of its own on that port, on the host of the node's client bind
+address, with the client port's TLS and server options. It serves, for that job only:
+``torchft.LighthouseService`` (Quorum and Heartbeat, routed like the client port's), and
+``lighthouse_cluster.LighthouseCluster`` with the job fixed (Status, Leader, ListJobs, GetJob,
+Watch), and gRPC health (the node's readiness). A call's ``x-lighthouse-job`` metadata is
+ignored there: the port is the job.
+
+``JobPorts`` keeps the servers in step with the replicated job table: ``sync()`` (the node's
+watch loop, every tick; it only looks at the table when its version moved) works out which port
+each job wants and wakes a task of its own that binds, moves and stops servers, so the watch loop
+never waits on a socket. A new port is bound; a port that changed moves (the old server stops,
+the new port is bound); a removed job's server stops gracefully: its calls, which the router now
+answers NOT_FOUND, end within ``STOP_GRACE_S``. A port that cannot be bound (in use, no
+permission) is recorded with the reason (``state(job)``, shown as the job's ``listening_port``
+and ``port_error``), logged once, and tried again every ``RETRY_S``; it never stops the node or
+touches another job's port. ``close()`` stops every server when the node stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from lighthouse_cluster.core.state_machine import QuorumStateMachine
+from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
+from lighthouse_cluster.proto import torchft_pb2 as pb
+from lighthouse_cluster.server.config import parse_host_port
+from lighthouse_cluster.server.grpc_services import (
+    ClusterServiceAdapter,
+    HeartbeatBatchSink,
+    JobViews,
+    LighthouseServiceAdapter,
+    NodeStatusSource,
+    QuorumRouting,
+    WatchStreams,
+)
+from lighthouse_cluster.tls import ServerTLS
+
+log = logging.getLogger(__name__)
+
+# A port that could not be bound is tried again this often.
+RETRY_S = 2.0
+# A stopped job port's calls get this long to end before they are cancelled.
+STOP_GRACE_S = 1.0
+
+
+@dataclass(eq=False)
+class _JobServer:
+    """One job's port on this node: the server while it listens, else why it does not."""
+
+    job: str
+    port: int
+    max_member_bytes: int
+    server: grpc.aio.Server | None = None
+    lighthouse: LighthouseServiceAdapter | None = None
+    error: str = ""
+    next_try: float = 0.0
+    logged: str = ""  # the last error logged (each is logged once)
+
+
+class JobPorts:
+    """The job ports of one node (see the module docstring); ``state`` is ``job_admin.PortStates``."""
+
+    def __init__(self, node_id: str, client_bind: str, tls: ServerTLS | None, options: Sequence[tuple[str, Any]],
+                 machine: QuorumStateMachine, router: QuorumRouting, heartbeats: HeartbeatBatchSink,
+                 node: NodeStatusSource, watch: Callable[[str], WatchStreams | None], jobs: JobViews,
+                 health_servicer: health.aio.HealthServicer) -> None:
+        self._node_id = node_id
+        self._host = parse_host_port(client_bind, "client bind address", allow_zero=True)[0]
+        self._tls = tls
+        self._options = list(options)
+        self._machine = machine
+        self._router = router
+        self._heartbeats = heartbeats
+        self._node = node
+        self._watch = watch
+        self._jobs = jobs
+        self._health = health_servicer
+        self._servers: dict[str, _JobServer] = {}
+        # job -> (port, max_member_bytes) wanted on this node; applied by the task.
+        self._wanted: dict[str, tuple[int, int]] = {}
+        self._seen_version = -1
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping: set[asyncio.Task[None]] = set()
+
+    # -- what the node calls ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.sync()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def sync(self) -> None:
+        """Read the job table when it changed and wake the task when a port must change."""
+        version = self._machine.jobs_version
+        if version == self._seen_version:
+            return
+        self._seen_version = version
+        wanted: dict[str, tuple[int, int]] = {}
+        for name, js in list(self._machine.jobs.items()):  # one copy: Raft's thread applies changes
+            spec = js.spec
+            port = spec.port_for(self._node_id)
+            if port is not None and spec.settings is not None:
+                wanted[name] = (port, spec.settings.max_member_bytes)
+        if wanted != self._wanted:
+            self._wanted = wanted
+            self._wake.set()
+
+    def state(self, job: str) -> tuple[int, str]:
+        """(the port this node listens on for ``job``, or 0; why it does not, when it should)."""
+        js = self._servers.get(job)
+        if js is None or js.port != self._wanted.get(job, (None,))[0]:
+            return 0, ""
+        return (js.port, "") if js.server is not None else (0, js.error)
+
+    async def close(self, grace_s: float = 0.2) -> None:
+        """Stop every job port (the node stops; its calls get ``grace_s``, as the client port's)."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        for js in list(self._servers.values()):
+            self._stop(js, "the node stops", grace_s)
+        self._servers.clear()
+        if self._stopping:
+            await asyncio.gather(*self._stopping, return_exceptions=True)
+
+    # -- the task ---------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._wake.clear()
+            try:
+                await self._apply()
+            except Exception:  # noqa: BLE001 -- a job port never takes the node down
+                log.exception("job ports: unexpected error; trying again in %.0f s", RETRY_S)
+            waiting = [js.next_try for js in self._servers.values() if js.server is None]
+            timeout = max(0.05, min(waiting) - loop.time()) if waiting else None
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _apply(self) -> None:
+        wanted = dict(self._wanted)
+        for name, js in list(self._servers.items()):
+            want = wanted.get(name)
+            if want is None or want[0] != js.port:
+                del self._servers[name]
+                if js.server is not None:
+                    self._stop(js, "the job was removed" if want is None else f"it moved to port {want[0]}")
+                if want is None:
+                    log.info("job %s: no port on this node any more", name)
+        if self._stopping:
+            # A port given up by one job may be another's now: bind after it is released.
+            await asyncio.wait(self._stopping, timeout=STOP_GRACE_S + 1.0)
+        now = asyncio.get_running_loop().time()
+        for name, (port, max_member_bytes) in sorted(wanted.items()):
+            js = self._servers.get(name)
+            if js is None:
+                js = self._servers[name] = _JobServer(name, port, max_member_bytes)
+            js.max_member_bytes = max_member_bytes
+            if js.lighthouse is not None:
+                js.lighthouse.max_member_bytes = max_member_bytes
+            if js.server is None and now >= js.next_try:
+                await self._bind(js)
+
+    async def _bind(self, js: _JobServer) -> None:
+        address = f"{self._host}:{js.port}"
+        server = grpc.aio.server(options=self._options)
+        lighthouse = LighthouseServiceAdapter(self._router, js.max_member_bytes, job=js.job)
+        server.add_generic_rpc_handlers((lighthouse.handler(),))
+        cpb_grpc.add_LighthouseClusterServicer_to_server(
+            ClusterServiceAdapter(self._node, self._heartbeats, self._node_id, self._watch, self._jobs, job=js.job),
+            server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (pb.DESCRIPTOR.services_by_name["LighthouseService"].full_name,
+             cpb.DESCRIPTOR.services_by_name["LighthouseCluster"].full_name,
+             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME),
+            server)
+        try:
+            if self._tls is not None:
+                server.add_secure_port(address, self._tls.credentials())
+            else:
+                server.add_insecure_port(address)
+            await server.start()
+        except Exception as e:  # noqa: BLE001 -- RuntimeError from gRPC's bind; anything else alike
+            await server.stop(None)
+            js.error = f"cannot listen on {address}: {bind_error(self._host, js.port) or str(e) or type(e).__name__}"
+            js.next_try = asyncio.get_running_loop().time() + RETRY_S
+            if js.error != js.logged:
+                js.logged = js.error
+                log.warning("job %s: %s; trying again every %.0f s", js.job, js.error, RETRY_S)
+            return
+        js.server, js.lighthouse = server, lighthouse
+        was = js.logged
+        js.error = js.logged = ""
+        log.info("job %s: serving torchft.LighthouseService on %s%s%s", js.job, address,
+                 "" if self._tls is None else " with TLS", f" (was: {was})" if was else "")
+
+    def _stop(self, js: _JobServer, why: str, grace_s: float = STOP_GRACE_S) -> None:
+        server, js.server, js.lighthouse = js.server, None, None
+        if server is None:
+            return
+        log.info("job %s: closing port %d (%s)", js.job, js.port, why)
+        task = asyncio.get_running_loop().create_task(server.stop(grace_s))
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+
+def bind_error(host: str, port: int) -> str | None:
+    """Why a TCP listener cannot bind ``host:port`` now (``"Address already in use"``,
+    ``"Permission denied"``), or None when it can: gRPC's own bind error does not say."""
+    bare = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(bare or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        return f"cannot resolve {host!r}: {e.strerror}"
+    family, _, _, _, address = infos[0]
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and bare == "::":
+                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            s.bind(address)
+    except OSError as e:
+        return e.strerror or os.strerror(e.errno or errno.EIO)
+    return None
