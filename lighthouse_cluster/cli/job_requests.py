@@ -12,6 +12,7 @@ from dataclasses import fields
 from typing import Iterable, Mapping, Sequence
 
 from lighthouse_cluster.core.jobs import (
+    DEFAULT_JOB,
     MAX_REPLICAS_LIMIT,
     SETTING_NAMES,
     JobError,
@@ -67,7 +68,8 @@ def check_settings(changes: Mapping[str, int]) -> dict[str, int]:
 
 def _config_entries(name: str, items: Iterable[str]) -> list[cpb.ConfigEntry]:
     config = parse_config_items(items)
-    JobSpec(name=name, settings=JobSettings(), config=tuple(sorted(config.items()))).check()
+    settings = None if name == DEFAULT_JOB else JobSettings()
+    JobSpec(name=name, settings=settings, config=tuple(sorted(config.items()))).check()
     return [cpb.ConfigEntry(key=k, value=v) for k, v in sorted(config.items())]
 
 
@@ -80,6 +82,9 @@ def add_request(name: str, settings: Mapping[str, int], ports: Sequence[str] = (
     """``jobs add NAME [settings] [--port ...] [--config K=V ...]``; settings not given take the
     leader's defaults (its own flags)."""
     check_job_name(name)
+    if name == DEFAULT_JOB:
+        raise JobError(f"the {DEFAULT_JOB} job always exists: its settings are the nodes' serve flags "
+                       f"(jobs set {DEFAULT_JOB} --config KEY=VALUE sets its config)")
     return cpb.AddJobRequest(name=name, settings=cpb.JobSettingsUpdate(**check_settings(settings)),
                              ports=_port_entries(ports), config=_config_entries(name, config))
 

@@ -46,6 +46,8 @@ def test_set_changes_only_what_was_given() -> None:
     r = set_request("a", {}, config=("k=v",), unset_config=("old", "old"))
     assert not r.set_ports and not r.ports and not any(r.settings.HasField(n) for n in ("min_replicas",))
     assert [(c.key, c.value) for c in r.set_config] == [("k", "v")] and list(r.unset_config) == ["old"]
+    r = set_request("default", {}, config=("team=ml",))  # the default job's config can be set
+    assert [(c.key, c.value) for c in r.set_config] == [("team", "ml")]
     r = set_request("a", {"heartbeat_timeout_ms": 900})
     assert r.settings.heartbeat_timeout_ms == 900 and not r.set_ports and not r.set_config
     r = set_request("a", {}, ports=("n1=30001",))
@@ -58,6 +60,7 @@ def test_set_changes_only_what_was_given() -> None:
 @pytest.mark.parametrize("build, message", [
     (lambda: add_request("bad/name", {}), "job name 'bad/name' must be"),
     (lambda: add_request("", {}), "job name '' must be"),
+    (lambda: add_request("default", {}), "the default job always exists"),
     (lambda: add_request("a", {}, ports=("70000",)), "port 70000 is outside 1-65535"),
     (lambda: add_request("a", {}, ports=("n1=x",)), "port 'n1=x' is not PORT or NODE=PORT"),
     (lambda: add_request("a", {}, ports=("1", "2")), "two ports given for every node"),
