@@ -416,6 +416,7 @@ def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data
 
         admin_token = secrets.token_urlsafe(24)
         token_file = root / "admin-token"
+        root.mkdir(parents=True, exist_ok=True)  # a --data-dir that does not exist yet
         fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(admin_token + "\n")

@@ -58,7 +58,8 @@ def render_jobs(listing: Mapping[str, Any], console: Any) -> None:
     print_table("jobs", JOB_COLUMNS, jobs_rows(listing["jobs"]), out=console,
                 wide=_folding(listing["jobs"], "ports", "config"), record="job")
     if not listing["leader_view"]:
-        console.print(not_leader_note(listing["answered_by"]), markup=False)
+        # One line off a terminal (greppable, as the rows); folded to the width on one.
+        console.print(not_leader_note(listing["answered_by"]), markup=False, soft_wrap=not console.is_terminal)
 
 
 def render_status_jobs(jobs: Sequence[Mapping[str, Any]], console: Any) -> None:

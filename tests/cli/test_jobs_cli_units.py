@@ -214,7 +214,8 @@ def test_jobs_list_off_a_terminal_is_one_job_line_each() -> None:
     follower = jobs_to_json(sample_jobs(leader_view=False), "n2 (127.0.0.1:29511)", False)
     lines = rendered(lambda c: render_jobs(follower, c), terminal=False)
     assert all("heartbeating=-" in line for line in lines[:3])
-    assert lines[3].startswith("answered by n2 (127.0.0.1:29511), not the serving leader")
+    assert len(lines) == 4 and lines[3].startswith("answered by n2 (127.0.0.1:29511), not the serving leader")
+    assert lines[3].endswith("quorums and settings are the replicated ones")  # one line, however long
 
 
 @pytest.mark.parametrize("width", [80, 100])
