@@ -835,9 +835,9 @@ def _job_call(fn: Any) -> Any:
 
 
 def _print_job(job: Any, output: str, title: str = "", answered_by: str = "") -> None:
-    from lighthouse_cluster.client.job_view import job_to_json
+    from lighthouse_cluster.client.job_view import job_json
 
-    data = job_to_json(job)
+    data = job_json(job)
     if output == "json":
         click.echo(json.dumps({**data, "answered_by": answered_by} if answered_by else data, indent=2))
         return
@@ -884,12 +884,13 @@ def jobs_list(endpoints: str | None, tls_ca: str | None, tls_client_cert: str | 
               tls_client_key: str | None, output: str, timeout: float) -> None:
     """Every job, the default one first: ports, min_replicas, last quorum, members, heartbeating
     replicas and config keys (as the leader sees them; another node's view when no leader answers)."""
-    from lighthouse_cluster.client.job_view import jobs_to_json
+    from lighthouse_cluster.client.job_view import jobs_view
     from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 
     client = _admin_client(endpoints, tls_ca, tls_client_cert, tls_client_key, timeout)
     r, address = _job_call(lambda: client.read("ListJobs", cpb.ListJobsRequest()))
-    data = jobs_to_json(r.jobs, f"{r.answered_by} ({address})" if r.answered_by else address, r.leader_view)
+    data = jobs_view(r)
+    data["answered_by"] = f"{r.answered_by} ({address})" if r.answered_by else address
     if output == "json":
         click.echo(json.dumps(data, indent=2))
         return

@@ -1,22 +1,37 @@
 """What `lighthouse-cluster jobs list/show/add/set/remove` and `status`'s job rows print: jobs (as
-``client.job_view.job_to_json`` dicts) as tables on a terminal, plain ``RECORD:`` lines elsewhere
-(``output.print_table``)."""
+``client.job_view.job_json`` dicts, the dashboard's too) as tables on a terminal, plain ``RECORD:``
+lines elsewhere (``output.print_table``)."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
 from lighthouse_cluster.cli.output import Cell, CellLike, print_record, print_table
-from lighthouse_cluster.client.job_view import ports_text
+from lighthouse_cluster.core.jobs import ALL_NODES, DEFAULT_JOB
 
-__all__ = ["job_fields", "jobs_rows", "render_job", "render_jobs", "render_status_jobs"]
+__all__ = ["job_fields", "jobs_rows", "members", "ports_text", "render_job", "render_jobs", "render_status_jobs"]
 
 UNKNOWN = "-"  # a live value only the serving leader knows, asked elsewhere
 
 
+def ports_text(job: Mapping[str, Any]) -> str:
+    """A job's own client ports in a cell: ``29600`` (every node), ``n1=29601,n2=29602``,
+    ``client port`` for the default job (the nodes' main port), ``-`` when it has none (it is
+    reached by name on the client port)."""
+    if not job["ports"]:
+        return "client port" if job["name"] == DEFAULT_JOB else "-"
+    every = [p for p in job["ports"] if p["node_id"] in (ALL_NODES, "")]
+    own = sorted((p for p in job["ports"] if p not in every), key=lambda p: p["node_id"])
+    return ",".join([str(p["port"]) for p in every] + [f"{p['node_id']}={p['port']}" for p in own])
+
+
+def members(job: Mapping[str, Any]) -> list[str]:
+    """The replica ids of the job's last committed quorum."""
+    return [p["replica_id"] for p in job["quorum"]["participants"]] if job["quorum"] else []
+
+
 def _heartbeating(job: Mapping[str, Any]) -> str:
-    n = job["heartbeating_replicas"]
-    return UNKNOWN if n is None else str(n)
+    return str(job["heartbeating_replicas"]) if job["leader_view"] else UNKNOWN
 
 
 def _config_keys(job: Mapping[str, Any]) -> str:
@@ -38,7 +53,7 @@ def jobs_rows(jobs: Sequence[Mapping[str, Any]]) -> list[tuple[CellLike, ...]]:
     for j in jobs:
         s = j["settings"]
         rows.append((Cell(j["name"], "bold"), ports_text(j), str(s["min_replicas"]), _quorum_id(j),
-                     str(len(j["members"])), _heartbeating(j), _config_keys(j)))
+                     str(len(members(j))), _heartbeating(j), _config_keys(j)))
     return rows
 
 
@@ -67,7 +82,7 @@ def render_status_jobs(jobs: Sequence[Mapping[str, Any]], console: Any) -> None:
     if not jobs:
         return
     print_table("jobs", ("job", "ports", "quorum id", "members", "heartbeating"), [
-        (j["name"], ports_text(j), _quorum_id(j), str(len(j["members"])), _heartbeating(j)) for j in jobs],
+        (j["name"], ports_text(j), _quorum_id(j), str(len(members(j))), _heartbeating(j)) for j in jobs],
         out=console, wide=_folding(jobs, "ports"), record="job")
 
 
@@ -83,7 +98,7 @@ def job_fields(job: Mapping[str, Any], answered_by: str = "") -> dict[str, str]:
         here = f"port {job['listening_port']}" if job["listening_port"] else "no own port"
         fields[f"listening on {answered_by}"] = f"{here}; {job['port_error']}" if job["port_error"] else here
     fields["quorum id"] = _quorum_id(job)
-    fields["members"] = ",".join(job["members"]) or "none"
+    fields["members"] = ",".join(members(job)) or "none"
     fields["config keys"] = str(len(job["config"]))
     if job["leader_view"]:
         fields["heartbeating replicas"] = _heartbeating(job)

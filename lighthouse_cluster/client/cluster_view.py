@@ -17,9 +17,10 @@ from typing import Any, Sequence
 import grpc
 
 from lighthouse_cluster.client.admin_client import probe_status
-from lighthouse_cluster.client.job_view import job_to_json, quorum_to_json
-from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
+from lighthouse_cluster.client.job_view import quorum_json
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
+from lighthouse_cluster.client.job_view import job_json
 from lighthouse_cluster.tls import ClientTLS, channel
 
 _ROLE_NAMES = {cpb.FOLLOWER: "follower", cpb.CANDIDATE: "candidate", cpb.LEADER: "leader", cpb.ROLE_UNKNOWN: "unknown"}
@@ -51,7 +52,7 @@ class ClusterView:
     settings: dict[str, int] = field(default_factory=dict)
     # Rounds the leader issued (since it started): on the lease / after a Raft commit each.
     rounds: dict[str, int] = field(default_factory=dict)
-    # Every job (``job_view.job_to_json``), the default one first: the leader's Status lists them
+    # Every job (``job_view.job_json``), the default one first: the leader's Status lists them
     # (NodeStatus.jobs), else ``collect_jobs`` asks it (or, without a leader, any node) for them.
     jobs: list[dict[str, Any]] = field(default_factory=list)
 
@@ -71,6 +72,17 @@ def collect(endpoints: Sequence[str], timeout: float = 2.0, tls: ClientTLS | Non
             named = [p.node.client_address for st in asked.values() if st is not None for p in st.peers]
             todo = [a for a in dict.fromkeys(named) if a not in asked]
     return list(asked.items())
+
+
+def collect_jobs(address: str, timeout: float = 2.0, tls: ClientTLS | None = None) -> list[dict[str, Any]] | None:
+    """``address``'s jobs (ListJobs), or None when it does not answer or has no jobs service (a
+    node of a version before jobs)."""
+    try:
+        with channel(address, tls) as ch:
+            r = cpb_grpc.LighthouseClusterStub(ch).ListJobs(cpb.ListJobsRequest(), timeout=timeout)
+    except grpc.RpcError:
+        return None
+    return [job_json(j) for j in r.jobs]
 
 
 def build_view(answers: Sequence[tuple[str, cpb.NodeStatus | None]]) -> ClusterView:
@@ -124,23 +136,12 @@ def build_view(answers: Sequence[tuple[str, cpb.NodeStatus | None]]) -> ClusterV
                      "quorum_lease_ms": st.settings.quorum_lease_ms,
                      "liveness_timeout_ms": st.settings.liveness_timeout_ms}
     view.rounds = {"lease": st.rounds_on_lease, "commit": st.rounds_committed}
-    view.jobs = [job_to_json(j) for j in st.jobs]
+    view.jobs = [job_json(j) for j in st.jobs]
     return view
 
 
-def collect_jobs(address: str, timeout: float = 2.0, tls: ClientTLS | None = None) -> list[dict[str, Any]] | None:
-    """``address``'s jobs (ListJobs), or None when it does not answer or has no jobs service (a
-    node of a version before jobs)."""
-    try:
-        with channel(address, tls) as ch:
-            r = cpb_grpc.LighthouseClusterStub(ch).ListJobs(cpb.ListJobsRequest(), timeout=timeout)
-    except grpc.RpcError:
-        return None
-    return [job_to_json(j) for j in r.jobs]
-
-
 def _quorum_dict(st: cpb.NodeStatus) -> dict[str, Any] | None:
-    return quorum_to_json(st.quorum) if st.has_quorum else None
+    return quorum_json(st.quorum) if st.has_quorum else None
 
 
 def to_json(view: ClusterView) -> dict[str, Any]:

@@ -112,7 +112,7 @@ def test_add_then_list_and_show_every_field(cluster: LocalCluster) -> None:
                                "heartbeat_timeout_ms": 2000,  # not given: the leader's own flags
                                "quorum_lease_ms": 0, "max_replicas": 64, "max_member_bytes": 2048}
     assert job["ports"] == [{"node_id": f"n{i + 1}", "port": p} for i, p in enumerate(ports)]
-    assert job["config"] == {"lr": "0.1", "opt": "adam=beta"} and job["quorum_id"] == 0 and job["members"] == []
+    assert job["config"] == {"lr": "0.1", "opt": "adam=beta"} and job["quorum_id"] == 0 and job["quorum"] is None
 
     shared = free_ports(1)[0]
     res = cli("jobs", "add", "train-b", "--port", str(shared), env=env_for(cluster))
@@ -172,7 +172,8 @@ def test_remove_is_refused_while_a_replica_group_heartbeats_unless_forced(cluste
         shown = wait_for("the job's replica group heartbeating, seen by the leader",
                          lambda: (j := ok_json(cluster, "jobs", "show", "train-live"))["heartbeating_replicas"] == 1
                          and j["quorum_id"] > 0 and j, 15, context=cluster)
-        assert shown["members"] == ["live-0"] and [h["replica_id"] for h in shown["heartbeats"]] == ["live-0"]
+        assert [p["replica_id"] for p in shown["quorum"]["participants"]] == ["live-0"]
+        assert [h["replica_id"] for h in shown["heartbeats"]] == ["live-0"]
         row = next(line for line in cli("jobs", "list", env=env_for(cluster)).stdout.splitlines()
                    if line.startswith("job: job=train-live "))
         assert f"quorum_id={shown['quorum_id']} members=1 heartbeating=1" in row, row
@@ -250,7 +251,7 @@ def test_jobs_list_without_a_leader_is_another_nodes_view(cluster: LocalCluster)
         listing = json.loads(cli("jobs", "list", "-o", "json", "--timeout", "2", env=env).stdout)
         assert not listing["leader_view"] and listing["answered_by"].startswith("n1 ")
         alone = next(j for j in listing["jobs"] if j["name"] == "train-alone")
-        assert alone["config"] == {"k": "v"} and alone["heartbeating_replicas"] is None
+        assert alone["config"] == {"k": "v"} and not alone["leader_view"] and alone["heartbeats"] == []
         res = cli("jobs", "list", "--timeout", "2", env=env)
         assert res.returncode == 0, res.stderr
         assert "heartbeating=- " in next(line for line in res.stdout.splitlines() if "job=train-alone" in line)

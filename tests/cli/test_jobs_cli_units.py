@@ -16,11 +16,12 @@ from rich.console import Console
 
 from lighthouse_cluster.cli.commands import main
 from lighthouse_cluster.cli.job_requests import add_request, check_settings, remove_request, set_request
-from lighthouse_cluster.cli.job_tables import JOB_COLUMNS, render_job, render_jobs, render_status_jobs
+from lighthouse_cluster.cli.job_tables import (JOB_COLUMNS, members, ports_text, render_job, render_jobs,
+                                               render_status_jobs)
 from lighthouse_cluster.cli.status_tables import render
 from lighthouse_cluster.client.admin_client import AdminCallError
 from lighthouse_cluster.client.cluster_view import build_view, to_json
-from lighthouse_cluster.client.job_view import job_to_json, jobs_to_json, ports_text
+from lighthouse_cluster.client.job_view import job_json, jobs_view
 from lighthouse_cluster.core.jobs import JobError
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import torchft_pb2 as pb
@@ -167,8 +168,13 @@ def sample_jobs(leader_view: bool = True) -> list[cpb.Job]:
     return [default, train, shared]
 
 
+def jobs_to_json(jobs: list[cpb.Job], answered_by: str, leader_view: bool) -> dict:
+    """What `jobs list -o json` prints for a ListJobs answer."""
+    return jobs_view(cpb.ListJobsResponse(jobs=jobs, answered_by=answered_by, leader_view=leader_view))
+
+
 def test_job_json_has_every_field() -> None:
-    default, train, shared = (job_to_json(j) for j in sample_jobs())
+    default, train, shared = (job_json(j) for j in sample_jobs())
     assert train["settings"] == {"min_replicas": 2, "join_timeout_ms": 500, "quorum_tick_ms": 50,
                                  "heartbeat_timeout_ms": 5000, "quorum_lease_ms": 0, "max_replicas": 64,
                                  "max_member_bytes": 4096}
@@ -177,18 +183,19 @@ def test_job_json_has_every_field() -> None:
     assert train["config"]["lr"] == "0.1" and train["version"] == 4 and train["listening_port"] == 29601
     assert train["pending"] == [{"replica_id": "w9", "step": 1, "waiting_ms": 30}]
     assert train["rounds"] == {"lease": 5, "commit": 2} and train["open_streams"] == 1
-    assert train["quorum"] is None and train["members"] == [] and train["heartbeating_replicas"] == 256
-    assert default["settings_from_flags"] and default["quorum_id"] == 12 and default["members"] == ["r0", "r1"]
+    assert train["quorum"] is None and members(train) == [] and train["heartbeating_replicas"] == 256
+    assert default["settings_from_flags"] and default["quorum_id"] == 12 and members(default) == ["r0", "r1"]
     assert default["quorum"]["participants"][0]["store_address"] == "10.0.0.1:29500"
     assert default["heartbeats"][1] == {"replica_id": "r1", "age_ms": 7000}
-    assert shared["port_error"].startswith("port 29700") and shared["listening_port"] is None
+    assert shared["port_error"].startswith("port 29700") and shared["listening_port"] == 0
+    assert shared["ports"] == [{"node_id": "*", "port": 29700}]
     json.dumps(jobs_to_json(sample_jobs(), "n1", True))  # JSON-ready throughout
-    # Not the leader's view: heartbeating replicas are unknown, not 0.
-    assert job_to_json(sample_jobs(leader_view=False)[1])["heartbeating_replicas"] is None
+    follower = job_json(sample_jobs(leader_view=False)[1])
+    assert not follower["leader_view"] and follower["heartbeats"] == [] and follower["pending"] == []
 
 
 def test_ports_text() -> None:
-    default, train, shared = (job_to_json(j) for j in sample_jobs())
+    default, train, shared = (job_json(j) for j in sample_jobs())
     assert ports_text(default) == "client port"
     assert ports_text(train) == "n1=29601,n2=29602,n3=29603"
     assert ports_text(shared) == "29700"
@@ -253,7 +260,7 @@ def test_a_long_job_name_folds_instead_of_being_cut() -> None:
 
 
 def test_jobs_show_off_a_terminal() -> None:
-    default, train, shared = (job_to_json(j) for j in sample_jobs())
+    default, train, shared = (job_json(j) for j in sample_jobs())
     lines = rendered(lambda c: render_job(train, c, answered_by="127.0.0.1:29510"), terminal=False)
     first = lines[0]
     assert first.startswith("job train-llama-70b: name=train-llama-70b version=4 min_replicas=2 join_timeout_ms=500 ")
@@ -269,7 +276,7 @@ def test_jobs_show_off_a_terminal() -> None:
     assert "heartbeat: replica_id=r1 age_ms=7000" in lines
     lines = rendered(lambda c: render_job(shared, c, answered_by="n3"), terminal=False)
     assert "listening_on_n3='no own port; port 29700: address in use'" in lines[0], lines[0]
-    follower = job_to_json(sample_jobs(leader_view=False)[0])
+    follower = job_json(sample_jobs(leader_view=False)[0])
     lines = rendered(lambda c: render_job(follower, c), terminal=False)
     assert "live_view='unknown: not answered by the serving leader'" in lines[0] and not any(
         line.startswith("heartbeat:") for line in lines)
