@@ -87,7 +87,8 @@ def render_status_jobs(jobs: Sequence[Mapping[str, Any]], console: Any) -> None:
 
 
 def job_fields(job: Mapping[str, Any], answered_by: str = "") -> dict[str, str]:
-    """`jobs show`'s record: every scalar field of ``job`` as text (lists get their own tables)."""
+    """`jobs show`'s record: every scalar field of ``job`` as text (lists get their own tables);
+    ``answered_by``: the node that answered (`jobs show`), whose own port and view are shown."""
     s = job["settings"]
     fields = {"name": job["name"], "version": str(job["version"])}
     fields.update({name.replace("_", " "): str(v) for name, v in s.items()})
@@ -108,7 +109,7 @@ def job_fields(job: Mapping[str, Any], answered_by: str = "") -> dict[str, str]:
         fields["rounds"] = f"{r['lease']} on the leader lease, {r['commit']} committed"
         if job["quorum_reason"]:
             fields["next quorum"] = job["quorum_reason"]
-    else:
+    elif answered_by:  # `jobs show` (add and set answer on the leader, before the new job serves)
         fields["live view"] = "unknown: not answered by the serving leader"
     return fields
 

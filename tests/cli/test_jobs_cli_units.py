@@ -277,9 +277,12 @@ def test_jobs_show_off_a_terminal() -> None:
     lines = rendered(lambda c: render_job(shared, c, answered_by="n3"), terminal=False)
     assert "listening_on_n3='no own port; port 29700: address in use'" in lines[0], lines[0]
     follower = job_json(sample_jobs(leader_view=False)[0])
-    lines = rendered(lambda c: render_job(follower, c), terminal=False)
+    lines = rendered(lambda c: render_job(follower, c, answered_by="127.0.0.1:29511"), terminal=False)
     assert "live_view='unknown: not answered by the serving leader'" in lines[0] and not any(
         line.startswith("heartbeat:") for line in lines)
+    # What `jobs add/set` print: the leader's answer, before the new job's own view is served.
+    lines = rendered(lambda c: render_job(follower, c, title="job default changed"), terminal=False)
+    assert lines[0].startswith("job default changed: name=default ") and "live_view" not in lines[0]
 
 
 # -- status's job rows -------------------------------------------------------------------------------
