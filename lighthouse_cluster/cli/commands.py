@@ -176,7 +176,8 @@ def main() -> None:
 @click.option("--http-bind", envvar=ENV + "HTTP_BIND", metavar="HOST:PORT",
               help="Serve /metrics, /livez, /readyz and the dashboard (/) over HTTP here. Default: off.")
 @click.option("--admin-token", envvar=ENV + "ADMIN_TOKEN",
-              help="Bearer token required by the admin commands (members add/remove, transfer-leader, snapshot) "
+              help="Bearer token required by the admin commands (jobs add/set/remove, members add/remove, "
+                   "transfer-leader, snapshot) "
                    "and the dashboard's kill button (prefer the env var). Default: all of those refused.")
 @click.option("--tls-cert", envvar=ENV + "TLS_CERT", type=click.Path(dir_okay=False), metavar="PEM",
               help="Serve the client (gRPC) port with TLS: this node's certificate chain. Needs --tls-key.")
@@ -372,6 +373,10 @@ def _kept_log_dir() -> Path:
               help="Admin token of every node (enables the admin commands and the dashboard's kill button).")
 @lease_flag
 @liveness_flag
+@click.option("--job", "jobs", multiple=True, metavar="NAME[=PORT]",
+              help="Once the cluster is up, create job NAME (repeat); with =PORT, node i serves it on its own "
+                   "client port PORT + i (torchft trainers select the job by it). Without --admin-token, a "
+                   "token is generated for the run (its file is printed).")
 @click.option("--demo", is_flag=True, help="Also run simulated replica groups and SIGKILL the leader every 8 s.")
 @click.option("--demo-replicas", type=click.IntRange(1, 1024), default=3, show_default=True)
 @click.option("--demo-kill-every", type=click.FloatRange(min=0.5), default=8.0, hidden=True,
@@ -381,7 +386,8 @@ def _kept_log_dir() -> Path:
 def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data_dir: Path | None,
        log_dir: Path | None, no_restart: bool, min_replicas: int, join_timeout_ms: int, quorum_tick_ms: int,
        heartbeat_timeout_ms: int, tls: bool, mtls: bool, admin_token: str | None, quorum_lease_ms: int,
-       liveness_timeout_ms: int, demo: bool, demo_replicas: int, demo_kill_every: float, log_level: str) -> None:
+       liveness_timeout_ms: int, jobs: tuple[str, ...], demo: bool, demo_replicas: int, demo_kill_every: float,
+       log_level: str) -> None:
     """Run a local N-node cluster on this host in the foreground.
 
     Ctrl-C, SIGTERM, SIGHUP (a closed terminal) or a closed stdout stops every node; if `up`
@@ -392,7 +398,7 @@ def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data
     from lighthouse_cluster.cli.output import console as output_console
     from lighthouse_cluster.local.cluster import LocalCluster, can_bind, free_ports
     from lighthouse_cluster.local.supervise import Guardian, NodeSupervisor
-    from lighthouse_cluster.local.up_plan import describe_exit, plan_addresses
+    from lighthouse_cluster.local.up_plan import describe_exit, plan_addresses, plan_jobs
 
     console = output_console(raise_broken_pipe=True)  # a closed stdout stops up through its own cleanup
     if nodes % 2 == 0:
@@ -401,9 +407,12 @@ def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data
         _exit_config_error(ConfigError("--demo's simulated replica groups speak plaintext: drop --tls/--mtls"))
     try:
         plan = plan_addresses(nodes, bind, http_bind, raft_port, lambda n, host: free_ports(n, host.strip("[]")))
+        up_jobs = plan_jobs(jobs, nodes, [p for _kind, _host, p in plan.every_port()])
     except ConfigError as e:
         _exit_config_error(e)
-    busy = [f"{p} ({kind} on {host})" for kind, host, p in plan.every_port() if not can_bind(host, p)]
+    job_ports = [("job", plan.client.bind_host, p) for j in up_jobs for _node, p in j.ports(
+        [f"n{i + 1}" for i in range(nodes)])]
+    busy = [f"{p} ({kind} on {host})" for kind, host, p in plan.every_port() + job_ports if not can_bind(host, p)]
     if busy:
         _exit_config_error(ConfigError(f"ports already in use: {', '.join(busy)} "
                                        "(pick another --bind, or HOST:0 for free ports)"))
@@ -413,6 +422,16 @@ def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data
     logs = log_dir or (data_dir if data_dir is not None else _kept_log_dir())
     out.echo(f"logs: {logs}")
     guardian = Guardian(remove=root if temporary else None)
+    token_file: Path | None = None
+    if up_jobs and not admin_token:  # creating jobs needs one: this run's own, in a file only its user reads
+        import secrets
+
+        admin_token = secrets.token_urlsafe(24)
+        token_file = root / "admin-token"
+        root.mkdir(parents=True, exist_ok=True)  # a --data-dir that does not exist yet
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(admin_token + "\n")
     reach = plan.client.reach_host
     pki = None
     if tls or mtls:
@@ -452,12 +471,14 @@ def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data
         with console.status(f"starting {nodes} nodes, waiting for a leader every node follows ..."):
             leader, term = cluster.wait_for_stable_leader(timeout=30, stable_for=0.5, should_stop=stop.is_set,
                                                          on_poll=startup_check)
+        for up_job in up_jobs:
+            _create_up_job(cluster, up_job, admin_token)
         if plan.picked:
             flag = f"--bind {bind}" if bind.strip().endswith(":0") else f"--http-bind {http_bind}"
             out.echo(f"{flag}: chose client ports {','.join(map(str, plan.client.ports))}, "
                      f"raft ports {','.join(map(str, plan.raft.ports))}, "
                      f"http ports {','.join(map(str, plan.http.ports))}")
-        _print_endpoints(out, cluster, plan, leader, term, root, temporary, logs)
+        _print_endpoints(out, cluster, plan, leader, term, root, temporary, logs, up_jobs, token_file)
         if demo:
             from lighthouse_cluster.local.demo import run_demo
 
@@ -495,9 +516,31 @@ def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data
     sys.exit(code)
 
 
+def _create_up_job(cluster: Any, job: Any, admin_token: str | None) -> None:
+    """Create ``up --job``'s job (an ``up_plan.UpJob``) through the leader; a job of that name kept
+    in --data-dir from an earlier run gets the ports asked for now. RuntimeError when refused."""
+    import grpc
+
+    from lighthouse_cluster.client.admin_client import AdminCallError, AdminClient
+    from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+
+    ports = [cpb.JobPort(node_id=node, port=port) for node, port in job.ports([m.peer.node_id for m in cluster.members])]
+    client = AdminClient(cluster.client_addresses, tls=cluster.client_tls, token=admin_token, timeout=10.0)
+    try:
+        try:
+            client.call("AddJob", cpb.AddJobRequest(name=job.name, ports=ports))
+        except AdminCallError as e:
+            if e.code != grpc.StatusCode.ALREADY_EXISTS:
+                raise
+            client.call("SetJob", cpb.SetJobRequest(name=job.name, set_ports=True, ports=ports))
+    except AdminCallError as e:
+        raise RuntimeError(f"--job {job.name}: cannot create the job: {e}") from None
+
+
 def _print_endpoints(out: _UpOutput, cluster: Any, plan: Any, leader: int, term: int, root: Path, temporary: bool,
-                     logs: Path) -> None:
+                     logs: Path, up_jobs: Any = (), token_file: Path | None = None) -> None:
     from lighthouse_cluster.cli.output import print_table
+    from lighthouse_cluster.local.up_plan import job_banner
 
     rows = []
     for i, m in enumerate(cluster.members):
@@ -526,6 +569,13 @@ def _print_endpoints(out: _UpOutput, cluster: Any, plan: Any, leader: int, term:
     out.echo("ftclient trainers and the lighthouse-cluster commands take the list of every node:")
     out.echo(f"  export TORCHFT_LIGHTHOUSE={cluster.endpoints}")
     out.echo(f"  lighthouse-cluster status --endpoints {cluster.endpoints}")
+    for up_job in up_jobs:
+        for line in job_banner(up_job, [m.peer.node_id for m in cluster.members], plan.client.reach_host,
+                               cluster.endpoints, cluster.pki is not None):
+            out.echo(line)
+    if token_file is not None:
+        out.echo("the admin token of this run (jobs add/set/remove, members, snapshot):")
+        out.echo(f"  export LIGHTHOUSE_CLUSTER_ADMIN_TOKEN=$(cat {token_file})")
     out.echo("Ctrl-C stops every node.")
 
 
@@ -610,9 +660,9 @@ def _need_token(admin_token: str | None) -> None:
 @lambda f: client_options(f, timeout=2.0)
 def status(endpoints: str | None, tls_ca: str | None, tls_client_cert: str | None, tls_client_key: str | None,
            output: str, timeout: float) -> None:
-    """Show nodes, leader, current quorum and heartbeats; exit 1 when no leader is known."""
+    """Show nodes, leader, current quorum, heartbeats and jobs; exit 1 when no leader is known."""
     from lighthouse_cluster.cli.status_tables import render
-    from lighthouse_cluster.client.cluster_view import build_view, collect, to_json
+    from lighthouse_cluster.client.cluster_view import build_view, collect, collect_jobs, to_json
 
     addresses, tls = _client_settings(endpoints, tls_ca, tls_client_cert, tls_client_key)
     reasons: dict[str, str] = {}
@@ -624,6 +674,10 @@ def status(endpoints: str | None, tls_ca: str | None, tls_client_cert: str | Non
         click.echo(f"error: {message}", err=True)
         sys.exit(1)
     view = build_view(answers)
+    if not view.jobs:  # the leader's Status does not list them (an older node): ask for them
+        asked = [endpoint for endpoint, st in answers
+                 if st is not None and (view.leader is None or st.node.id == view.leader)]
+        view.jobs = next((jobs for jobs in (collect_jobs(a, timeout, tls) for a in asked) if jobs is not None), [])
     if output == "json":
         click.echo(json.dumps(to_json(view), indent=2))
     else:
@@ -750,6 +804,176 @@ def members_remove(node_id: str, endpoints: str | None, tls_ca: str | None, tls_
     client = _admin_client(endpoints, tls_ca, tls_client_cert, tls_client_key, timeout, admin_token)
     r = _admin_call(lambda: client.call("RemoveMember", cpb.RemoveMemberRequest(node_id=node_id)))
     _print_members(r, output, f"{node_id} removed; members")
+
+
+# -- jobs ------------------------------------------------------------------------------------------
+
+
+def job_settings_options(f: Any) -> Any:
+    """The job settings as flags (``job_requests.SETTING_FLAGS``: serve's spellings). No
+    environment variables: a node's LIGHTHOUSE_CLUSTER_MIN_REPLICAS must not change a job."""
+    from lighthouse_cluster.cli.job_requests import SETTING_FLAGS
+
+    for name, flags, help_text in reversed(SETTING_FLAGS):
+        f = click.option(*flags, name, type=int, default=None, metavar="N", help=help_text)(f)
+    return f
+
+
+def _job_input(build: Any) -> Any:
+    """``build()``'s request; a ``JobError`` (bad local input) is one line and exit 2, before any call."""
+    from lighthouse_cluster.core.jobs import JobError
+
+    try:
+        return build()
+    except JobError as e:
+        _exit_config_error(ConfigError(str(e)))
+
+
+def _job_call(fn: Any) -> Any:
+    """Run ``fn()``; a failed call is one line on stderr: exit 2 when the node refused the
+    request (a bad token, unknown job, duplicate, bad value, live replicas), 1 when the cluster
+    could not be reached or did not answer."""
+    import grpc
+
+    from lighthouse_cluster.client.admin_client import AdminCallError
+
+    try:
+        return fn()
+    except AdminCallError as e:
+        hint = " (check LIGHTHOUSE_CLUSTER_ADMIN_TOKEN or --admin-token)" \
+            if e.code == grpc.StatusCode.UNAUTHENTICATED else ""
+        click.echo(f"error: {e}{hint}", err=True)
+        sys.exit(2 if e.refused else 1)
+
+
+def _print_job(job: Any, output: str, title: str = "", answered_by: str = "") -> None:
+    from lighthouse_cluster.client.job_view import job_json
+
+    data = job_json(job)
+    if output == "json":
+        click.echo(json.dumps({**data, "answered_by": answered_by} if answered_by else data, indent=2))
+        return
+    from lighthouse_cluster.cli.job_tables import render_job
+    from lighthouse_cluster.cli.output import console
+
+    render_job(data, console(), answered_by=answered_by, title=title)
+
+
+@main.group()
+def jobs() -> None:
+    """Add, list, show, change and remove jobs: named quorum namespaces sharing the cluster.
+
+    A torchft trainer selects a job by calling the job's own port (--port); an ftclient trainer
+    on any port by name (LIGHTHOUSE_JOB=NAME). Calls that name no job belong to the `default` job,
+    whose settings are the nodes' serve flags."""
+
+
+@jobs.command("add")
+@click.argument("name")
+@job_settings_options
+@click.option("--port", "ports", multiple=True, metavar="PORT|NODE=PORT",
+              help="A client port every node serves for this job only (torchft trainers select the job by it); "
+                   "NODE=PORT for one node's port (repeat). Default: none (reached by name).")
+@click.option("--config", "config", multiple=True, metavar="KEY=VALUE",
+              help="A configuration entry the job's trainers read (ftclient: manager.job_config()) (repeat).")
+@client_options
+@admin_token_option
+def jobs_add(name: str, ports: tuple[str, ...], config: tuple[str, ...], endpoints: str | None,
+             tls_ca: str | None, tls_client_cert: str | None, tls_client_key: str | None, output: str,
+             timeout: float, admin_token: str | None, **settings: int | None) -> None:
+    """Create job NAME; settings not given are the leader's own (its serve flags)."""
+    from lighthouse_cluster.cli.job_requests import add_request, settings_given
+
+    request = _job_input(lambda: add_request(name, settings_given(settings), ports, config))
+    _need_token(admin_token)
+    client = _admin_client(endpoints, tls_ca, tls_client_cert, tls_client_key, timeout, admin_token)
+    _print_job(_job_call(lambda: client.call("AddJob", request)), output, f"job {name} added")
+
+
+@jobs.command("list")
+@client_options
+def jobs_list(endpoints: str | None, tls_ca: str | None, tls_client_cert: str | None,
+              tls_client_key: str | None, output: str, timeout: float) -> None:
+    """Every job, the default one first: ports, min_replicas, last quorum, members, heartbeating
+    replicas and config keys (as the leader sees them; another node's view when no leader answers)."""
+    from lighthouse_cluster.client.job_view import jobs_view
+    from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+
+    client = _admin_client(endpoints, tls_ca, tls_client_cert, tls_client_key, timeout)
+    r, address = _job_call(lambda: client.read("ListJobs", cpb.ListJobsRequest()))
+    data = jobs_view(r)
+    data["answered_by"] = f"{r.answered_by} ({address})" if r.answered_by else address
+    if output == "json":
+        click.echo(json.dumps(data, indent=2))
+        return
+    from lighthouse_cluster.cli.job_tables import render_jobs
+    from lighthouse_cluster.cli.output import console
+
+    render_jobs(data, console())
+
+
+@jobs.command("show")
+@click.argument("name")
+@client_options
+def jobs_show(name: str, endpoints: str | None, tls_ca: str | None, tls_client_cert: str | None,
+              tls_client_key: str | None, output: str, timeout: float) -> None:
+    """Every field of job NAME: settings, ports (and whether the answering node listens on its
+    own), config, the members of its last quorum, heartbeats and pending requesters (leader's view)."""
+    from lighthouse_cluster.core.jobs import check_job_name
+    from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
+
+    _job_input(lambda: check_job_name(name))
+    client = _admin_client(endpoints, tls_ca, tls_client_cert, tls_client_key, timeout)
+    job, address = _job_call(lambda: client.read("GetJob", cpb.JobRequest(name=name)))
+    _print_job(job, output, answered_by=address)
+
+
+@jobs.command("set")
+@click.argument("name")
+@job_settings_options
+@click.option("--port", "ports", multiple=True, metavar="PORT|NODE=PORT",
+              help="Replace the job's ports with these (repeat; as in `jobs add`).")
+@click.option("--no-ports", is_flag=True, help="Remove the job's own ports (it stays reachable by name).")
+@click.option("--config", "config", multiple=True, metavar="KEY=VALUE", help="Set a config entry (repeat).")
+@click.option("--unset-config", "unset_config", multiple=True, metavar="KEY", help="Remove a config entry (repeat).")
+@client_options
+@admin_token_option
+def jobs_set(name: str, ports: tuple[str, ...], no_ports: bool, config: tuple[str, ...],
+             unset_config: tuple[str, ...], endpoints: str | None, tls_ca: str | None,
+             tls_client_cert: str | None, tls_client_key: str | None, output: str, timeout: float,
+             admin_token: str | None, **settings: int | None) -> None:
+    """Change job NAME: only what is given changes (the default job: only its config)."""
+    from lighthouse_cluster.cli.job_requests import set_request, settings_given
+
+    request = _job_input(lambda: set_request(name, settings_given(settings), ports, no_ports, config,
+                                             unset_config))
+    _need_token(admin_token)
+    client = _admin_client(endpoints, tls_ca, tls_client_cert, tls_client_key, timeout, admin_token)
+    _print_job(_job_call(lambda: client.call("SetJob", request)), output, f"job {name} changed")
+
+
+@jobs.command("remove")
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Remove it even while its replicas heartbeat (their next calls fail "
+                                            "with NOT_FOUND).")
+@client_options
+@admin_token_option
+def jobs_remove(name: str, force: bool, endpoints: str | None, tls_ca: str | None, tls_client_cert: str | None,
+                tls_client_key: str | None, output: str, timeout: float, admin_token: str | None) -> None:
+    """Remove job NAME (refused while its replicas heartbeat, unless --force)."""
+    from lighthouse_cluster.cli.job_requests import remove_request
+
+    request = _job_input(lambda: remove_request(name, force))
+    _need_token(admin_token)
+    client = _admin_client(endpoints, tls_ca, tls_client_cert, tls_client_key, timeout, admin_token)
+    r = _job_call(lambda: client.call("RemoveJob", request))
+    data = {"name": r.name, "last_quorum_id": r.last_quorum_id}
+    if output == "json":
+        click.echo(json.dumps(data, indent=2))
+        return
+    from lighthouse_cluster.cli.output import print_record
+
+    print_record(f"job {r.name} removed", {"last quorum id": str(r.last_quorum_id)})
 
 
 # -- transfer-leader -------------------------------------------------------------------------------

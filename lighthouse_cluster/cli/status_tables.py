@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lighthouse_cluster.cli.job_tables import render_status_jobs
 from lighthouse_cluster.cli.output import Cell, print_table
 from lighthouse_cluster.client.cluster_view import ClusterView, Health, upgrade_note
 
@@ -41,6 +42,7 @@ def render(view: ClusterView, console: Any) -> None:
         print_table("heartbeats", ("replica id", "age (ms)"), [
             (h["replica_id"], Cell(str(h["age_ms"]), "red" if timeout and h["age_ms"] >= timeout else ""))
             for h in view.heartbeats], out=console, record="heartbeat")
+    render_status_jobs(view.jobs, console)
 
 
 def render_health(h: Health, console: Any) -> None:

@@ -1,5 +1,5 @@
-"""Blocking client calls to a cluster's own services (CLI and harnesses): Status, Leader and the
-admin RPCs, routed to the leader."""
+"""Blocking client calls to a cluster's own services (CLI and harnesses): Status, Leader, the
+admin RPCs routed to the leader, and reads (ListJobs, GetJob) preferably answered by the leader."""
 
 from __future__ import annotations
 
@@ -62,12 +62,27 @@ NOT_LEADER_MARK = "must run on the leader"
 RETRY_S = 0.1
 
 
+# A node's answers that refuse the request itself: the command must change (its arguments, the
+# token, the job's state); asking again as it is will not help.
+REFUSALS = frozenset({
+    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.OUT_OF_RANGE,
+})
+
+
 class AdminCallError(Exception):
     """An admin call failed; the message is one line for the operator."""
 
     def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
         super().__init__(message)
         self.code = code
+
+    @property
+    def refused(self) -> bool:
+        """The node refused the request (bad input, token, state), as opposed to a cluster that
+        could not be reached or did not answer (no leader, a node down, a timeout)."""
+        return self.code in REFUSALS and NOT_LEADER_MARK not in str(self)
 
 
 class AdminClient:
@@ -113,11 +128,37 @@ class AdminClient:
                     raise
             time.sleep(RETRY_S)
 
-    def _call_at(self, address: str, method: str, request: Any, timeout: float) -> Any:
+    def read(self, method: str, request: Any) -> tuple[Any, str]:
+        """``LighthouseCluster/<method>`` (a read: no token sent) on the leader, whose answer has
+        its live view (heartbeats, pending requesters); when no leader is found or it does not
+        answer, on the first endpoint that does. (the answer, the address that gave it). A
+        refusal (NOT_FOUND, ...) is raised at once."""
+        unreachable = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        try:
+            at = self.leader()[0]
+            return self._call_at(at, method, request, self.timeout, stub=cpb_grpc.LighthouseClusterStub), at
+        except AdminCallError as e:
+            if e.code is not None and e.code not in unreachable:
+                raise
+        last: AdminCallError | None = None
+        for address in self.endpoints:
+            try:
+                return self._call_at(address, method, request, self.timeout,
+                                     stub=cpb_grpc.LighthouseClusterStub), address
+            except AdminCallError as e:
+                last = e
+                if e.code not in unreachable:
+                    raise
+        assert last is not None
+        raise last
+
+    def _call_at(self, address: str, method: str, request: Any, timeout: float,
+                 stub: Callable[[Any], Any] = cpb_grpc.LighthouseAdminStub) -> Any:
         try:
             with channel(address, self.tls) as ch:
-                rpc: Callable[..., Any] = getattr(cpb_grpc.LighthouseAdminStub(ch), method)
-                return rpc(request, timeout=timeout, metadata=self._metadata)
+                rpc: Callable[..., Any] = getattr(stub(ch), method)
+                admin = stub is cpb_grpc.LighthouseAdminStub
+                return rpc(request, timeout=timeout, metadata=self._metadata if admin else ())
         except grpc.RpcError as e:
             code = e.code()
             details = e.details() or ""

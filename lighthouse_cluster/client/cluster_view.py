@@ -1,10 +1,11 @@
 """What `lighthouse-cluster status` shows: the cluster as seen through a list of endpoints.
 
-``collect`` asks each endpoint for its Status (the only I/O here); ``build_view`` is a pure
-function from those answers to a ``ClusterView``; ``to_json`` writes it as JSON (``cli.status_tables``
-prints it as tables).
-The leader's answer supplies the quorum, pending requesters and heartbeat ages; every node
-supplies its own role, term and commit index.
+``collect`` asks each endpoint for its Status, and ``collect_jobs`` one node for its jobs (the
+only I/O here); ``build_view`` is a pure function from those answers to a ``ClusterView``;
+``to_json`` writes it as JSON (``cli.status_tables`` prints it as tables).
+The leader's answer supplies the quorum, pending requesters, heartbeat ages and the jobs (each
+job's quorum, members and heartbeating replicas); every node supplies its own role, term and
+commit index.
 """
 
 from __future__ import annotations
@@ -13,10 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import grpc
+
 from lighthouse_cluster.client.admin_client import probe_status
 from lighthouse_cluster.client.job_view import quorum_json
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
-from lighthouse_cluster.tls import ClientTLS
+from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
+from lighthouse_cluster.client.job_view import job_json
+from lighthouse_cluster.tls import ClientTLS, channel
 
 _ROLE_NAMES = {cpb.FOLLOWER: "follower", cpb.CANDIDATE: "candidate", cpb.LEADER: "leader", cpb.ROLE_UNKNOWN: "unknown"}
 
@@ -47,6 +52,9 @@ class ClusterView:
     settings: dict[str, int] = field(default_factory=dict)
     # Rounds the leader issued (since it started): on the lease / after a Raft commit each.
     rounds: dict[str, int] = field(default_factory=dict)
+    # Every job (``job_view.job_json``), the default one first: the leader's Status lists them
+    # (NodeStatus.jobs), else ``collect_jobs`` asks it (or, without a leader, any node) for them.
+    jobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 def collect(endpoints: Sequence[str], timeout: float = 2.0, tls: ClientTLS | None = None,
@@ -64,6 +72,17 @@ def collect(endpoints: Sequence[str], timeout: float = 2.0, tls: ClientTLS | Non
             named = [p.node.client_address for st in asked.values() if st is not None for p in st.peers]
             todo = [a for a in dict.fromkeys(named) if a not in asked]
     return list(asked.items())
+
+
+def collect_jobs(address: str, timeout: float = 2.0, tls: ClientTLS | None = None) -> list[dict[str, Any]] | None:
+    """``address``'s jobs (ListJobs), or None when it does not answer or has no jobs service (a
+    node of a version before jobs)."""
+    try:
+        with channel(address, tls) as ch:
+            r = cpb_grpc.LighthouseClusterStub(ch).ListJobs(cpb.ListJobsRequest(), timeout=timeout)
+    except grpc.RpcError:
+        return None
+    return [job_json(j) for j in r.jobs]
 
 
 def build_view(answers: Sequence[tuple[str, cpb.NodeStatus | None]]) -> ClusterView:
@@ -117,6 +136,7 @@ def build_view(answers: Sequence[tuple[str, cpb.NodeStatus | None]]) -> ClusterV
                      "quorum_lease_ms": st.settings.quorum_lease_ms,
                      "liveness_timeout_ms": st.settings.liveness_timeout_ms}
     view.rounds = {"lease": st.rounds_on_lease, "commit": st.rounds_committed}
+    view.jobs = [job_json(j) for j in st.jobs]
     return view
 
 
@@ -137,6 +157,7 @@ def to_json(view: ClusterView) -> dict[str, Any]:
         "heartbeats": view.heartbeats,
         "settings": view.settings,
         "rounds": view.rounds,
+        "jobs": view.jobs,
     }
 
 

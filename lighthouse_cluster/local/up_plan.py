@@ -8,17 +8,23 @@ No processes, sockets or clocks here: ``cli.up`` (the shell) and ``supervise`` f
 * :func:`agreed_leader` and :class:`Stable`: the leader ``up`` names is the one every running
   node names, in the same term, while it serves, and it has stayed so for a moment.
 * :class:`RestartBackoff`: how long ``up`` waits before restarting a node that exited.
+* :func:`plan_jobs` turns ``--job NAME[=PORT]`` into the jobs ``up`` creates once the cluster
+  is up (node i serves the job on PORT + i: the nodes share one host), and :func:`job_banner`
+  says what a torchft and an ftclient trainer set to train as that job.
 """
 
 from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Sequence
 
+from lighthouse_cluster.core.jobs import DEFAULT_JOB, JobError, check_job_name
 from lighthouse_cluster.server.config import ConfigError, parse_host_port
 
 WILDCARD_HOSTS = ("[::]", "::", "0.0.0.0")
+# The environment variable by which an ftclient trainer names its job (issue 17).
+FTCLIENT_JOB_ENV = "LIGHTHOUSE_JOB"
 # Where a node bound on a wildcard (or on "localhost") is reached from this host.
 LOOPBACK = "127.0.0.1"
 
@@ -205,3 +211,72 @@ def describe_exit(code: int) -> str:
         except ValueError:
             pass
     return str(code)
+
+
+# -- --job -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UpJob:
+    """A job ``up`` creates: ``port`` is node 1's own client port for it (None: reached by name
+    only); node i serves it on ``port + i``."""
+
+    name: str
+    port: int | None = None
+
+    def ports(self, node_ids: Sequence[str]) -> tuple[tuple[str, int], ...]:
+        """(node id, port) of every node; empty without a port."""
+        if self.port is None:
+            return ()
+        return tuple((node, self.port + i) for i, node in enumerate(node_ids))
+
+
+def plan_jobs(values: Sequence[str], nodes: int, taken: Iterable[int] = ()) -> tuple[UpJob, ...]:
+    """``--job NAME[=PORT]`` values as jobs. Raises ConfigError with a one-line reason: a bad
+    name, the default job, a name given twice, a port out of range (PORT + nodes - 1 too), or
+    ports that are also a node's client, Raft or HTTP port (``taken``) or another job's."""
+    jobs: list[UpJob] = []
+    used = {p: "a node's own port" for p in taken}
+    for value in values:
+        name, sep, port_text = value.partition("=")
+        try:
+            check_job_name(name)
+        except JobError as e:
+            raise ConfigError(f"--job {value}: {e}") from None
+        if name == DEFAULT_JOB:
+            raise ConfigError(f"--job {value}: the {DEFAULT_JOB} job is the cluster's own (its client ports); "
+                              "name another job")
+        if any(j.name == name for j in jobs):
+            raise ConfigError(f"--job {name} is given twice")
+        port: int | None = None
+        if sep:
+            try:
+                port = int(port_text)
+            except ValueError:
+                raise ConfigError(f"--job {value}: give NAME or NAME=PORT (PORT a number)") from None
+            last = port + nodes - 1
+            if not 0 < port or last > 65535:
+                raise ConfigError(f"--job {value}: {nodes} nodes need ports {port}-{last}, within 1-65535")
+            for p in range(port, last + 1):
+                if p in used:
+                    raise ConfigError(f"--job {value}: port {p} is {used[p]} already: pick another PORT")
+                used[p] = f"job {name}'s"
+        jobs.append(UpJob(name, port))
+    return tuple(jobs)
+
+
+def job_banner(job: UpJob, node_ids: Sequence[str], reach_host: str, endpoints: str, tls: bool) -> list[str]:
+    """What ``up`` prints for ``job``: its ports, then the environment a torchft trainer (one
+    URL: the job's port on the first node) and an ftclient trainer (every node, and the job's
+    name) set to train as the job."""
+    ports = job.ports(node_ids)
+    where = ", ".join(f"{node}={port}" for node, port in ports) if ports else "no own port"
+    lines = [f"job {job.name} ({where}):"]
+    if tls:
+        pass  # torchft's lighthouse client speaks plaintext only; the main banner says so
+    elif ports:
+        lines.append(f"  torchft trainers:  export TORCHFT_LIGHTHOUSE=http://{reach_host}:{ports[0][1]}")
+    else:
+        lines.append(f"  torchft trainers:  select a job by its port: up --job {job.name}=PORT")
+    lines.append(f"  ftclient trainers: export TORCHFT_LIGHTHOUSE={endpoints} {FTCLIENT_JOB_ENV}={job.name}")
+    return lines

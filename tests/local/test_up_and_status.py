@@ -10,9 +10,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
+from support.cluster import cli
 from support.waiting import wait_for
 from lighthouse_cluster.local.cluster import free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
@@ -42,10 +44,11 @@ def _status(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 
 
 @contextlib.contextmanager
-def _running_up(tmp_path: Path, *args: str, env: dict[str, str] | None = None, span: int = 102):
-    """`lighthouse-cluster up ARGS` on free ports (``span`` above the base port must be free too),
-    its output in a file; yields (proc, base port, output path, data dir) once it printed its
-    endpoints, and stops it (and any node process it left) afterwards."""
+def _running_up(tmp_path: Path, *args: str, env: dict[str, str] | None = None, span: int = 102,
+                args_at: Callable[[int], list[str]] | None = None):
+    """`lighthouse-cluster up ARGS` (and ``args_at(base port)``) on free ports (``span`` above the
+    base port must be free too), its output in a file; yields (proc, base port, output path, data
+    dir) once it printed its endpoints, and stops it (and any node process it left) afterwards."""
     while True:
         base = free_ports(1)[0]
         if base + span < 65535:
@@ -55,7 +58,7 @@ def _running_up(tmp_path: Path, *args: str, env: dict[str, str] | None = None, s
     with open(out, "w") as f:
         proc = subprocess.Popen(
             [sys.executable, "-m", "lighthouse_cluster", "up", "--bind", f"127.0.0.1:{base}", "--min_replicas", "1",
-             "--data-dir", str(data), *args],
+             "--data-dir", str(data), *args, *(args_at(base) if args_at else ())],
             stdout=f, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
     try:
         wait_for("up to print endpoints",
@@ -214,3 +217,45 @@ def test_up_with_mutual_tls_and_an_admin_token(tmp_path: Path) -> None:
                              env={**os.environ, **exports, "LIGHTHOUSE_CLUSTER_ENDPOINTS": endpoints,
                                   "LIGHTHOUSE_CLUSTER_ADMIN_TOKEN": token})
         assert res.returncode == 0, res.stderr
+
+
+def test_up_job_creates_the_jobs_and_prints_what_trainers_set(tmp_path: Path) -> None:
+    """`up --job NAME=PORT --job NAME`: the jobs exist once `up` printed its banner, node i serves
+    the first on PORT + i, and the banner says what a torchft and an ftclient trainer set; without
+    --admin-token the run's own token is in a file only its user reads."""
+    up = _running_up(tmp_path, "--job", "train-b", args_at=lambda base: ["--job", f"train-a={base + 50}"])
+    with up as (_proc, base, out, data):
+        text = out.read_text()
+        port = base + 50
+        endpoints = ",".join(f"http://127.0.0.1:{base + i}" for i in range(3))
+        lines = text.splitlines()
+        at = lines.index(f"job train-a (n1={port}, n2={port + 1}, n3={port + 2}):")
+        assert lines[at + 1:at + 3] == [
+            f"  torchft trainers:  export TORCHFT_LIGHTHOUSE=http://127.0.0.1:{port}",
+            f"  ftclient trainers: export TORCHFT_LIGHTHOUSE={endpoints} LIGHTHOUSE_JOB=train-a"]
+        assert "job train-b (no own port):" in lines
+        assert f"  ftclient trainers: export TORCHFT_LIGHTHOUSE={endpoints} LIGHTHOUSE_JOB=train-b" in lines
+        token_file = data / "admin-token"
+        assert f"  export LIGHTHOUSE_CLUSTER_ADMIN_TOKEN=$(cat {token_file})" in lines
+        token = token_file.read_text().strip()
+        assert len(token) >= 24 and token not in text and token_file.stat().st_mode & 0o777 == 0o600
+
+        res = cli("jobs", "list", "-o", "json", env={"LIGHTHOUSE_CLUSTER_ENDPOINTS": endpoints})
+        assert res.returncode == 0, res.stderr
+        jobs = {j["name"]: j for j in json.loads(res.stdout)["jobs"]}
+        assert set(jobs) == {"default", "train-a", "train-b"}
+        assert jobs["train-a"]["ports"] == [{"node_id": f"n{i + 1}", "port": port + i} for i in range(3)]
+        assert jobs["train-b"]["ports"] == [] and jobs["train-a"]["settings"]["join_timeout_ms"] == 60000
+        # The printed token is the cluster's: the job commands work with it.
+        res = cli("jobs", "set", "train-b", "--config", "k=v", "-o", "json",
+                  env={"LIGHTHOUSE_CLUSTER_ENDPOINTS": endpoints, "LIGHTHOUSE_CLUSTER_ADMIN_TOKEN": token})
+        assert res.returncode == 0 and json.loads(res.stdout)["config"] == {"k": "v"}, res.stderr
+
+
+def test_up_job_values_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    res = subprocess.run([sys.executable, "-m", "lighthouse_cluster", "up", "--min_replicas", "1", "--bind",
+                          "127.0.0.1:29510", "--data-dir", str(tmp_path / "d"), "--job", "a=29511"],
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2 and res.stderr.strip() == \
+        "error: --job a=29511: port 29511 is a node's own port already: pick another PORT", res.stderr
+    assert not (tmp_path / "d").exists()

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from lighthouse_cluster.server.config import ConfigError
 from lighthouse_cluster.local.demo import kill_line
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
-from lighthouse_cluster.local.up_plan import (RestartBackoff, Stable, agreed_leader, describe_exit,
-                                        parse_host_or_host_port, plan_addresses)
+from lighthouse_cluster.local.up_plan import (RestartBackoff, Stable, UpJob, agreed_leader, describe_exit,
+                                        job_banner, parse_host_or_host_port, plan_addresses, plan_jobs)
 
 
 def picker():
@@ -120,3 +122,47 @@ def test_kill_line_says_whether_the_quorum_id_changed() -> None:
         "quorum id still 4")
     assert kill_line("n2", "n3", 0.3, 0.4, 4, 5).endswith("quorum id 4 -> 5")
     assert "no new leader yet" in kill_line("n2", None, None, None, None, None)
+
+
+# -- up --job -------------------------------------------------------------------------------------------
+
+
+def test_up_jobs_get_one_port_per_node_from_the_first() -> None:
+    plan = plan_addresses(3, "127.0.0.1:29510", None, None, picker())
+    jobs = plan_jobs(["train-a=29600", "train-b"], 3, [p for _, _, p in plan.every_port()])
+    assert jobs == (UpJob("train-a", 29600), UpJob("train-b", None))
+    assert jobs[0].ports(["n1", "n2", "n3"]) == (("n1", 29600), ("n2", 29601), ("n3", 29602))
+    assert jobs[1].ports(["n1", "n2", "n3"]) == ()
+    assert plan_jobs([], 3) == ()
+
+
+@pytest.mark.parametrize("values, message", [
+    (["default"], "the default job is the cluster's own"),
+    (["a/b"], "job name 'a/b' must be"),
+    (["a", "a=29600"], "--job a is given twice"),
+    (["a=x"], "give NAME or NAME=PORT"),
+    (["a=0"], "within 1-65535"),
+    (["a=65534"], "3 nodes need ports 65534-65536, within 1-65535"),
+    (["a=29610"], "port 29610 is a node's own port already"),   # n1's Raft port
+    (["a=29508"], "port 29510 is a node's own port already"),   # a=29508..29510 reaches n1's client port
+    (["a=29600", "b=29602"], "port 29602 is job a's already"),
+])
+def test_up_job_values_are_refused_with_one_line(values: list[str], message: str) -> None:
+    plan = plan_addresses(3, "127.0.0.1:29510", None, None, picker())
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        plan_jobs(values, 3, [p for _, _, p in plan.every_port()])
+
+
+def test_up_job_banner_says_what_each_kind_of_trainer_sets() -> None:
+    endpoints = "http://127.0.0.1:29510,http://127.0.0.1:29511,http://127.0.0.1:29512"
+    nodes = ["n1", "n2", "n3"]
+    assert job_banner(UpJob("train-a", 29600), nodes, "127.0.0.1", endpoints, tls=False) == [
+        "job train-a (n1=29600, n2=29601, n3=29602):",
+        "  torchft trainers:  export TORCHFT_LIGHTHOUSE=http://127.0.0.1:29600",
+        f"  ftclient trainers: export TORCHFT_LIGHTHOUSE={endpoints} LIGHTHOUSE_JOB=train-a",
+    ]
+    by_name = job_banner(UpJob("train-b"), nodes, "127.0.0.1", endpoints, tls=False)
+    assert by_name[0] == "job train-b (no own port):" and "up --job train-b=PORT" in by_name[1]
+    assert by_name[2].endswith("LIGHTHOUSE_JOB=train-b")
+    tls = job_banner(UpJob("train-a", 29600), nodes, "127.0.0.1", endpoints.replace("http", "https"), tls=True)
+    assert not any("torchft trainers" in line for line in tls) and tls[-1].endswith("LIGHTHOUSE_JOB=train-a")
