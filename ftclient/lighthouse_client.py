@@ -491,13 +491,16 @@ class LighthouseClient:
         """This client's job as the cluster describes it (``LighthouseCluster.GetJob``): asked of
         the leader when it is known, then of every endpoint in turn, in rounds until ``timeout``.
 
-        Raises :class:`JobNotFoundError` when a node has no such job, ``LighthouseError`` when
-        the lighthouse has no jobs at all (torchft's, or a cluster older than jobs) and a job is
-        named, ``ConnectionError`` naming the endpoints and their answers when none answered."""
+        Raises :class:`JobNotFoundError` when the leader, or every node that answered, has no
+        such job (a follower may not have applied a job just created: the others are asked),
+        ``LighthouseError`` when the lighthouse has no jobs at all (torchft's, or a cluster older
+        than jobs) and a job is named, ``ConnectionError`` naming the endpoints and their answers
+        when none answered."""
         deadline = Deadline.after(timeout)
         request = cpb.JobRequest(name=self._job.name)
         answers: dict[str, str] = {}
         unimplemented: set[str] = set()
+        not_found = ""
         try:
             for attempt in tenacity.Retrying(
                     retry=tenacity.retry_if_exception_type(_NoLeader),
@@ -515,10 +518,14 @@ class LighthouseClient:
                         except grpc.RpcError as e:
                             code = e.code()
                             if code == grpc.StatusCode.NOT_FOUND:
-                                raise JobNotFoundError(self._job.name, self.describe(), e.details()) from None
+                                if address in first:  # the leader's word is final
+                                    raise JobNotFoundError(self._job.name, self.describe(), e.details()) from None
+                                not_found = not_found or e.details()
                             if code == grpc.StatusCode.UNIMPLEMENTED:
                                 unimplemented.add(address)
                             answers[address] = f"{code.name}: {e.details()}"
+                    if not_found:
+                        raise JobNotFoundError(self._job.name, self.describe(), not_found)
                     if unimplemented and unimplemented >= set(answers):
                         # Every endpoint that answered has no jobs: no use asking again.
                         break
