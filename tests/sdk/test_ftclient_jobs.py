@@ -118,12 +118,21 @@ def test_two_jobs_with_the_same_replica_ids_get_their_own_quorums(cluster: Local
     try:
         assert {c.job.name for c in clients.values()} == {"same-a", "same-b"}
 
-        def round_(jobs: str) -> dict[tuple[str, str], Any]:
-            futs = {(j, rid): pool.submit(c.quorum, rid, 20, address=f"{j}-{rid}", step=1)
-                    for (j, rid), c in clients.items() if j in jobs}
+        def round_(who: dict[tuple[str, str], LighthouseClient], first_waiting: tuple[str, str] | None = None,
+                   ) -> dict[tuple[str, str], Any]:
+            """Quorum calls of ``who``, all at once (``first_waiting``'s first, once it waits)."""
+            def ask(key: tuple[str, str]) -> Any:
+                return pool.submit(who[key].quorum, key[1], 20, address=f"{key[0]}-{key[1]}", step=1)
+
+            futs = {}
+            if first_waiting is not None:
+                futs[first_waiting] = ask(first_waiting)
+                wait_for(f"{first_waiting} waiting at the leader", lambda: first_waiting[1] in {
+                    p.member.replica_id for p in job_view(cluster, f"same-{first_waiting[0]}").pending}, 10)
+            futs.update({key: ask(key) for key in who if key not in futs})
             return {k: f.result(timeout=25) for k, f in futs.items()}
 
-        first = round_("ab")
+        first = round_(clients)
         qa, qb = first[("a", "r0")], first[("b", "r0")]
         assert first[("a", "r1")].quorum_id == qa.quorum_id and first[("b", "r1")].quorum_id == qb.quorum_id
         # Same replica ids, each job's own members (their addresses say which job they are).
@@ -133,14 +142,16 @@ def test_two_jobs_with_the_same_replica_ids_get_their_own_quorums(cluster: Local
         wait_for("job B's quorum committed", lambda: job_view(cluster, "same-b"), 10,
                  ready=lambda j: j.quorum_id == qb.quorum_id)
 
-        # A second round of job A alone: A's quorum id moves on, B's stays.
-        second = round_("a")
+        # A second round of job A alone, with a third member: A's quorum id moves on, B's stays.
+        # (The new member waits first: once the previous members are back, the quorum goes out.)
+        clients[("a", "r2")] = LighthouseClient(cluster.endpoints, connect_timeout=10, job="same-a")
+        second = round_({k: c for k, c in clients.items() if k[0] == "a"}, first_waiting=("a", "r2"))
         assert second[("a", "r0")].quorum_id > qa.quorum_id
         view_a = wait_for("job A's second quorum committed", lambda: job_view(cluster, "same-a"), 10,
                           ready=lambda j: j.quorum_id == second[("a", "r0")].quorum_id)
         view_b = job_view(cluster, "same-b")
         assert view_b.quorum_id == qb.quorum_id and members(view_b.quorum) == members(qb)
-        assert members(view_a.quorum) == [("r0", "a-r0"), ("r1", "a-r1")]
+        assert members(view_a.quorum) == [("r0", "a-r0"), ("r1", "a-r1"), ("r2", "a-r2")]
 
         # Heartbeats are per job too.
         clients[("b", "r1")].heartbeat("beats-in-b")
@@ -151,7 +162,7 @@ def test_two_jobs_with_the_same_replica_ids_get_their_own_quorums(cluster: Local
         default_after = job_view(cluster, "default")
         assert default_after.quorum_id == default_before.quorum_id
         assert members(default_after.quorum) == members(default_before.quorum)
-        assert not {"r0", "r1", "beats-in-b"} & {h.replica_id for h in default_after.heartbeats}
+        assert not {"r0", "r1", "r2", "beats-in-b"} & {h.replica_id for h in default_after.heartbeats}
     finally:
         for c in clients.values():
             c.close()
@@ -219,11 +230,14 @@ def test_managers_train_in_their_jobs_and_read_the_job_config(cluster: LocalClus
     add_job(cluster, "cfg-b", min_replicas=1)
     monkeypatch.delenv(JOB_ENV, raising=False)
     managers: list[Manager] = []
+    stores: list[TCPStore] = []  # each group's store lives as long as its group
     try:
-        _, group_a = replica_group(pool, cluster.endpoints, "g", 2, job="cfg-a")  # the job argument
+        store, group_a = replica_group(pool, cluster.endpoints, "g", 2, job="cfg-a")  # the job argument
+        stores.append(store)
         managers += group_a
         monkeypatch.setenv(JOB_ENV, "cfg-b")
-        _, group_b = replica_group(pool, cluster.endpoints, "g", 1)  # LIGHTHOUSE_JOB
+        store, group_b = replica_group(pool, cluster.endpoints, "g", 1)  # LIGHTHOUSE_JOB
+        stores.append(store)
         managers += group_b
         monkeypatch.delenv(JOB_ENV)
         assert [m.job for m in managers] == ["cfg-a", "cfg-a", "cfg-b"]
