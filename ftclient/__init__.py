@@ -6,7 +6,8 @@ Porting a torchft script: ``from ftclient import Manager`` (and the wrappers bel
 
 This package's modules: ``manager`` (Manager, WorldSizeMode), ``manager_server`` (the per-replica-
 group ManagerService server and its client), ``quorum_results`` (the pure quorum-results rules),
-``lighthouse_client`` (lighthouse calls with leader discovery), ``liveness`` (the replica group's
+``lighthouse_client`` (lighthouse calls with leader discovery; a job's configuration),
+``job_selection`` (which lighthouse job a trainer's calls name), ``liveness`` (the replica group's
 liveness stream to the lighthouse cluster and its peer-death notices), ``process_group``, ``ddp``,
 ``optim``, ``data``, ``checkpointing`` (live recovery over HTTP or the process group),
 ``local_sgd`` (LocalSGD, DiLoCo; FSDP2 DTensor parameters too), ``process_group_nccl``
@@ -17,7 +18,7 @@ liveness stream to the lighthouse cluster and its peer-death notices), ``process
 from .checkpointing import CheckpointTransport, HTTPTransport, PGTransport
 from .data import DistributedSampler
 from .ddp import DistributedDataParallel
-from .lighthouse_client import LighthouseClient, LighthouseError, parse_endpoints
+from .lighthouse_client import JobNotFoundError, LighthouseClient, LighthouseError, parse_endpoints, read_job_config
 from .local_sgd import DiLoCo, LocalSGD
 from .manager import ExceptionWithTraceback, Manager, WorldSizeMode
 from .manager_server import ManagerClient, ManagerServer
@@ -35,6 +36,7 @@ __all__ = [
     "ErrorSwallowingProcessGroupWrapper",
     "ExceptionWithTraceback",
     "HTTPTransport",
+    "JobNotFoundError",
     "PGTransport",
     "LighthouseClient",
     "LighthouseError",
@@ -54,4 +56,5 @@ __all__ = [
     "WorldSizeMode",
     "compute_quorum_results",
     "parse_endpoints",
+    "read_job_config",
 ]

@@ -5,7 +5,8 @@ torchft's names and precedence are kept: the timeout variables beat the Manager'
 when no ``port`` is passed, ``TORCHFT_LIGHTHOUSE`` only when no ``lighthouse_addr`` is passed.
 ``REPLICA_GROUP_ID`` / ``NUM_REPLICA_GROUPS`` are what torchft's launch scripts (torchx) set.
 ``FTCLIENT_LIVENESS_INTERVAL_MS`` (ftclient's own) beats ``liveness_interval``; 0 turns the liveness
-stream off.
+stream off. ``LIGHTHOUSE_JOB`` (ftclient's own, the lighthouse job) is read by
+:mod:`ftclient.job_selection`, with its rule against the ``job`` argument and the URL's ``?job=``.
 """
 
 from __future__ import annotations

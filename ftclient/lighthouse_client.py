@@ -19,6 +19,17 @@ It owns *where* calls go and *when* they are re-sent; the lighthouse decides eve
   out of time raises ``TimeoutError`` naming the endpoints.
 * Heartbeat: sent to the current leader; a failed one forgets the leader, so the next heartbeat
   follows the new one.
+* Jobs (issue 17): a cluster serves many jobs; the client's job (:mod:`ftclient.job_selection`:
+  the ``job`` argument, else ``LIGHTHOUSE_JOB``, else ``?job=NAME`` on the URLs, else the default
+  job) is named on every Quorum and Heartbeat call (and the liveness stream's Watch) with the
+  ``x-lighthouse-job`` metadata; none is sent for the default job, exactly as before jobs. Leader
+  discovery is the same for every job. A named job needs a lighthouse cluster: a single
+  lighthouse without the cluster service (torchft's) is refused with ``LighthouseError``. An
+  unknown job is :class:`JobNotFoundError` (NOT_FOUND from the cluster).
+* Job configuration: :meth:`LighthouseClient.job_config` (and :func:`read_job_config`, for launch
+  scripts without a client) read the job's key/value map with ``LighthouseCluster.GetJob``, from
+  the leader when it is known, else from the first endpoint that answers (a follower's copy lags
+  the leader's by its replication delay, milliseconds). Nothing is cached: every call asks.
 
 Thread-safe: the manager server's heartbeat thread and its quorum thread share one client.
 """
@@ -46,8 +57,10 @@ from lighthouse_cluster.tls import client_tls_for
 
 from ._env import lighthouse_addr as _lighthouse_addr_from_env
 from ._timeouts import Deadline, stop_at, to_seconds, wait_within
+from .job_selection import JobSelection, select_job, split_job_query
 
-__all__ = ["LighthouseClient", "LighthouseError", "Probe", "Target", "choose_target", "parse_endpoints"]
+__all__ = ["JobNotFoundError", "LighthouseClient", "LighthouseError", "Probe", "Target", "choose_target",
+           "parse_endpoints", "read_job_config"]
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +103,22 @@ class LighthouseError(RuntimeError):
         self.code = code
 
 
+class JobNotFoundError(LighthouseError):
+    """The cluster has no job of the client's name (NOT_FOUND)."""
+
+    def __init__(self, job: str, endpoints: str, details: str = "") -> None:
+        super().__init__(f"no job {job!r} on the lighthouse cluster at {endpoints}"
+                         + (f" ({details})" if details else "")
+                         + f": create it (lighthouse-cluster jobs add {job}) or select another job (the job "
+                         "argument, LIGHTHOUSE_JOB, or ?job=NAME on the lighthouse URL)", grpc.StatusCode.NOT_FOUND)
+        self.job = job
+
+
 def parse_endpoints(value: str | Sequence[str]) -> list[str]:
     """``"http://a:1, b:2"`` (or a list of such strings) -> ``["a:1", "b:2"]``: the scheme is
-    dropped, duplicates and empty entries removed, order kept."""
-    parts = value.split(",") if isinstance(value, str) else [p for v in value for p in v.split(",")]
+    dropped, duplicates and empty entries removed, order kept. A ``?job=NAME`` query is checked
+    and dropped (:func:`ftclient.job_selection.split_job_query`)."""
+    parts, _ = split_job_query(value)
     out: list[str] = []
     for raw in parts:
         entry = raw.strip()
@@ -183,13 +208,19 @@ class LighthouseClient:
         probe_timeout: deadline of one ``Leader`` call during discovery.
         leader_watch_interval: while a Quorum call waits on the leader, how often the other
             nodes are asked whether a newer leader exists (None: never).
+        job: the job its calls name; None: ``LIGHTHOUSE_JOB``, else ``?job=`` on the URLs, else
+            the default job (:mod:`ftclient.job_selection`).
     """
 
     def __init__(self, addr: str | Sequence[str] | None = None,
                  connect_timeout: timedelta | float = timedelta(seconds=60), *, connect: bool = True,
-                 probe_timeout: float = 1.0, leader_watch_interval: float | None = 1.0) -> None:
+                 probe_timeout: float = 1.0, leader_watch_interval: float | None = 1.0,
+                 job: str | None = None) -> None:
         given = _lighthouse_addr_from_env(addr if isinstance(addr, str) or addr is None else ",".join(addr))
         self._given = parse_endpoints(given)
+        self._job = select_job(job, given)
+        # None (not an empty tuple) for the default job: its calls are exactly those before jobs.
+        self._metadata = self._job.metadata or None
         # TLS when an endpoint is https:// or grpcs://, or LIGHTHOUSE_CLUSTER_TLS_CA is set.
         self._tls = client_tls_for(given)
         self._learned: list[str] = []
@@ -217,6 +248,16 @@ class LighthouseClient:
         """Where calls currently go (None until discovered, or after a failure)."""
         with self._lock:
             return self._target
+
+    @property
+    def job(self) -> JobSelection:
+        """The job this client's calls name (and where the name came from)."""
+        return self._job
+
+    @property
+    def call_metadata(self) -> tuple[tuple[str, str], ...] | None:
+        """The gRPC metadata of the job's calls (Quorum, Heartbeat, Watch); None for the default job."""
+        return self._metadata
 
     def describe(self) -> str:
         scheme = "https" if self._tls is not None else "http"
@@ -309,6 +350,11 @@ class LighthouseClient:
                     target = choose_target(last)
                     if target is None:
                         raise _NoLeader()
+                    if not target.cluster and not self._job.is_default:
+                        raise LighthouseError(
+                            f"{self._job.describe()} needs a lighthouse cluster, but {target.address} is a single "
+                            "lighthouse without jobs (torchft's): select no job, or point the trainer at the "
+                            "cluster")
                     with self._lock:
                         self._target = target
                     if target.cluster:
@@ -379,8 +425,8 @@ class LighthouseClient:
             if not (target.cluster and self._watch is not None):
                 # Nothing to watch (a single lighthouse): a blocking call. ``future()`` would
                 # start a gRPC channel-spin thread for every call, ~0.1-0.5 ms a step.
-                return stub.Quorum(request, timeout=remaining).quorum
-            call = stub.Quorum.future(request, timeout=remaining)
+                return stub.Quorum(request, timeout=remaining, metadata=self._metadata).quorum
+            call = stub.Quorum.future(request, timeout=remaining, metadata=self._metadata)
             while True:
                 left = deadline.remaining()
                 watching = target.cluster and self._watch is not None and left > 0
@@ -411,6 +457,8 @@ class LighthouseClient:
                 raise _Reroute(f"{target.address}: {code.name}: {e.details()}") from None
             if code == grpc.StatusCode.INVALID_ARGUMENT:
                 raise ValueError(f"lighthouse rejected the quorum request: {e.details()}") from None
+            if code == grpc.StatusCode.NOT_FOUND:
+                raise JobNotFoundError(self._job.name, self.describe(), e.details()) from None
             raise LighthouseError(f"lighthouse quorum for {replica_id} via {target.address} failed: "
                                   f"{code.name}: {e.details()}", code) from None
 
@@ -424,7 +472,7 @@ class LighthouseClient:
         stub = pb_grpc.LighthouseServiceStub(self._channel(target.address))
         try:
             stub.Heartbeat(pb.LighthouseHeartbeatRequest(replica_id=replica_id),
-                           timeout=max(0.01, deadline.remaining()))
+                           timeout=max(0.01, deadline.remaining()), metadata=self._metadata)
         except grpc.RpcError as e:
             self._forget(target)
             code = e.code()
@@ -433,4 +481,78 @@ class LighthouseClient:
                 raise TimeoutError(msg) from None
             if code in _REROUTE_CODES:
                 raise ConnectionError(msg) from None
+            if code == grpc.StatusCode.NOT_FOUND:
+                raise JobNotFoundError(self._job.name, self.describe(), e.details()) from None
             raise LighthouseError(msg, code) from None
+
+    # -- the job's configuration ------------------------------------------------------------------
+
+    def get_job(self, timeout: timedelta | float = 10.0) -> cpb.Job:
+        """This client's job as the cluster describes it (``LighthouseCluster.GetJob``): asked of
+        the leader when it is known, then of every endpoint in turn, in rounds until ``timeout``.
+
+        Raises :class:`JobNotFoundError` when the leader, or every node that answered, has no
+        such job (a follower may not have applied a job just created: the others are asked),
+        ``LighthouseError`` when the lighthouse has no jobs at all (torchft's, or a cluster older
+        than jobs) and a job is named, ``ConnectionError`` naming the endpoints and their answers
+        when none answered."""
+        deadline = Deadline.after(timeout)
+        request = cpb.JobRequest(name=self._job.name)
+        answers: dict[str, str] = {}
+        unimplemented: set[str] = set()
+        not_found = ""
+        try:
+            for attempt in tenacity.Retrying(
+                    retry=tenacity.retry_if_exception_type(_NoLeader),
+                    wait=wait_within(deadline, _BACKOFF), stop=stop_at(deadline), reraise=True):
+                with attempt:
+                    target = self.target
+                    first = [target.address] if target is not None and target.cluster else []
+                    for address in first + [e for e in self.endpoints if e not in first]:
+                        left = deadline.remaining()
+                        if left <= 0:
+                            break
+                        stub = cpb_grpc.LighthouseClusterStub(self._channel(address))
+                        try:
+                            return stub.GetJob(request, timeout=min(left, max(1.0, self._probe_timeout)))
+                        except grpc.RpcError as e:
+                            code = e.code()
+                            if code == grpc.StatusCode.NOT_FOUND:
+                                if address in first:  # the leader's word is final
+                                    raise JobNotFoundError(self._job.name, self.describe(), e.details()) from None
+                                not_found = not_found or e.details()
+                            if code == grpc.StatusCode.UNIMPLEMENTED:
+                                unimplemented.add(address)
+                            answers[address] = f"{code.name}: {e.details()}"
+                    if not_found:
+                        raise JobNotFoundError(self._job.name, self.describe(), not_found)
+                    if unimplemented and unimplemented >= set(answers):
+                        # Every endpoint that answered has no jobs: no use asking again.
+                        break
+                    raise _NoLeader()
+        except _NoLeader:
+            pass
+        if unimplemented and unimplemented >= set(answers):
+            if self._job.is_default:
+                return cpb.Job(name=self._job.name)  # a lighthouse without jobs: no configuration
+            raise LighthouseError(f"{self._job.describe()} needs a lighthouse cluster with jobs, but "
+                                  f"{', '.join(sorted(unimplemented))} answered GetJob with UNIMPLEMENTED "
+                                  "(torchft's lighthouse, or a cluster older than jobs)",
+                                  grpc.StatusCode.UNIMPLEMENTED)
+        listed = "; ".join(f"{a}: {why}" for a, why in answers.items()) or "no answer in time"
+        raise ConnectionError(f"job {self._job.name!r}: no lighthouse endpoint answered GetJob within "
+                              f"{to_seconds(timeout):g}s at {self.describe()} (answers: {listed})")
+
+    def job_config(self, timeout: timedelta | float = 10.0) -> dict[str, str]:
+        """The job's configuration map (``lighthouse-cluster jobs set NAME --config KEY=VALUE``),
+        read from the cluster now (not cached); see :meth:`get_job` for where and the errors."""
+        return {entry.key: entry.value for entry in self.get_job(timeout).config}
+
+
+def read_job_config(addr: str | Sequence[str] | None = None, job: str | None = None,
+                    timeout: timedelta | float = 10.0) -> dict[str, str]:
+    """A job's configuration map without a Manager (e.g. in a launch script): ``addr`` and
+    ``job`` as :class:`LighthouseClient`'s (None: ``TORCHFT_LIGHTHOUSE``; ``LIGHTHOUSE_JOB``, a
+    ``?job=`` query, else the default job), the same TLS settings; read once, not cached."""
+    with LighthouseClient(addr, connect_timeout=timeout, connect=False, job=job) as client:
+        return client.job_config(timeout)

@@ -22,7 +22,11 @@ One :class:`LivenessStream` runs per replica group, in the process that talks to
   stream is moved there;
 * a lighthouse without the RPC (torchft's Rust lighthouse, an older cluster: UNIMPLEMENTED, or a
   single lighthouse without the cluster service) keeps today's behaviour silently: unary
-  heartbeats only; it is asked again every ``unsupported_retry`` (a cluster may be upgraded).
+  heartbeats only; it is asked again every ``unsupported_retry`` (a cluster may be upgraded);
+* the stream belongs to the client's job (issue 17): Watch carries the same ``x-lighthouse-job``
+  metadata as its Quorum and Heartbeat calls (none for the default job), so the leader watches the
+  replica, and sends it notices, within that job only. A job the cluster does not know
+  (NOT_FOUND) is logged and asked again every ``unsupported_retry``, unary heartbeats meanwhile.
 
 Nothing here decides anything about quorums: the stream only feeds the leader's health input and
 carries its notices.
@@ -272,7 +276,7 @@ class LivenessStream:
         stub = cpb_grpc.LighthouseClusterStub(self._lighthouse._channel(target.address))
         why = "the leader ended the stream"
         try:
-            stream.call = stub.Watch(self._requests(stream))
+            stream.call = stub.Watch(self._requests(stream), metadata=self._lighthouse.call_metadata)
             self.streams_opened += 1
             if stream.done.is_set():  # cancelled before the call existed
                 stream.call.cancel()
@@ -290,6 +294,9 @@ class LivenessStream:
                 log.warning("the leader refused the liveness stream of %s: %s; unary heartbeats only",
                             self._replica_id, e.details())
                 raise _Unsupported(f"INVALID_ARGUMENT: {e.details()}") from None
+            if code == grpc.StatusCode.NOT_FOUND:  # the job is unknown (it may be created later)
+                log.warning("no liveness stream for %s: %s; unary heartbeats only", self._replica_id, e.details())
+                raise _Unsupported(f"NOT_FOUND: {e.details()}") from None
             why = stream.cancel_reason if (code == grpc.StatusCode.CANCELLED and stream.cancel_reason) \
                 else f"{code.name}: {e.details()}"
         finally:

@@ -43,6 +43,12 @@ The constructor takes torchft's arguments and environment variables (``TORCHFT_L
 ``TORCHFT_CONNECT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_RETRIES``; ``MASTER_ADDR``/``MASTER_PORT``,
 ``RANK``/``WORLD_SIZE`` for the replica group's TCPStore and rank), so a torchft script ports by
 changing one import. ``lighthouse_addr``/``TORCHFT_LIGHTHOUSE`` may list every lighthouse node.
+
+Jobs (issue 17): a lighthouse cluster serves many training jobs. The replica group's job is the
+``job`` argument, else ``LIGHTHOUSE_JOB``, else ``?job=NAME`` on the lighthouse URL(s), else the
+default job (:mod:`ftclient.job_selection`); group rank 0's Quorum, Heartbeat and liveness calls
+name it. :meth:`Manager.job_config` reads the job's configuration map from the cluster, on any
+rank (rank 0 publishes the lighthouse address and job in the group's TCPStore).
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ from torch.distributed import ReduceOp, TCPStore
 from . import _env
 from ._timeouts import WATCHDOG
 from .checkpointing import HTTPTransport
+from .lighthouse_client import LighthouseClient
 from .liveness import DEFAULT_KEEPALIVE_INTERVAL, PeerDied, PeerDiedError
 from .manager_server import LocalManagerClient, ManagerClient, ManagerServer
 from .process_group import abort_process_group
@@ -79,6 +86,9 @@ T = TypeVar("T")
 
 MANAGER_ADDR_KEY = "manager_addr"
 REPLICA_ID_KEY = "replica_id"
+# Group rank 0's lighthouse address (as given) and job, for the other ranks' job_config().
+LIGHTHOUSE_ADDR_KEY = "ftclient/lighthouse_addr"
+JOB_KEY = "ftclient/job"
 # Liveness notices from group rank 0 to the group's other ranks: ``NOTICE_SEQ_KEY`` counts them,
 # ``{NOTICE_KEY}/{n}`` holds the n-th (JSON; ``NOTICE_WAKE`` wakes a watcher that is closing).
 NOTICE_SEQ_KEY = "ftclient/liveness/seq"
@@ -240,6 +250,8 @@ class Manager:
         quorum_retries: extra lighthouse attempts per quorum (``TORCHFT_QUORUM_RETRIES`` wins).
         liveness_interval: group rank 0 only: keep-alive period of the liveness stream; None
             turns it off (unary heartbeats only). ``FTCLIENT_LIVENESS_INTERVAL_MS`` wins (0: off).
+        job: group rank 0 only: the lighthouse job of this replica group (ftclient's own; None:
+            ``LIGHTHOUSE_JOB``, else ``?job=NAME`` on the lighthouse URL, else the default job).
     """
 
     def __init__(
@@ -267,6 +279,7 @@ class Manager:
         max_retries: int | None = None,
         quorum_retries: int = 0,
         liveness_interval: timedelta | None = DEFAULT_KEEPALIVE_INTERVAL,
+        job: str | None = None,
     ) -> None:
         self.quorum_logger = logging.getLogger("torchft_quorums")
         self.commits_logger = logging.getLogger("torchft_commits")
@@ -327,6 +340,10 @@ class Manager:
         self._closing = threading.Event()
         self._notice_thread: threading.Thread | None = None
         self._full_replica_id = replica_id or "?"
+        self._lighthouse_addr: str | None = None  # group rank 0's, for job_config() on any rank
+        self._job: str | None = None
+        self._job_client: LighthouseClient | None = None  # ranks other than 0: made by job_config()
+        self._job_client_lock = threading.Lock()
 
         self._pg = pg
         # Accelerator streams (all None on CPU): checkpoints move on a recovery stream (one per
@@ -350,12 +367,17 @@ class Manager:
                 # A restarted replica group must not be mistaken for its previous incarnation.
                 full_id = str(uuid.uuid4()) if not replica_id else f"{replica_id}:{uuid.uuid4()}"
                 self._full_replica_id = full_id
+                self._lighthouse_addr = _env.lighthouse_addr(lighthouse_addr)
                 self._manager = ManagerServer(
-                    replica_id=full_id, lighthouse_addr=_env.lighthouse_addr(lighthouse_addr), hostname=hostname,
+                    replica_id=full_id, lighthouse_addr=self._lighthouse_addr, hostname=hostname,
                     bind=f"[::]:{port}", store_addr=f"{store_addr}:{store_port}", world_size=self._group_world_size,
                     heartbeat_interval=heartbeat_interval, connect_timeout=self._connect_timeout,
                     quorum_retries=self._quorum_retries, liveness_interval=_env.liveness_interval(liveness_interval),
-                    on_peer_died=self._on_lighthouse_notice)
+                    on_peer_died=self._on_lighthouse_notice, job=job)
+                self._job = self._manager.lighthouse.job.name
+                # Before the manager's address: a rank that has read that finds these set.
+                self._store.set(LIGHTHOUSE_ADDR_KEY, self._lighthouse_addr)
+                self._store.set(JOB_KEY, self._job)
                 self._store.set(MANAGER_ADDR_KEY, self._manager.address())
                 self._store.set(REPLICA_ID_KEY, full_id)
                 # Rank 0 hosts the manager server: it calls it directly; other ranks use gRPC.
@@ -363,6 +385,8 @@ class Manager:
             else:
                 manager_addr = self._store.get(MANAGER_ADDR_KEY).decode()
                 self._full_replica_id = self._store.get(REPLICA_ID_KEY).decode()
+                self._lighthouse_addr = self._store.get(LIGHTHOUSE_ADDR_KEY).decode()
+                self._job = self._store.get(JOB_KEY).decode()
                 self._client = ManagerClient(manager_addr, connect_timeout=self._connect_timeout)
                 if self._group_world_size > 1:
                     self._notice_thread = threading.Thread(
@@ -433,6 +457,10 @@ class Manager:
             self._manager.shutdown()
         if self._client is not None:
             self._client.close()
+        with self._job_client_lock:
+            if self._job_client is not None:
+                self._job_client.close()
+                self._job_client = None
         if self._notice_thread is not None and self._notice_thread.is_alive():
             try:  # wake the notice watcher out of its store wait
                 seq = self._store.add(NOTICE_SEQ_KEY, 1)
@@ -905,6 +933,31 @@ class Manager:
     def replica_id(self) -> str:
         """This replica group's full id in the lighthouse (``name:uuid``)."""
         return self._full_replica_id
+
+    @property
+    def job(self) -> str:
+        """The lighthouse job of this replica group (``"default"`` when none was selected)."""
+        assert self._job is not None, "the Manager was not constructed"
+        return self._job
+
+    def job_config(self, timeout: timedelta = timedelta(seconds=10)) -> dict[str, str]:
+        """The job's configuration map (``lighthouse-cluster jobs set NAME --config KEY=VALUE``),
+        read from the lighthouse cluster at each call (no cache: one ``GetJob`` call, answered by
+        the leader when it is known; call it when the value is needed, e.g. at start or between
+        steps). Works on every rank of the group; the default job's map is empty unless set.
+
+        Raises ``ftclient.lighthouse_client.JobNotFoundError`` (naming the job and the cluster)
+        when the cluster has no such job, ``ConnectionError`` when no endpoint answered within
+        ``timeout``."""
+        if self._manager is not None:
+            return self._manager.lighthouse.job_config(timeout)
+        with self._job_client_lock:
+            if self._job_client is None:
+                if self._lighthouse_addr is None:
+                    raise RuntimeError("the Manager was not constructed: no lighthouse address")
+                self._job_client = LighthouseClient(self._lighthouse_addr, connect=False, job=self._job)
+            client = self._job_client
+        return client.job_config(timeout)
 
     @property
     def last_quorum_result(self) -> QuorumResult | None:

@@ -178,6 +178,9 @@ class ManagerServer:
         liveness_interval: keep-alive period of the liveness stream (None: no stream, unary
             heartbeats only).
         on_peer_died: called with every ``peer_died`` notice of the liveness stream.
+        job: the lighthouse job of the group's Quorum, Heartbeat and Watch calls (None:
+            ``LIGHTHOUSE_JOB``, else ``?job=`` on the URL, else the default job;
+            :mod:`ftclient.job_selection`). Ignored when ``lighthouse`` is given.
     """
 
     def __init__(self, replica_id: str, lighthouse_addr: str, hostname: str, bind: str, store_addr: str,
@@ -185,7 +188,7 @@ class ManagerServer:
                  connect_timeout: timedelta | float = timedelta(seconds=60), quorum_retries: int = 0, *,
                  on_kill: Callable[[str], None] | None = None, lighthouse: LighthouseClient | None = None,
                  liveness_interval: timedelta | float | None = DEFAULT_KEEPALIVE_INTERVAL,
-                 on_peer_died: Callable[[PeerDied], None] | None = None) -> None:
+                 on_peer_died: Callable[[PeerDied], None] | None = None, job: str | None = None) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if quorum_retries < 0:
@@ -197,7 +200,7 @@ class ManagerServer:
         self._heartbeat_interval = to_seconds(heartbeat_interval) or 0.1
         self._quorum_retries = quorum_retries
         self._on_kill = on_kill or _exit_process
-        self._lighthouse = lighthouse or LighthouseClient(lighthouse_addr, connect_timeout)
+        self._lighthouse = lighthouse or LighthouseClient(lighthouse_addr, connect_timeout, job=job)
 
         self._lock = threading.Lock()
         self._checkpoint_metadata: dict[int, str] = {}
@@ -222,8 +225,8 @@ class ManagerServer:
         self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                                   name=f"ftclient-heartbeat-{replica_id}")
         self._heartbeat_thread.start()
-        log.info("manager server for %s listening on %s (lighthouse %s)", replica_id, self.address(),
-                 self._lighthouse.describe())
+        log.info("manager server for %s listening on %s (lighthouse %s, %s)", replica_id, self.address(),
+                 self._lighthouse.describe(), self._lighthouse.job.describe())
 
     def _bind(self, bind: str) -> int:
         candidates = [bind]
