@@ -221,10 +221,12 @@ class TrainingRun:
 
     # -- results -----------------------------------------------------------------------------------
 
-    def assert_identical(self, results: list[dict[str, Any]], min_step: int | None = None) -> None:
+    def assert_identical(self, results: list[dict[str, Any]], min_step: int | None = None,
+                         trainers: Sequence[TrainerProcess] | None = None) -> None:
         """Every result at the same final step (at least ``min_step``) with the same digests (the
-        trainers' kind's ``DIGESTS``), whatever the replica group and rank."""
-        kinds = {type(t) for t in self.trainers}
+        trainers' kind's ``DIGESTS``), whatever the replica group and rank. ``trainers``: the ones
+        the results are of (default: every trainer of the run), all of one kind."""
+        kinds = {type(t) for t in (self.trainers if trainers is None else trainers)}
         assert len(kinds) == 1, f"a run of several trainer kinds: {kinds}"
         keys = kinds.pop().DIGESTS
         assert keys and results
@@ -260,16 +262,21 @@ class TrainingRun:
         def calls_waiting() -> tuple[int, Any] | None:
             leader = cluster.leader_index()
             st = cluster.status(leader, timeout=0.5) if leader is not None else None
-            if st is None or not st.serving or not st.pending:
+            if st is None or not st.serving:
                 return None
-            if max_waiting_ms is not None and max(p.waiting_ms for p in st.pending) >= max_waiting_ms:
+            # The default job's waiting calls, or any other job's (NodeStatus.jobs).
+            pending = list(st.pending) + [p for j in st.jobs if j.name != "default" for p in j.pending]
+            if not pending:
                 return None
-            return leader, st
+            if max_waiting_ms is not None and max(p.waiting_ms for p in pending) >= max_waiting_ms:
+                return None
+            return leader, (st, len(pending))
 
-        leader, st = self.wait_until("Quorum calls waiting at the leader", calls_waiting, timeout, interval=0.01)
+        leader, (st, waiting) = self.wait_until("Quorum calls waiting at the leader", calls_waiting, timeout,
+                                                interval=0.01)
         victim = leader if node is None else node
         cluster.kill(victim)
-        kill = Kill(node=victim, leader=leader, term=st.term, at=time.time(), waiting=len(st.pending))
+        kill = Kill(node=victim, leader=leader, term=st.term, at=time.time(), waiting=waiting)
         self.note(f"SIGKILLed n{victim + 1} ({'the leader' if victim == leader else f'leader n{leader + 1}'}, "
                   f"term {st.term}) with {kill.waiting} Quorum calls waiting")
         return kill
