@@ -520,7 +520,7 @@ def test_forwarded_calls_travel_batched_and_keep_their_semantics() -> None:
         coord.start_leading(1)
         await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
 
-        async def answer(request: bytes, timeout: float | None) -> bytes:
+        async def answer(request: bytes, timeout: float | None, job: str = "default") -> bytes:
             rid = pb.LighthouseQuorumRequest.FromString(request).requester.replica_id
             if rid == "late":
                 raise forward_error(grpc.StatusCode.CANCELLED, "Timeout expired")
