@@ -150,23 +150,6 @@ def test_the_accelerator_helper_on_cuda() -> None:
 # -- real Managers on CUDA tensors -------------------------------------------------------------------
 
 
-class _NullTransport:
-    def metadata(self) -> str:
-        return "null://"
-
-    def send_checkpoint(self, *args: object, **kwargs: object) -> None:
-        raise AssertionError("no checkpoint should be sent in this test")
-
-    def recv_checkpoint(self, *args: object, **kwargs: object) -> None:
-        raise AssertionError("no checkpoint should be received in this test")
-
-    def disallow_checkpoint(self) -> None:
-        pass
-
-    def shutdown(self, wait: bool = True) -> None:
-        pass
-
-
 def _managers(n: int) -> Any:
     """``n`` replica groups of one Manager each (threads of this process) on a fake lighthouse
     that forms quorums of ``n``; yields them and a runner that calls functions concurrently."""
@@ -177,6 +160,7 @@ def _managers(n: int) -> Any:
     from ftclient.manager import Manager
     from ftclient.process_group import ProcessGroupGloo
     from support.fake_watch import FakeWatchNode
+    from support.null_transport import NullTransport
 
     timeout = timedelta(seconds=30)
     pool = ThreadPoolExecutor(4)
@@ -189,7 +173,7 @@ def _managers(n: int) -> Any:
                     pg=ProcessGroupGloo(timeout=timeout), load_state_dict=None, state_dict=None, min_replica_size=1,
                     use_async_quorum=False, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, rank=0,
                     world_size=1, store_addr="127.0.0.1", store_port=store.port, lighthouse_addr=node.url,
-                    replica_id=name, hostname="127.0.0.1", checkpoint_transport=_NullTransport(), init_sync=False,
+                    replica_id=name, hostname="127.0.0.1", checkpoint_transport=NullTransport(), init_sync=False,
                     liveness_interval=None))
 
             def run(*calls: Any) -> list[Any]:

@@ -44,6 +44,7 @@ from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.server.admin import token_metadata
 from support.waiting import wait_for
+from support.null_transport import NullTransport
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -181,25 +182,6 @@ def test_an_unknown_job_fails_with_an_error_naming_it_and_the_cluster(cluster: L
 
 
 # -- the Manager: job selection and job_config -----------------------------------------------------
-
-
-class NullTransport:
-    """No group heals in these tests (init_sync=False, every group at the same step)."""
-
-    def metadata(self) -> str:
-        return "null://"
-
-    def send_checkpoint(self, *args: object, **kwargs: object) -> None:
-        raise AssertionError("no checkpoint should be sent in this test")
-
-    def recv_checkpoint(self, *args: object, **kwargs: object) -> None:
-        raise AssertionError("no checkpoint should be received in this test")
-
-    def disallow_checkpoint(self) -> None:
-        pass
-
-    def shutdown(self, wait: bool = True) -> None:
-        pass
 
 
 def replica_group(pool: ThreadPoolExecutor, lighthouse: str, name: str, world_size: int, **kwargs: Any,

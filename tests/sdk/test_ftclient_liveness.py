@@ -30,6 +30,7 @@ from ftclient.manager_server import ManagerServer
 from ftclient.process_group import ProcessGroupGloo
 from support.fake_watch import FakeWatchNode
 from support.waiting import wait_for
+from support.null_transport import NullTransport
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -234,25 +235,6 @@ def test_notices_reach_the_manager_servers_callback(node: FakeWatchNode) -> None
 # -- the Manager: notices fail the step's collectives ----------------------------------------------
 
 TIMEOUT = timedelta(seconds=10)  # collectives' timeout: "at once" must be far below it
-
-
-class NullTransport:
-    """Nobody heals in these tests (init_sync=False, every group at the same step)."""
-
-    def metadata(self) -> str:
-        return "null://"
-
-    def send_checkpoint(self, *args: object, **kwargs: object) -> None:
-        raise AssertionError("no checkpoint should be sent in this test")
-
-    def recv_checkpoint(self, *args: object, **kwargs: object) -> None:
-        raise AssertionError("no checkpoint should be received in this test")
-
-    def disallow_checkpoint(self) -> None:
-        pass
-
-    def shutdown(self, wait: bool = True) -> None:
-        pass
 
 
 class Groups:

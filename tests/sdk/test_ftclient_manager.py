@@ -37,6 +37,7 @@ from ftclient.quorum_results import QuorumResult
 from lighthouse_cluster.local.cluster import LocalCluster, free_ports
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
+from support.null_transport import NullTransport
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = timedelta(seconds=10)
@@ -49,25 +50,6 @@ def make_pg() -> ProcessGroupGloo:
 
 def make_transport() -> HTTPTransport[Any]:
     return HTTPTransport(timeout=TIMEOUT, num_chunks=0)
-
-
-class NullTransport:
-    """A checkpoint transport for tests where nobody heals."""
-
-    def metadata(self) -> str:
-        return "null://"
-
-    def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta) -> None:
-        raise AssertionError("no checkpoint should be sent in this test")
-
-    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
-        raise AssertionError("no checkpoint should be received in this test")
-
-    def disallow_checkpoint(self) -> None:
-        pass
-
-    def shutdown(self, wait: bool = True) -> None:
-        pass
 
 
 class FailingPG:

@@ -37,29 +37,11 @@ from ftclient.local_sgd import DiLoCo
 from ftclient.manager import ManagedWork, Manager
 from ftclient.process_group import ProcessGroupGloo
 from support.fake_watch import FakeWatchNode
+from support.null_transport import NullTransport
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 TIMEOUT = timedelta(seconds=10)
-
-
-class NullTransport:
-    """Nobody heals in these tests (init_sync=False, every group at the same step)."""
-
-    def metadata(self) -> str:
-        return "null://"
-
-    def send_checkpoint(self, *args: object, **kwargs: object) -> None:
-        raise AssertionError("no checkpoint should be sent in this test")
-
-    def recv_checkpoint(self, *args: object, **kwargs: object) -> None:
-        raise AssertionError("no checkpoint should be received in this test")
-
-    def disallow_checkpoint(self) -> None:
-        pass
-
-    def shutdown(self, wait: bool = True) -> None:
-        pass
 
 
 class FailingWorkPG(ProcessGroupGloo):
