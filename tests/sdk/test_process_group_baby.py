@@ -37,6 +37,7 @@ from ftclient.manager import Manager
 from ftclient.process_group_baby import ProcessGroupBabyGloo, reduce_op_name
 from ftclient.process_group_nccl import ProcessGroupNCCL
 from support.fake_watch import FakeWatchNode
+from support.null_transport import NullTransport
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(240)
@@ -259,25 +260,6 @@ def test_a_child_that_dies_during_configure_fails_it_at_once(store: dist.TCPStor
     assert pg.errored() is not None
 
 
-class _NoHealing:
-    """Nobody heals here (init_sync=False, every group at the same step)."""
-
-    def metadata(self) -> str:
-        return "null://"
-
-    def send_checkpoint(self, *args: object, **kwargs: object) -> None:
-        raise AssertionError("no checkpoint should be sent in this test")
-
-    def recv_checkpoint(self, *args: object, **kwargs: object) -> None:
-        raise AssertionError("no checkpoint should be received in this test")
-
-    def disallow_checkpoint(self) -> None:
-        pass
-
-    def shutdown(self, wait: bool = True) -> None:
-        pass
-
-
 @pytest.mark.integration
 def test_the_manager_drives_baby_groups_and_a_peer_death_kills_the_child() -> None:
     timeout = timedelta(seconds=30)
@@ -300,7 +282,7 @@ def test_the_manager_drives_baby_groups_and_a_peer_death_kills_the_child() -> No
                 pg=pgs[i], load_state_dict=None, state_dict=None, min_replica_size=1, use_async_quorum=False,
                 timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, rank=0, world_size=1,
                 store_addr="127.0.0.1", store_port=stores[i].port, lighthouse_addr=node.url, replica_id=f"g{i}",
-                hostname="127.0.0.1", checkpoint_transport=_NoHealing(), init_sync=False,
+                hostname="127.0.0.1", checkpoint_transport=NullTransport(), init_sync=False,
                 liveness_interval=timedelta(milliseconds=50)) for i in range(2)]))
             a, b = managers
             assert both(lambda: step(a, 1.0), lambda: step(b, 3.0)) == [([2.0], True)] * 2
