@@ -273,6 +273,8 @@ def spec_from_wire(d: Mapping[str, Any]) -> JobSpec:
     s = d.get("s")
     settings = None
     if s is not None:
+        if not isinstance(s, Mapping):
+            raise TypeError(f"job {d.get('n')!r}: settings are a {type(s).__name__}, not a map")
         settings = JobSettings(**{k: s[w] for k, w in _SETTING_KEYS.items() if w in s})
     return JobSpec(name=str(d["n"]), settings=settings,
                    ports=tuple((str(n), int(p)) for n, p in d.get("p", ())),

@@ -283,15 +283,17 @@ class QuorumStateMachine:
 
     def _commit_quorum(self, cmd: CommitQuorum, fencing: bool = True) -> CommitResult:
         job = self.jobs.get(cmd.job)
-        if job is None:
-            self.rejected_commits += 1
-            return CommitResult(applied=False, current_quorum_id=0, reason=f"no job {cmd.job!r}")
-        current = job.quorum_id
+        current = job.quorum_id if job is not None else 0
+        # Fencing first: a deposed leader's commit is reported fenced (it then steps down) even
+        # when its job is gone meanwhile.
         if fencing and self.leader_term and cmd.term != self.leader_term:
             self.rejected_commits += 1
             return CommitResult(applied=False, current_quorum_id=current, fenced=True,
                                 reason=f"fenced: written by {cmd.node_id} in term {cmd.term}, "
                                        f"the leader term is {self.leader_term} ({self.leader_id})")
+        if job is None:
+            self.rejected_commits += 1
+            return CommitResult(applied=False, current_quorum_id=0, reason=f"no job {cmd.job!r}")
         q = cmd.quorum
         same_id_other_members = (
             job.quorum is not None and q.quorum_id == current

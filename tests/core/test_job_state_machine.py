@@ -442,3 +442,33 @@ def test_any_interleaving_over_three_jobs_is_deterministic_and_ids_never_go_back
     for p in payloads[half:]:
         d.apply_bytes(p)
     assert d.to_snapshot() == a.to_snapshot()
+
+
+def test_a_deposed_leaders_commit_for_a_removed_job_is_reported_fenced() -> None:
+    from lighthouse_cluster.core.codec import CommitQuorum, PutJob, RemoveJob, TermStart
+    from lighthouse_cluster.core.jobs import JobSettings, JobSpec
+    from lighthouse_cluster.core.quorum import Member, Quorum
+    from lighthouse_cluster.core.state_machine import QuorumStateMachine
+
+    m = QuorumStateMachine()
+    m.apply(TermStart(term=1, node_id="n1", time_ms=0))
+    assert m.apply(PutJob(spec=JobSpec("gone", JobSettings()), expected_version=0)).applied
+    m.apply(TermStart(term=2, node_id="n2", time_ms=0))
+    assert m.apply(RemoveJob(name="gone", expected_version=1)).applied
+    stale = m.apply(CommitQuorum(expected_quorum_id=0, quorum=Quorum(1, (Member("a"),), 0), term=1,
+                                 node_id="n1", job="gone"))
+    assert not stale.applied and stale.fenced and stale.reason.startswith("fenced: written by n1 in term 1")
+    current = m.apply(CommitQuorum(expected_quorum_id=0, quorum=Quorum(1, (Member("a"),), 0), term=2,
+                                   node_id="n2", job="gone"))
+    assert not current.applied and not current.fenced and current.reason == "no job 'gone'"
+
+
+def test_settings_that_are_not_a_map_are_a_schema_error() -> None:
+    import msgpack
+    import pytest
+
+    from lighthouse_cluster.core import codec
+
+    bad = msgpack.packb({"k": "put_job", "expect": 0, "spec": {"n": "x", "s": [1, 2]}, "v": 4})
+    with pytest.raises(codec.SchemaError, match="settings are a list, not a map"):
+        codec.decode_command(bad)
