@@ -352,8 +352,14 @@ def test_kill_button_and_leader_failover(make_cluster, browser, replicas, tmp_pa
     assert table(page, "heartbeats").get("g1", {"in quorum": "no"})["in quorum"] == "no"
 
     # SIGKILL the leader: its page says its status is unavailable; the follower's page shows the
-    # new leader and the old one unreachable.
+    # new leader and the old one unreachable. The leader now: a second start-up election (a node
+    # timing out on a loaded machine) may have moved it since the test began.
+    now = cluster.wait_for_agreed_leader(timeout=30)
+    if now != leader:
+        leader, follower = now, (now + 1) % 3
+        page, fpage = open_dashboard(browser, cluster, leader), open_dashboard(browser, cluster, follower)
     old_id = node_id(cluster, leader)
+    wait_for("the follower's page to show the leader", lambda: text(fpage, "leader") == old_id, 10, interval=0.1)
     old_term = int(text(fpage, "term"))
     cluster.kill(leader)
     new_leader = cluster.wait_for_leader(timeout=20, exclude_term=old_term)
