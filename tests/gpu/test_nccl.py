@@ -69,6 +69,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _gone_within(pid: int, bound_s: float = 5.0) -> bool:
+    """True once ``pid`` no longer exists, waiting at most ``bound_s``."""
+    deadline = time.monotonic() + bound_s
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 # ---------------------------------------------------------------------------------------------
 # ProcessGroupNCCL
 
@@ -214,7 +224,7 @@ def test_baby_nccl_results_cross_cuda_ipc_and_reconfigure(store: dist.TCPStore) 
     assert pg.errored() is None
 
     pg.configure(_addr(store, 2), "replica_0", 0, 1, quorum_id=2)
-    assert pg.child_pid != first_child and not _alive(first_child)
+    assert pg.child_pid != first_child and _gone_within(first_child)
     out = torch.zeros(6, device=CUDA)
     pg._allgather_base(out, t + 1).wait()
     assert out.tolist() == (t + 1).tolist()
@@ -237,7 +247,7 @@ def test_baby_nccl_hung_collective_kills_the_child(store: dist.TCPStore) -> None
         work.wait()
     took = time.monotonic() - start
     assert TIMEOUT_S - 0.1 <= took < TIMEOUT_S + 3, took
-    assert not _alive(child) and isinstance(pg.errored(), TimeoutError)
+    assert _gone_within(child) and isinstance(pg.errored(), TimeoutError)
 
     torch.cuda.synchronize()
     pg.configure(_addr(store, 2), "replica_0", 0, 1, quorum_id=2)
