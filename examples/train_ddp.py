@@ -88,6 +88,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "a group restarted late still trains with the others before everyone stops)")
     ap.add_argument("--nproc-per-group", type=int, default=1,
                     help="ranks in this replica group, started by this script (ignored under torchrun)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the model trains: cuda puts rank r of every group on GPU r %% (GPUs on the machine) "
+                         "(LOCAL_RANK under torchrun); the collectives across replica groups stay on --pg")
+    ap.add_argument("--pg", choices=("gloo", "nccl"), default="gloo",
+                    help="the process group across replica groups: gloo (CPU or CUDA tensors) or nccl (--device cuda, "
+                         "one GPU per rank: NCCL refuses two ranks of one group on the same GPU)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--seed", type=int, default=0)
@@ -117,6 +123,8 @@ def preflight(argv: list[str] | None = None) -> int | None:
     args = parse_args(argv)
     try:
         check_lighthouse(args.sdk, os.environ.get("TORCHFT_LIGHTHOUSE", ""))
+        if args.pg == "nccl" and args.device != "cuda":
+            raise UsageError("--pg nccl needs --device cuda (NCCL runs on GPUs only)")
     except UsageError as e:
         print(f"train_ddp: error: {e}", file=sys.stderr, flush=True)
         return 2
@@ -186,6 +194,17 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
+def pick_device(kind: str, local_rank: int) -> torch.device:
+    """``cpu``, or the GPU of this rank (``cuda:local_rank % count``) made the current device."""
+    if kind == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise UsageError("--device cuda: CUDA is not available on this machine (torch.cuda.is_available() is False)")
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
 def sha256(tensors: list[tuple[str, Any]]) -> str:
     h = hashlib.sha256()
     for name, v in tensors:
@@ -224,6 +243,7 @@ def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str,
     torch.manual_seed(args.seed)  # every replica group starts from the same weights
     torch.set_num_threads(1)
     sdk = load_sdk(args.sdk)
+    device = pick_device(args.device, int(os.environ.get("LOCAL_RANK", rank)))
 
     trainset, testset = load_data()
     sampler = sdk.DistributedSampler(trainset, replica_rank=group, num_replica_groups=num_groups, group_rank=rank,
@@ -245,8 +265,9 @@ def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str,
     def state_dict() -> dict[str, Any]:
         return {"model": model.state_dict(), "optim": optimizer.state_dict()}
 
+    pg = sdk.ProcessGroupNCCL(timeout=timeout) if args.pg == "nccl" else sdk.ProcessGroupGloo(timeout=timeout)
     manager = sdk.Manager(
-        pg=sdk.ProcessGroupGloo(timeout=timeout),
+        pg=pg,
         load_state_dict=load_state_dict,
         state_dict=state_dict,
         min_replica_size=args.min_replica_size,
@@ -261,12 +282,12 @@ def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str,
         quorum_timeout=env_seconds("TORCHFT_QUORUM_TIMEOUT_SEC", 60),
         connect_timeout=env_seconds("TORCHFT_CONNECT_TIMEOUT_SEC", 60),
     )
-    net = Net()
+    net = Net().to(device)
     model = sdk.DistributedDataParallel(manager, net)
     optimizer = sdk.Optimizer(manager, torch.optim.AdamW(model.parameters(), lr=args.lr))
     criterion = nn.CrossEntropyLoss()
     say(f"{tag} pid={os.getpid()}" + (f" sdk={args.sdk}" if args.sdk != "ftclient" else "")
-        + f" replica_group {group}/{num_groups} rank {rank}/{world_size} "
+        + f" replica_group {group}/{num_groups} rank {rank}/{world_size} device={device} "
         f"lighthouse={os.environ.get('TORCHFT_LIGHTHOUSE', '')} train_samples={len(sampler)}")
 
     records: list[dict[str, Any]] = []
@@ -280,6 +301,7 @@ def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str,
                     time.sleep(args.step_sleep)
                 step_before = manager.current_step()
                 optimizer.zero_grad()  # starts this step's quorum (in the background)
+                inputs, labels = inputs.to(device), labels.to(device)
                 loss = criterion(model(inputs), labels)
                 loss.backward()  # DDP: gradients averaged across replica groups by the Manager
                 if intra is not None:
@@ -316,7 +338,7 @@ def finish(args: argparse.Namespace, tag: str, rank: int, world_size: int, group
            records: list[dict[str, Any]]) -> int:
     params, optim_state = digests(net, optimizer.optim)
     with torch.no_grad():
-        x, y = testset.tensors
+        x, y = (t.to(next(net.parameters()).device) for t in testset.tensors)
         accuracy = (net(x).argmax(dim=1) == y).float().mean().item()
     say(f"{tag} final step={manager.current_step()} test_accuracy={accuracy:.4f} "
         f"params_sha256={params} optim_sha256={optim_state}")

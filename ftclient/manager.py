@@ -981,8 +981,10 @@ def _accelerator_devices(obj: Any, found: dict[str, torch.device] | None = None)
 
 
 def _future_for(value: Any) -> "torch.futures.Future[Any]":
-    """A future that may be completed with ``value``: CUDA-aware for its accelerator tensors
-    (torch refuses a CUDA tensor in a future made without its device)."""
+    """A future that may be completed with ``value``: CUDA-aware for its accelerator tensors, so
+    completing it records the producing stream and waiting orders the waiter's stream after it
+    (some torch versions refuse a CUDA value in a future made without its device; the others
+    accept it but order no streams)."""
     devices = _accelerator_devices(value)
     return torch.futures.Future(devices=devices) if devices else torch.futures.Future()
 

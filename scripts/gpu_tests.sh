@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU tests (tests/gpu: ftclient's ProcessGroupNCCL and ProcessGroupBabyNCCL) on a machine
+# The GPU tests (tests/gpu: ftclient's ProcessGroupNCCL and ProcessGroupBabyNCCL, the Manager's
+# CUDA stream handling, the DDP example training on CUDA through a real cluster) on a machine
 # with CUDA, from the repository root.
 #
 #   scripts/gpu_tests.sh wheels   # here, with network: download the project's runtime
@@ -43,6 +44,8 @@ if ! python3 -c "import grpc, tenacity, pysyncobj, msgpack" 2>/dev/null && compg
     --target /tmp/site .whl/*.whl
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
+# The node and trainer processes the tests start import this checkout too.
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 nvidia-smi -L || true
 python3 - <<'EOF'
@@ -50,4 +53,5 @@ import torch
 print("torch", torch.__version__, "cuda available:", torch.cuda.is_available(),
       "nccl:", torch.cuda.nccl.version() if torch.cuda.is_available() else None)
 EOF
-exec python3 -m pytest tests/gpu -q -p no:cacheprovider "$@"
+# With the device tool, $OUT comes back: the JUnit report lands there.
+exec python3 -m pytest tests/gpu -q -p no:cacheprovider ${OUT:+--junitxml "$OUT/gpu-junit.xml"} "$@"

@@ -234,16 +234,24 @@ def test_ddp_on_a_cuda_model_takes_the_managers_cuda_aware_future(one_manager: A
     assert m.current_step() == 2
 
 
-def test_a_future_without_devices_refuses_cuda_tensors_so_the_managers_are_made_with_them() -> None:
-    """Why ManagedWork and wrap_future make their futures for the value's devices."""
+def test_a_future_made_for_a_cuda_value_orders_the_waiters_stream_after_the_producer() -> None:
+    """Why ManagedWork and wrap_future make their futures for the value's devices: completing such a
+    future on a side stream records that stream, and wait() makes the waiter's current stream wait
+    for it, so the value read on the current stream is the finished one. (torch 2.11 also accepts a
+    CUDA value in a future made without devices, but then nothing orders the streams.)"""
     from ftclient.manager import _future_for
 
-    t = torch.ones(2, device="cuda")
-    with pytest.raises(RuntimeError):
-        torch.futures.Future().set_result(t)
+    t = torch.zeros(1 << 20, device="cuda")
+    torch.cuda.synchronize()
     fut = _future_for([t])
-    fut.set_result([t])
-    assert fut.wait()[0] is t
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(SLEEP_CYCLES // 4)  # the side stream is busy for a while
+        t.add_(1.0)
+        fut.set_result([t])
+    (value,) = fut.wait()  # on the current (default) stream
+    assert value is t
+    assert value.sum().item() == t.numel(), "the current stream read the value before the side stream wrote it"
 
 
 @pytest.mark.integration
@@ -254,7 +262,7 @@ def test_wrap_future_and_the_managed_groups_passthrough_on_cuda(two_managers: An
 
     a, b, both = two_managers
     both(a.start_quorum, b.start_quorum)
-    src: torch.futures.Future[Any] = torch.futures.Future(devices=[torch.device("cuda")])
+    src: torch.futures.Future[Any] = torch.futures.Future(devices=[torch.device("cuda", torch.cuda.current_device())])
     value = torch.full((3,), 2.0, device="cuda")
     wrapped = a.wrap_future(src, value.clone())
     src.set_result(value)

@@ -261,3 +261,14 @@ def test_torchft_sdk_refuses_a_url_list(tmp_path: Path) -> None:
                  "--sdk ftclient"):
         assert part in line, f"{part!r} not in {line!r}"
     assert elapsed < 30, f"took {elapsed:.1f}s: the error must not wait for torchft's 60 s connect timeout"
+
+
+def test_nccl_without_a_gpu_device_is_refused_in_one_line(tmp_path: Path) -> None:
+    """``--pg nccl`` needs ``--device cuda``: one line, exit 2, before torch is imported. (The
+    example on CUDA, gloo across groups, trains in tests/gpu/test_training_cuda.py.)"""
+    env = inherited_env()
+    env.update(TORCHFT_LIGHTHOUSE="http://127.0.0.1:1", PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, str(DDP_EXAMPLE), "--pg", "nccl", "--steps", "5"], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+    assert res.returncode == 2 and not res.stdout, (res.returncode, res.stdout, res.stderr)
+    assert res.stderr.strip() == "train_ddp: error: --pg nccl needs --device cuda (NCCL runs on GPUs only)"
