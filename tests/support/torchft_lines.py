@@ -4,7 +4,9 @@
 * ``"nightly"``: torchft-nightly (the ``interop-nightly`` extra, pinned). It installs the same
   module name, ``torchft``, so it lives in a virtual environment of its own, created on first use
   under ``<repo>/.venvs/torchft-nightly`` with this repo's package installed editable, the test
-  extras and what torchft's own test modules import (the ``torchft-tests`` extra).
+  extras and what torchft's own test modules import (the ``torchft-tests`` extra). The venv sees
+  the test environment's packages (``--system-site-packages``: torch is not copied again); its
+  own torchft-nightly shadows the environment's torchft 0.2.0.
 
 API (tests/torchft_interop/test_torchft_suites.py and tests/torchft_interop/test_torchft_hosts_ha.py import it):
 
@@ -87,21 +89,26 @@ def _spec() -> str:
 
 def _ready(venv: Path) -> bool:
     marker = venv / MARKER
-    return _venv_python(venv).exists() and marker.exists() and marker.read_text() == _spec()
+    return (_venv_python(venv).exists() and marker.exists() and marker.read_text() == _spec()
+            and _shares_site_packages(venv))
 
 
 def _create_nightly(venv: Path) -> None:
     started = time.monotonic()
     py = str(_venv_python(venv))
     (venv / MARKER).unlink(missing_ok=True)
-    if _venv_python(venv).exists() and _usable(py):
+    if _venv_python(venv).exists() and _usable(py) and _shares_site_packages(venv):
         _log(f"updating the torchft-nightly virtual environment in {venv} (pyproject.toml changed)")
     else:
         if venv.exists():
-            _log(f"removing the broken {venv}")
+            _log(f"removing {venv} (broken, or made without --system-site-packages)")
             shutil.rmtree(venv)
         _log(f"creating the torchft-nightly virtual environment in {venv} (once; about a minute)")
-        _run([sys.executable, "-m", "venv", str(venv)], "python -m venv", 300)
+        # --system-site-packages: torch 2.13.0 and the other shared dependencies come from the
+        # environment running the tests instead of a second ~1 GB copy (about 100 s on CI); the
+        # venv's own torchft-nightly comes first on its sys.path (torchft_version checks which
+        # distribution the imported module belongs to).
+        _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], "python -m venv", 300)
     # torch is pinned (a CPU build); an unpinned torch would pull a multi-GB CUDA build.
     _run([py, "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "off",
           "torch==2.13.0", "-e", f".[{EXTRAS}]"], f"pip install torch==2.13.0 -e '.[{EXTRAS}]'", PIP_TIMEOUT_S)
@@ -111,6 +118,15 @@ def _create_nightly(venv: Path) -> None:
         raise VenvError(f"{venv} imports {version}, not torchft-nightly")
     (venv / MARKER).write_text(_spec())
     _log(f"{venv} ready ({version}) in {time.monotonic() - started:.0f}s")
+
+
+def _shares_site_packages(venv: Path) -> bool:
+    """Whether the venv was made with --system-site-packages (an older one is made again)."""
+    try:
+        cfg = (venv / "pyvenv.cfg").read_text()
+    except OSError:
+        return False
+    return any(line.replace(" ", "") == "include-system-site-packages=true" for line in cfg.splitlines())
 
 
 def python_for(line: str) -> str:
@@ -150,13 +166,18 @@ def _lock_nonblocking(lock: object) -> bool:
 
 
 _VERSION_SCRIPT = """
-import json, importlib.metadata as md, torchft
+import json, importlib.metadata as md, pathlib, torchft
+# The distribution whose files hold the torchft module this interpreter imports (the nightly venv
+# also sees the base environment's torchft 0.2.0, behind its own torchft-nightly).
+imported = pathlib.Path(torchft.__file__).resolve()
 found = []
 for name in ("torchft", "torchft-nightly"):
     try:
-        found.append((name, md.version(name)))
+        dist = md.distribution(name)
     except md.PackageNotFoundError:
-        pass
+        continue
+    if pathlib.Path(dist.locate_file("torchft/__init__.py")).resolve() == imported:
+        found.append((name, dist.version))
 print(json.dumps(found))
 """
 
@@ -174,6 +195,7 @@ def torchft_version(python: str) -> str:
         raise VenvError(f"{python} cannot import torchft:\n{tail}")
     found = json.loads(res.stdout.strip().splitlines()[-1])
     if len(found) != 1:
-        raise VenvError(f"{python} has {found or 'no torchft distribution'}: expected exactly one torchft line")
+        raise VenvError(f"{python} imports torchft from {found or 'no known distribution'}: expected exactly one "
+                        "torchft line")
     name, version = found[0]
     return f"{name} {version}"
