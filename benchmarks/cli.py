@@ -35,7 +35,7 @@ def bench() -> None:
 
 
 @bench.command()
-@click.option("--quick", is_flag=True, help="Smoke-test sizes (N=8,64; short windows; G=3 with 2 kills; about 3 minutes).")
+@click.option("--quick", is_flag=True, help="Smoke-test sizes (N=8,64; short windows; G=3 with 1 kill; under 3 minutes).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("benchmarks"),
               show_default=True, help="Where the JSON, markdown table and PNG plot go.")
 @click.option("--name", help="Output file stem (default: bench, or bench-quick with --quick).")
@@ -54,7 +54,7 @@ def bench() -> None:
 @click.option("--recovery-trials", type=int, help="Transfers per size and implementation (default 3; quick 1).")
 @click.option("--footprint-seconds", "footprint_s", type=float, help="Idle CPU window (default 15; quick 2).")
 @click.option("--goodput-groups", help="Replica groups per goodput run (default 3,8; quick 3).")
-@click.option("--goodput-kills", type=int, help="Group kills per goodput run (default 10; quick 2).")
+@click.option("--goodput-kills", type=int, help="Group kills per goodput run (default 10; quick 1).")
 @click.option("--goodput-kill-every", "goodput_kill_every_s", type=float,
               help="Seconds between group kills; the no-failure window is kills x this (default 15; quick 8).")
 @click.option("--isolation-groups", help="Replica groups of the small and the large job in the isolation "

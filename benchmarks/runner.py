@@ -79,7 +79,7 @@ class BenchOptions:
             recovery_trials=1 if q else 3,
             footprint_s=2.0 if q else 15.0,
             goodput_groups=(3,) if q else (3, 8),
-            goodput_kills=2 if q else 10,
+            goodput_kills=1 if q else 10,
             goodput_kill_every_s=8.0 if q else 15.0,
             isolation_small=8,
             isolation_large=64 if q else 256,

@@ -464,7 +464,7 @@ def test_quick_bench_writes_every_section(tmp_path: Path):
     for run in gp["runs"]:
         assert "skipped" not in run and "error" not in run and not run["errors"], run.get("error") or run
         sm = run["summary"]
-        assert sm["kills"] == sm["recovered"] == gp["config"]["kills"] >= 2, sm
+        assert sm["kills"] == sm["recovered"] == gp["config"]["kills"] >= 1, sm
         assert sm["restarts"] == sm["rejoined"] == sm["kills"], sm
         assert 0 < sm["recovery_median_s"] <= sm["recovery_max_s"] < 60, sm
         assert 0 < sm["rejoin_median_s"] <= sm["rejoin_max_s"] < 120, sm
