@@ -13,10 +13,12 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import multiprocessing.process
 import os
 import socket
 import subprocess
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import grpc
@@ -42,6 +44,42 @@ def make_cluster(tmp_path: Any) -> Iterator[Callable[..., LocalCluster]]:
             return stack.enter_context(cluster)
 
         yield make
+
+
+# -- two tests at a time (pytest-xdist), some alone ------------------------------------------------
+#
+# The README's test command runs two pytest-xdist workers. An integration test marked
+# ``exclusive`` (tight timing bounds, CPU measurements, a machine-wide check) runs alone: it holds
+# a file lock exclusively while every other integration test holds it shared. A turnstile lock
+# in front keeps a waiting exclusive test from being overtaken by the other worker's next tests.
+# Unit tests take no lock. Without xdist nothing is locked.
+
+
+@contextlib.contextmanager
+def _run_lock(directory: Path, exclusive: bool) -> Iterator[None]:
+    with open(directory / "xdist-turnstile.lock", "a") as turnstile, open(directory / "xdist-run.lock", "a") as run:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        if exclusive:
+            fcntl.flock(run, fcntl.LOCK_EX)  # the turnstile stays held: no new test starts meanwhile
+        else:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+            fcntl.flock(run, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(run, fcntl.LOCK_UN)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _alone_or_beside_another(request: pytest.FixtureRequest,
+                             tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    if not hasattr(request.config, "workerinput") or request.node.get_closest_marker("integration") is None:
+        yield
+        return
+    # Every worker's base temporary directory is a child of the same directory.
+    with _run_lock(tmp_path_factory.getbasetemp().parent, request.node.get_closest_marker("exclusive") is not None):
+        yield
 
 
 # -- unit tests start nothing ----------------------------------------------------------------------
@@ -87,9 +125,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     if not report.skipped or hasattr(report, "wasxfail"):
         return
     reason = _skip_reason(report)
-    if skips.expected(reason):
-        _expected_skips.append(f"{item.nodeid}: {reason}")
-    elif skips.strict():
+    if not skips.expected(reason) and skips.strict():
         report.outcome = "failed"
         report.longrepr = f"unexpected skip (LIGHTHOUSE_TESTS_STRICT; see tests/support/skips.py): {reason}"
 
@@ -102,6 +138,14 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
         report.outcome = "failed"
         report.longrepr = (f"unexpected skip of {collector.nodeid} at collection (LIGHTHOUSE_TESTS_STRICT; "
                            f"see tests/support/skips.py): {_skip_reason(report)}")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Here, not in makereport: with pytest-xdist the controller sees every worker's reports.
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = _skip_reason(report)
+        if skips.expected(reason):
+            _expected_skips.append(f"{report.nodeid}: {reason}")
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -31,7 +31,7 @@ from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
 
 from test_jepsen_run import explain, network_backend, runs_dir  # noqa: F401 - runs_dir is a fixture
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.exclusive]  # exclusive: runs alone (conftest)
 
 
 class HoldingLighthouse(pb_grpc.LighthouseServiceServicer):

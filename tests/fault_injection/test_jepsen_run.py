@@ -38,7 +38,7 @@ from jepsen_like.pbt import run_property_test
 from jepsen_like.runner import RunOptions, RunResult, load_schedule, run_schedule
 from jepsen_like.schedule import NETWORK_ACTIONS, FaultOp, Schedule
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.exclusive]  # exclusive: runs alone (conftest)
 
 REGRESSIONS = Path(__file__).resolve().parents[2] / "jepsen_like" / "regressions"
 PBT_SEED = int(os.environ.get("JEPSEN_PBT_SEED", "20251122"))

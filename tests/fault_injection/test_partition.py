@@ -37,7 +37,7 @@ from lighthouse_cluster.local.simulated_group import RoundResult, SimulatedRepli
 from lighthouse_cluster.core.state_machine import CommitResult, QuorumStateMachine
 from lighthouse_cluster.raft.journal import command_payload, parse_journal
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150), pytest.mark.exclusive]  # exclusive: runs alone (conftest)
 
 ISO_GROUPS = ("iso-a", "iso-b")      # talk only to the leader that gets isolated
 MAJ_GROUPS = ("maj-a", "maj-b")      # one per follower (the majority side)

@@ -100,6 +100,7 @@ def test_torchft_client_gets_a_quorum_and_shutdown_leaves_nothing() -> None:
     server.shutdown()  # idempotent
 
 
+@pytest.mark.exclusive  # looks for node processes machine-wide: runs alone
 def test_explicit_port_is_node_n1_and_a_busy_port_is_a_clear_error() -> None:
     port = free_ports(1)[0]
     with LighthouseServer(bind=f"127.0.0.1:{port}", min_replicas=1, join_timeout_ms=100,

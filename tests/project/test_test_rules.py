@@ -3,6 +3,7 @@ serves nothing, and in CI (``LIGHTHOUSE_TESTS_STRICT=1``) only an expected skip 
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -70,3 +71,39 @@ def test_without_strict_mode_a_missing_tool_is_a_listed_skip() -> None:
     assert res.returncode == 0, out
     assert "1 passed, 2 skipped" in out, out
     assert "sometool is not installed" in out, out
+
+
+@pytest.mark.integration
+def test_strict_mode_under_xdist_lists_the_expected_skips_too() -> None:
+    """The README's command runs two xdist workers: the skip policy holds there too (the expected
+    skips are gathered from the reports the controller receives)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CI",)}
+    env["LIGHTHOUSE_TESTS_STRICT"] = "1"
+    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rA", "-n", "2",
+                          "tests/project/skip_samples.py"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode == 1 and "1 failed, 1 passed, 1 skipped" in out, out
+    assert "unexpected skip (LIGHTHOUSE_TESTS_STRICT" in out, out
+    assert "expected skips (tests/support/skips.py)" in out and "test_needs_a_gpu: needs a CUDA GPU" in out, out
+
+
+@pytest.mark.integration
+def test_exclusive_tests_run_alone_and_the_others_two_at_a_time(tmp_path) -> None:
+    log = tmp_path / "log.jsonl"
+    env = {**os.environ, "XDIST_SAMPLES_LOG": str(log)}
+    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2",
+                          "tests/project/xdist_samples.py"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(runs) == 12
+
+    def overlap(a: dict, b: dict) -> bool:
+        return a["start"] < b["end"] and b["start"] < a["end"]
+
+    for a in (r for r in runs if r["kind"] == "exclusive"):
+        beside = [b["name"] for b in runs if b is not a and b["kind"] != "unit" and overlap(a, b)]
+        assert not beside, f"{a['name']} ran beside {beside}"
+    shared = [r for r in runs if r["kind"] == "shared"]
+    assert any(overlap(a, b) for i, a in enumerate(shared) for b in shared[i + 1:]), "no two tests ran at once"

@@ -32,7 +32,7 @@ from support.fake_watch import FakeWatchNode
 from support.waiting import wait_for
 from support.null_transport import NullTransport
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.exclusive]  # exclusive: runs alone (conftest)
 
 REPLICA = "train_0:abc"
 

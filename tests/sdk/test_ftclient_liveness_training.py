@@ -39,7 +39,7 @@ import pytest
 from support.trainer_process import LivenessTrainer
 from support.training import TrainingRun
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.exclusive]  # exclusive: runs alone (conftest)
 
 HEARTBEAT_TIMEOUT_MS = 5_000  # torchft's default
 JOIN_TIMEOUT_MS = 10_000  # torchft's and torchtitan's guides

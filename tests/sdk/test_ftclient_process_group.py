@@ -37,7 +37,7 @@ from ftclient.process_group import (
     parse_store_addr,
 )
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.exclusive]  # exclusive: runs alone (conftest)
 
 REPO = Path(__file__).resolve().parents[2]
 

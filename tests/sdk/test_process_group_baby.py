@@ -40,7 +40,7 @@ from support.fake_watch import FakeWatchNode
 from support.null_transport import NullTransport
 from support.waiting import wait_for
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.exclusive]  # exclusive: runs alone (conftest)
 
 OP_TIMEOUT_S = 2.0
 CONFIGURE_BOUND_S = 150.0  # child start-up (spawn + import torch, slow on a loaded 2-core machine) + rendezvous

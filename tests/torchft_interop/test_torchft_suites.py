@@ -97,6 +97,8 @@ def _run_pytest(python: str, args: list[str], cwd: Path, junit: Path, timeout: f
            "--timeout", str(per_test_timeout), "--timeout-method", "thread"]
     env = {**os.environ, SUBRUN_ENV: "1", "PYTHONUNBUFFERED": "1"}
     env.pop("PYTEST_ADDOPTS", None)
+    for name in [k for k in env if k.startswith("PYTEST_XDIST_")]:
+        env.pop(name)  # a sub-run started from an xdist worker is not a worker
     started = time.monotonic()
     try:
         res = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -144,6 +146,7 @@ def test_torchft_suite(line: str, suite: str, tmp_path: Path) -> None:
         f"lighthouse {want_passed} passed, {want_skipped} skipped\n{run.diagnostics()}")
 
 
+@pytest.mark.exclusive  # the drop-in client tests have sub-second timing bounds: runs alone
 @pytest.mark.timeout(DROPIN_TIMEOUT_S + 120)
 def test_dropin_tests_on_nightly(tmp_path: Path) -> None:
     python = python_for("nightly")

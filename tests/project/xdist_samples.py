@@ -1,0 +1,36 @@
+"""Run only by tests/project/test_test_rules.py with two xdist workers (not collected: the name
+does not start with test_). Every test appends its name, kind and start/end times to the log
+file named by XDIST_SAMPLES_LOG; the caller checks that the exclusive ones ran alone."""
+
+import json
+import os
+import time
+
+import pytest
+
+HOLD_S = 0.4
+
+
+def _record(name: str, kind: str) -> None:
+    start = time.time()
+    time.sleep(HOLD_S)
+    with open(os.environ["XDIST_SAMPLES_LOG"], "a") as f:
+        f.write(json.dumps({"name": name, "kind": kind, "start": start, "end": time.time()}) + "\n")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("n", range(8))
+def test_shared(n: int) -> None:
+    _record(f"shared{n}", "shared")
+
+
+@pytest.mark.integration
+@pytest.mark.exclusive
+@pytest.mark.parametrize("n", range(2))
+def test_alone(n: int) -> None:
+    _record(f"alone{n}", "exclusive")
+
+
+@pytest.mark.parametrize("n", range(2))
+def test_unit_takes_no_lock(n: int) -> None:
+    _record(f"unit{n}", "unit")
