@@ -734,7 +734,47 @@ class _Build:
                 self._cond.notify_all()
 
 
-class ProcessGroupGloo(ProcessGroup):
+def as_timedelta(timeout: timedelta | float) -> timedelta:
+    """A timeout given as a ``timedelta`` or as seconds, as a ``timedelta``."""
+    return timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
+
+
+class QuorumConfiguredGroup(ProcessGroup):
+    """The state every group that :meth:`configure` rebuilds per quorum keeps (Gloo, NCCL, the
+    baby groups): rank and size of the current configuration, its quorum id, the timeout and
+    the first error of the current configuration. Subclasses set the attributes; this class
+    answers for them."""
+
+    def __init__(self, timeout: timedelta | float = DEFAULT_TIMEOUT) -> None:
+        super().__init__()
+        self._timeout = as_timedelta(timeout)
+        self._rank: int | None = None
+        self._world_size: int | None = None
+        self._quorum_id: int | None = None
+        self._error: Exception | None = None
+
+    def set_timeout(self, timeout: timedelta | float) -> None:
+        self._timeout = as_timedelta(timeout)
+
+    def size(self) -> int:
+        if self._world_size is None:
+            raise RuntimeError(f"{type(self).__name__}.size() called before configure()")
+        return self._world_size
+
+    def rank(self) -> int:
+        if self._rank is None:
+            raise RuntimeError(f"{type(self).__name__}.rank() called before configure()")
+        return self._rank
+
+    def errored(self) -> Exception | None:
+        return self._error
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(rank={self._rank}, world_size={self._world_size}, "
+                f"quorum_id={self._quorum_id}, timeout={self._timeout.total_seconds():g}s)")
+
+
+class ProcessGroupGloo(QuorumConfiguredGroup):
     """A reconfigurable Gloo process group (CPU tensors).
 
     Every :meth:`configure` connects a new TCPStore client scoped by the address's prefix and
@@ -771,13 +811,8 @@ class ProcessGroupGloo(ProcessGroup):
     """
 
     def __init__(self, timeout: timedelta | float = DEFAULT_TIMEOUT, pg: Any = None) -> None:
-        super().__init__()
-        if not isinstance(timeout, timedelta):
-            timeout = timedelta(seconds=float(timeout))
-        self._timeout = timeout
+        super().__init__(timeout)
         self._backend: _Backend | None = None
-        self._world_size: int | None = None
-        self._rank: int | None = None
         if pg is not None:
             if isinstance(pg, ProcessGroup):
                 raise TypeError(
@@ -786,9 +821,7 @@ class ProcessGroupGloo(ProcessGroup):
                 )
             self._backend = _Backend(pg)
             self._rank, self._world_size = pg.rank(), pg.size()
-        self._quorum_id: int | None = None
         self._replica_id: str | None = None
-        self._error: Exception | None = None
         self._error_lock = threading.Lock()
         self._generation = 0  # errors of works from an older configure are not recorded
         self._aborted: Exception | None = None  # set by abort() until the next configure
@@ -869,32 +902,10 @@ class ProcessGroupGloo(ProcessGroup):
         except Exception:
             pass
 
-    def set_timeout(self, timeout: timedelta) -> None:
-        self._timeout = timeout
-
-    # state ----------------------------------------------------------------------------------
-
-    def size(self) -> int:
-        if self._world_size is None:
-            raise RuntimeError("ProcessGroupGloo.size() called before configure()")
-        return self._world_size
-
-    def rank(self) -> int:
-        if self._rank is None:
-            raise RuntimeError("ProcessGroupGloo.rank() called before configure()")
-        return self._rank
-
-    def errored(self) -> Exception | None:
-        return self._error
+    # state (rank, size, errored, set_timeout, repr: QuorumConfiguredGroup) -------------------
 
     def getBackendName(self) -> str:
         return "ftclient-gloo"
-
-    def __repr__(self) -> str:
-        return (
-            f"ProcessGroupGloo(rank={self._rank}, world_size={self._world_size}, "
-            f"quorum_id={self._quorum_id}, timeout={self._timeout.total_seconds():g}s)"
-        )
 
     def _error_recorder(self) -> Callable[[Exception], None]:
         generation = self._generation

@@ -55,7 +55,7 @@ from torch.futures import Future
 
 from . import _collective_ops
 from ._timeouts import WATCHDOG, Timer
-from .process_group import DEFAULT_TIMEOUT, ProcessGroup, parse_store_addr
+from .process_group import DEFAULT_TIMEOUT, QuorumConfiguredGroup, as_timedelta, parse_store_addr
 
 logger: logging.Logger = logging.getLogger(__name__)
 
@@ -65,10 +65,6 @@ __all__ = ["OpSpec", "ProcessGroupBaby", "ProcessGroupBabyGloo", "ProcessGroupBa
 STARTUP_TIMEOUT_S = 120.0
 """How long a new child may take to start (spawn, import torch) before the rendezvous, whose
 own bound is the group's timeout."""
-
-
-def _as_timedelta(timeout: timedelta | float) -> timedelta:
-    return timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
 
 
 # --------------------------------------------------------------------------------------------
@@ -114,7 +110,7 @@ def _flat(tensors: object) -> list[torch.Tensor]:
     return out
 
 
-class SpecProcessGroup(ProcessGroup):
+class SpecProcessGroup(QuorumConfiguredGroup):
     """A reconfigurable process group whose collectives are :class:`OpSpec` s handed to
     :meth:`_submit` (which returns the work). Subclasses implement configure, size and
     ``_submit``; :meth:`_prepare` may adapt the tensors first (e.g. move them to shared
@@ -411,14 +407,9 @@ class ProcessGroupBaby(SpecProcessGroup):
     _KIND = ""
 
     def __init__(self, timeout: timedelta | float = DEFAULT_TIMEOUT) -> None:
-        super().__init__()
-        self._timeout = _as_timedelta(timeout)
+        super().__init__(timeout)
         self._lock = threading.Lock()
         self._child: _Child | None = None
-        self._rank: int | None = None
-        self._world_size: int | None = None
-        self._quorum_id: int | None = None
-        self._error: Exception | None = None
 
     # configuration --------------------------------------------------------------------------
 
@@ -480,33 +471,13 @@ class ProcessGroupBaby(SpecProcessGroup):
         if child is not None and child.fail(error):
             logger.warning("%s aborted (quorum %s): %s", type(self).__name__, self._quorum_id, error)
 
-    def set_timeout(self, timeout: timedelta) -> None:
-        self._timeout = _as_timedelta(timeout)
-
-    # state ----------------------------------------------------------------------------------
-
-    def size(self) -> int:
-        if self._world_size is None:
-            raise RuntimeError(f"{type(self).__name__}.size() called before configure()")
-        return self._world_size
-
-    def rank(self) -> int:
-        if self._rank is None:
-            raise RuntimeError(f"{type(self).__name__}.rank() called before configure()")
-        return self._rank
-
-    def errored(self) -> Exception | None:
-        return self._error
+    # state (rank, size, errored, set_timeout, repr: QuorumConfiguredGroup) -------------------
 
     @property
     def child_pid(self) -> int | None:
         """The pid of the current child process (None before configure or after shutdown)."""
         child = self._child
         return child.process.pid if child is not None else None
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}(rank={self._rank}, world_size={self._world_size}, "
-                f"quorum_id={self._quorum_id}, timeout={self._timeout.total_seconds():g}s)")
 
     # operations -----------------------------------------------------------------------------
 

@@ -317,14 +317,9 @@ class ProcessGroupNCCL(SpecProcessGroup):
     """
 
     def __init__(self, timeout: timedelta | float = DEFAULT_TIMEOUT) -> None:
-        super().__init__()
-        self._timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
+        super().__init__(timeout)
         self._lock = threading.Lock()
         self._comm: _Comm | None = None
-        self._rank: int | None = None
-        self._world_size: int | None = None
-        self._quorum_id: int | None = None
-        self._error: Exception | None = None
 
     def configure(
         self,
@@ -387,28 +382,8 @@ class ProcessGroupNCCL(SpecProcessGroup):
         if comm is not None:
             comm.fail(error)
 
-    def set_timeout(self, timeout: timedelta) -> None:
-        self._timeout = timeout
-
-    def size(self) -> int:
-        if self._world_size is None:
-            raise RuntimeError("ProcessGroupNCCL.size() called before configure()")
-        return self._world_size
-
-    def rank(self) -> int:
-        if self._rank is None:
-            raise RuntimeError("ProcessGroupNCCL.rank() called before configure()")
-        return self._rank
-
-    def errored(self) -> Exception | None:
-        return self._error
-
     def getBackendName(self) -> str:
         return "ftclient-nccl"
-
-    def __repr__(self) -> str:
-        return (f"ProcessGroupNCCL(rank={self._rank}, world_size={self._world_size}, "
-                f"quorum_id={self._quorum_id}, timeout={self._timeout.total_seconds():g}s)")
 
     def _submit(self, spec: OpSpec, result: object) -> dist._Work:
         comm = self._comm

@@ -31,6 +31,7 @@ from torch.distributed import ReduceOp  # noqa: E402
 
 from ftclient.process_group_baby import ProcessGroupBabyNCCL  # noqa: E402
 from ftclient.process_group_nccl import ProcessGroupNCCL  # noqa: E402
+from support.pids import pid_exists, wait_until_gone  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -61,22 +62,7 @@ def _busy_stream(seconds: float) -> None:
     torch.cuda._sleep(int(per_s * seconds))
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
-
-def _gone_within(pid: int, bound_s: float = 5.0) -> bool:
-    """True once ``pid`` no longer exists, waiting at most ``bound_s``."""
-    deadline = time.monotonic() + bound_s
-    while _alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,7 +194,7 @@ def test_baby_nccl_results_cross_cuda_ipc_and_reconfigure(store: dist.TCPStore) 
     pg = ProcessGroupBabyNCCL(timeout=timedelta(seconds=30))
     pg.configure(_addr(store, 1), "replica_0", 0, 1, quorum_id=1)
     first_child = pg.child_pid
-    assert first_child is not None and first_child != os.getpid() and _alive(first_child)
+    assert first_child is not None and first_child != os.getpid() and pid_exists(first_child)
     t = torch.arange(6, dtype=torch.float32, device=CUDA)
     pg.allreduce([t], ReduceOp.SUM).wait()
     assert t.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
@@ -224,7 +210,8 @@ def test_baby_nccl_results_cross_cuda_ipc_and_reconfigure(store: dist.TCPStore) 
     assert pg.errored() is None
 
     pg.configure(_addr(store, 2), "replica_0", 0, 1, quorum_id=2)
-    assert pg.child_pid != first_child and _gone_within(first_child)
+    assert pg.child_pid != first_child
+    wait_until_gone(first_child)
     out = torch.zeros(6, device=CUDA)
     pg._allgather_base(out, t + 1).wait()
     assert out.tolist() == (t + 1).tolist()
@@ -247,7 +234,8 @@ def test_baby_nccl_hung_collective_kills_the_child(store: dist.TCPStore) -> None
         work.wait()
     took = time.monotonic() - start
     assert TIMEOUT_S - 0.1 <= took < TIMEOUT_S + 3, took
-    assert _gone_within(child) and isinstance(pg.errored(), TimeoutError)
+    wait_until_gone(child)
+    assert isinstance(pg.errored(), TimeoutError)
 
     torch.cuda.synchronize()
     pg.configure(_addr(store, 2), "replica_0", 0, 1, quorum_id=2)

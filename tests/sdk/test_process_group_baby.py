@@ -38,6 +38,7 @@ from ftclient.process_group_baby import ProcessGroupBabyGloo, reduce_op_name
 from ftclient.process_group_nccl import ProcessGroupNCCL
 from support.fake_watch import FakeWatchNode
 from support.null_transport import NullTransport
+from support.pids import pid_exists, wait_until_gone
 from support.waiting import wait_for
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.exclusive]  # exclusive: runs alone (conftest)
@@ -148,34 +149,8 @@ def _configure_all(pgs: list[ProcessGroupBabyGloo], store: dist.TCPStore, quorum
     assert not errors, errors
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
-def _proc_state(pid: int) -> str:
-    """The pid's state and parent from /proc (for assertion messages), or "gone"."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return f"state {fields[0]}, parent {fields[1]} (we are {os.getpid()})"
-    except OSError:
-        return "gone"
-
-
-def _gone_within(pid: int, bound_s: float = 5.0) -> bool:
-    """True once ``pid`` no longer exists, waiting at most ``bound_s``. The group fails its work
-    after SIGKILLing and joining the child; a check on a loaded CI machine once still found the
-    pid right after (.ci/run, 1 failed), so the test waits for the condition, bounded."""
-    deadline = time.monotonic() + bound_s
-    while _alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def _failure(work: dist._Work, bound_s: float) -> tuple[BaseException, float]:
@@ -220,7 +195,7 @@ def test_two_ranks_results_abort_reconfigure_and_timeout(store: dist.TCPStore,
     pgs[1].abort(notice)
     error, _ = _failure(pending, OP_TIMEOUT_S)
     assert error is notice and time.monotonic() - start < 1.5
-    assert _gone_within(children[1]), _proc_state(children[1])
+    wait_until_gone(children[1])
     assert pgs[1].errored() is notice
     error, took = _failure(pgs[1].allreduce([torch.ones(1)], ReduceOp.SUM), OP_TIMEOUT_S)
     assert "not started: the process group was aborted" in str(error) and took < 0.5
@@ -248,7 +223,7 @@ def test_two_ranks_results_abort_reconfigure_and_timeout(store: dist.TCPStore,
     took = time.monotonic() - start
     assert isinstance(error, TimeoutError) and "child process was killed" in str(error), error
     assert OP_TIMEOUT_S - 0.1 <= took < OP_TIMEOUT_S + 3, took
-    assert _gone_within(fresh[0]), _proc_state(fresh[0])
+    wait_until_gone(fresh[0])
     assert isinstance(pgs[0].errored(), TimeoutError)
     assert stuck.tolist() == [7.0, 7.0, 7.0]
     error, took = _failure(pgs[0].broadcast([torch.ones(1)], 0), OP_TIMEOUT_S)
@@ -324,8 +299,8 @@ def test_the_manager_drives_baby_groups_and_a_peer_death_kills_the_child() -> No
             assert work.wait() is False  # failed (the Manager never raises)
             assert time.monotonic() - pushed < 2.0, "the allreduce did not fail at once"
             # a's child was killed (and reaped) before the work failed; b's lives on.
-            assert _gone_within(first[0]), _proc_state(first[0])
-            assert _alive(first[1]) and a.should_commit() is False
+            wait_until_gone(first[0])
+            assert pid_exists(first[1]) and a.should_commit() is False
             b.report_error(RuntimeError("b is out of this step"))
             assert b.should_commit() is False
 
