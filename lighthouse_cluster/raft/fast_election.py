@@ -1,17 +1,18 @@
 """``FastElectionSyncObj``: pysyncobj's ``SyncObj`` whose failovers take one election, not two.
 
 It owns the two changes to pysyncobj's election behaviour (benchmarks F8) and the hold-back of a
-restarted member; the private pysyncobj state they need comes from ``pysyncobj_internals``.
+restarted member; the private pysyncobj state they need comes from ``pysyncobj_internals``. Its
+tick thread sleeps until the next deadline (``adaptive_tick``), the keep-alives' included.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import time
 from typing import Any
 
-from lighthouse_cluster.raft.pysyncobj_internals import RAFT_STATE, SyncObjInternals, monotonic
+from lighthouse_cluster.raft.adaptive_tick import AdaptiveTickSyncObj
+from lighthouse_cluster.raft.pysyncobj_internals import RAFT_STATE, monotonic
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +20,7 @@ log = logging.getLogger(__name__)
 KEEPALIVE = {"type": "lighthouse_cluster_keepalive"}
 
 
-class FastElectionSyncObj(SyncObjInternals):
+class FastElectionSyncObj(AdaptiveTickSyncObj):
     """``SyncObj`` whose failovers take one election, not two (benchmarks F8: 8 of 10 failovers
     at N=64 took two).
 
@@ -77,9 +78,18 @@ class FastElectionSyncObj(SyncObjInternals):
             self.pso_election_deadline = (monotonic() + conf.connectionRetryTime + 2 * conf.appendEntriesPeriod
                                           + self.pso_election_timeout())
 
+    def tick_deadlines(self) -> list[float]:
+        """pysyncobj's deadlines, and the next keep-alive while there is a follower link to keep."""
+        out = super().tick_deadlines()
+        if not self._isLeader():
+            leader = self._getLeader()
+            if any(node != leader and self.isNodeConnected(node) for node in self.otherNodes):
+                out.append(self._last_keepalive + self.conf.connectionTimeout / 5)
+        return out
+
     def _onTick(self, timeToWait: float = 0.0) -> None:
         super()._onTick(timeToWait)
-        now = time.monotonic()
+        now = monotonic()
         if now - self._last_keepalive < self.conf.connectionTimeout / 5:
             return
         self._last_keepalive = now

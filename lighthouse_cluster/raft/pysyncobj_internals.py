@@ -70,21 +70,33 @@ LOG_TERM = _syncobj("_SyncObj__getCurrentLogTerm", CLASS, ("self",))
 LOG_INDEX = _syncobj("_SyncObj__getCurrentLogIndex", CLASS, ("self",))
 GENERATE_TIMEOUT = _syncobj("_SyncObj__generateRaftTimeout", CLASS, ("self",))
 ON_TICK = _syncobj("_onTick", CLASS, ("self", "timeToWait"))         # overridden
+# The adaptive tick (adaptive_tick.py): the poller the tick thread waits in (wrapped), the pipe that
+# wakes it (pysyncobj's own, present with appendEntriesUseBatch=False), the leader's next heartbeat,
+# and the command queue's drain (overridden: it stops after appendEntriesPeriod, leaving work).
+POLLER_ATTR = _syncobj("_poller")
+PIPE_NOTIFIER_ATTR = _syncobj("_SyncObj__pipeNotifier")
+NEXT_APPEND_ENTRIES_ATTR = _syncobj("_SyncObj__newAppendEntriesTime")  # monotonic() time of a leader's next append
+CHECK_COMMANDS = _syncobj("_checkCommandsToApply", CLASS, ("self",))
 IS_LEADER = _syncobj("_isLeader", CLASS, ("self",))
 GET_LEADER = _syncobj("_getLeader", CLASS, ("self",))
 # The transport's connections (node -> TcpConnection), and when a connection last read or started
 # connecting (RaftNode._expire_stuck_connects).
 CONNECTIONS_ATTR = Internal("pysyncobj.transport", "_connections", INSTANCE, "TCPTransport")
 LAST_READ_ATTR = Internal("pysyncobj.tcp_connection", "_TcpConnection__lastReadTime", INSTANCE, "TcpConnection")
+# When the transport last dialed a peer, and whether this node is the one that dials it (the
+# adaptive tick wakes for the next re-dial, at most every connectionRetryTime).
+LAST_CONNECT_ATTEMPT_ATTR = Internal("pysyncobj.transport", "_lastConnectAttempt", INSTANCE, "TCPTransport")
+SHOULD_CONNECT = Internal("pysyncobj.transport", "_shouldConnect", CLASS, "TCPTransport", ("self", "node"))
 
 INTERNALS: tuple[Internal, ...] = (
     Internal("pysyncobj.version", "VERSION"),
     RAFT_STATE_ATTR, VOTED_FOR_ATTR, TRANSPORT_ATTR, ELECTION_DEADLINE_ATTR,
     ON_MESSAGE_RECEIVED, LOG_TERM, LOG_INDEX, GENERATE_TIMEOUT, ON_TICK, IS_LEADER, GET_LEADER,
+    POLLER_ATTR, PIPE_NOTIFIER_ATTR, NEXT_APPEND_ENTRIES_ATTR, CHECK_COMMANDS,
     # ReplicatedState's snapshot hooks (overridden).
     Internal("pysyncobj.syncobj", "_serialize", CLASS, "SyncObjConsumer", ("self",)),
     Internal("pysyncobj.syncobj", "_deserialize", CLASS, "SyncObjConsumer", ("self", "data")),
-    CONNECTIONS_ATTR, LAST_READ_ATTR,
+    CONNECTIONS_ATTR, LAST_READ_ATTR, LAST_CONNECT_ATTEMPT_ATTR, SHOULD_CONNECT,
     # Module-level names outside pysyncobj's public API (its package's __init__).
     Internal("pysyncobj.syncobj", "_RAFT_STATE"),
     Internal("pysyncobj.syncobj", "_COMMAND_TYPE"),
@@ -234,6 +246,8 @@ class SyncObjInternals(SyncObj):
     pso_election_deadline = _attr(ELECTION_DEADLINE_ATTR,
                                   "``monotonic()`` time at which a follower starts an election.", writable=True)
     _pso_transport = _attr(TRANSPORT_ATTR, "The TCPTransport.")
+    pso_poller = _attr(POLLER_ATTR, "The poller the tick thread waits in (and every socket is registered with).",
+                       writable=True)
     _pso_handle_message = _method(ON_MESSAGE_RECEIVED)
     _pso_log_term = _method(LOG_TERM)
     _pso_log_index = _method(LOG_INDEX)
@@ -243,6 +257,40 @@ class SyncObjInternals(SyncObj):
     def pso_connections(self) -> dict[Any, Any]:
         """The transport's connections: node -> ``TcpConnection`` (see ``connecting_since``)."""
         return getattr(self._pso_transport, CONNECTIONS_ATTR.name)
+
+    def pso_next_append_entries(self) -> float:
+        """``monotonic()`` time at which a leader sends its next append_entries (heartbeat). A
+        method, not a property: SyncObj.__init__ reads every attribute (looking for replicated
+        methods) before it sets this one."""
+        return self.__dict__.get(NEXT_APPEND_ENTRIES_ATTR.name, 0.0)
+
+    @property
+    def pso_can_wake(self) -> bool:
+        """Whether ``pso_wake`` can interrupt the tick thread's wait (pysyncobj creates its pipe only
+        with ``appendEntriesUseBatch=False``)."""
+        return PIPE_NOTIFIER_ATTR.name in self.__dict__
+
+    def pso_wake(self) -> None:
+        """Interrupt the tick thread's wait (its poll returns; it ticks again at once), from any
+        thread. pysyncobj's own pipe, which ``_applyCommand`` writes to for the same purpose."""
+        notifier = self.__dict__.get(PIPE_NOTIFIER_ATTR.name)
+        if notifier is None:
+            return
+        try:
+            notifier.notify()
+        except BlockingIOError:
+            pass  # the pipe is full of unread wake-ups: the tick thread wakes anyway
+
+    def pso_redial_deadlines(self) -> list[float]:
+        """``monotonic()`` times at which the transport re-dials a disconnected peer that this node
+        dials (pysyncobj re-dials at most every ``connectionRetryTime``; a peer never dialed is due
+        at once)."""
+        transport = self._pso_transport
+        attempts = getattr(transport, LAST_CONNECT_ATTEMPT_ATTR.name)
+        should_connect = getattr(transport, SHOULD_CONNECT.name)
+        retry = self.conf.connectionRetryTime
+        return [attempts.get(node, float("-inf")) + retry for node, conn in list(self.pso_connections.items())
+                if conn.state == CONNECTION_STATE.DISCONNECTED and should_connect(node)]
 
     def pso_send(self, node: Any, message: Any) -> bool:
         """Send ``message`` to ``node`` on its Raft connection; False if not connected."""

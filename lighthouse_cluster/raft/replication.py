@@ -157,12 +157,14 @@ class RaftNode:
         if dial:
             nodes, node_class = peer_nodes(peer_addresses, dial)
             self._syncobj = FastElectionSyncObj(self_address, nodes, conf=conf, consumers=[state],
-                                                nodeClass=node_class)
+                                                nodeClass=node_class, longest_s=settings.idle_tick_max_s)
         else:
-            self._syncobj = FastElectionSyncObj(self_address, peer_addresses, conf=conf, consumers=[state])
+            self._syncobj = FastElectionSyncObj(self_address, peer_addresses, conf=conf, consumers=[state],
+                                                longest_s=settings.idle_tick_max_s)
 
         self._connect_timeout_s = conf.connectionTimeout
         self._syncobj.addOnTickCallback(self._expire_stuck_connects)
+        self._syncobj.add_tick_deadline(self._next_stuck_connect_expiry)
         self._tick_jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._syncobj.addOnTickCallback(self._run_tick_jobs)
         self._conf = conf
@@ -210,6 +212,7 @@ class RaftNode:
             callback(result, error)
 
         self._tick_jobs.put(job)
+        self._syncobj.wake()  # the tick thread may be waiting for its next deadline
 
     def change_membership(self, add: bool, address: str, callback: Callable[[str | None], None]) -> None:
         """Add or remove the Raft member ``address`` (one change at a time; call on the leader).
@@ -249,6 +252,11 @@ class RaftNode:
             if started is not None and now - started > self._connect_timeout_s:
                 log.debug("abandoning a connect pending for %.1fs", now - started)
                 conn.disconnect()
+
+    def _next_stuck_connect_expiry(self) -> float | None:
+        """When ``_expire_stuck_connects`` next has a connect to drop (a tick deadline)."""
+        starts = [s for s in map(connecting_since, list(self._syncobj.pso_connections.values())) if s is not None]
+        return min(starts) + self._connect_timeout_s if starts else None
 
     # -- writes ---------------------------------------------------------------------------
 

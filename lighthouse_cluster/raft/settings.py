@@ -20,7 +20,11 @@ class RaftSettings:
     election_timeout_min_s: float = 0.15
     election_timeout_max_s: float = 0.45
     append_entries_period_s: float = 0.0375
+    # pysyncobj's tick thread waits for socket events until its next deadline (a heartbeat, an
+    # election, a re-dial; ``adaptive_tick``), at most idle_tick_max_s; tick_period_s is its
+    # wait when a deadline is overdue (and pysyncobj's fixed tick before that).
     tick_period_s: float = 0.01
+    idle_tick_max_s: float = 0.1
     leader_fallback_s: float = 1.0
     reconnect_s: float = 0.25
     compaction_min_entries: int = 2000
