@@ -69,6 +69,10 @@ class Liveness:
         ms = round(self.timeout_s * 1000)
         return [Death(rid, f"keep-alives stopped for {ms} ms") for rid in sorted(late)]
 
+    def watching_any(self) -> bool:
+        """Whether any replica's stream is watched (else ``expire`` has nothing to expire)."""
+        return bool(self._streams)
+
     def watching(self, replica_id: str) -> bool:
         return replica_id in self._streams
 

@@ -117,11 +117,15 @@ class RaftNode:
         on_state_changed: Callable[[Role, Role], None] | None = None,
         dial: Mapping[str, str] | None = None,
         hold_elections_until_leader: bool = False,
+        on_view_changed: Callable[[], None] | None = None,
     ) -> None:
         """``dial`` maps a peer's Raft address to the ``host:port`` to connect to instead
         (identity unchanged; see ``DialNode``). ``hold_elections_until_leader``: a node joining
         a running cluster with an empty journal starts no election until it has heard from a
-        leader (see ``_release_elections``)."""
+        leader (see ``_release_elections``). ``on_view_changed()``: on the tick thread, after a
+        tick that changed what the rest of the node reads here (role, term, leader, which peers
+        are connected, the state machine's member, job and schema versions), so that it need not
+        poll them."""
         self.self_address = self_address
         self.state = state
         # pysyncobj resolves a "[v6]:port" host with the brackets and never connects: dial
@@ -167,6 +171,10 @@ class RaftNode:
         self._syncobj.add_tick_deadline(self._next_stuck_connect_expiry)
         self._tick_jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._syncobj.addOnTickCallback(self._run_tick_jobs)
+        self._on_view_changed = on_view_changed
+        self._last_view: tuple[Any, ...] | None = None
+        if on_view_changed is not None:
+            self._syncobj.addOnTickCallback(self._notice_view)
         self._conf = conf
         self._held_timeouts: tuple[float, float] | None = None
         if hold_elections_until_leader and fresh:
@@ -200,6 +208,20 @@ class RaftNode:
             except queue.Empty:
                 return
             job()
+
+    def _view(self) -> tuple[Any, ...]:
+        syncobj, machine = self._syncobj, self.state.machine
+        connected = frozenset(n for n in syncobj.otherNodes if syncobj.isNodeConnected(n))
+        return (syncobj.pso_state, syncobj.raftCurrentTerm, self._led_term, syncobj._getLeader(), connected,
+                machine.members_version, machine.jobs_version, machine.schema_version)
+
+    def _notice_view(self) -> None:
+        """On the tick thread, after every tick: ``on_view_changed()`` when the view changed."""
+        view = self._view()
+        if view != self._last_view:
+            self._last_view = view
+            assert self._on_view_changed is not None
+            self._on_view_changed()
 
     def call_on_tick_thread(self, fn: Callable[[], Any], callback: Callable[[Any, Exception | None], None]) -> None:
         """Run ``fn()`` once on pysyncobj's tick thread, between two applied entries (so it sees

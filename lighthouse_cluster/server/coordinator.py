@@ -121,6 +121,7 @@ class QuorumCoordinator:
         self._clock = clock
         self._wall_ms = wall_ms
         self._on_issue = on_issue
+        self.on_serving: Callable[[], None] | None = None  # called when it starts serving a term
         self._owns_leader = leader is None
         if leader is None:
             leader = LeaderTerm(node_id, state, submit, clock=clock, wall_ms=wall_ms, lease=lease,
@@ -213,6 +214,8 @@ class QuorumCoordinator:
                  len(prev.participants) if prev else 0)
         self._tick_task = asyncio.get_running_loop().create_task(self._tick_loop(term))
         self._evaluate()
+        if self.on_serving is not None:
+            self.on_serving()
 
     def stop_leading(self) -> None:
         """Stop serving and fail every waiting call promptly with ``NotLeader``."""

@@ -357,6 +357,7 @@ class HeartbeatBatcher:
         self._pending: set[tuple[str, str]] = set()  # (job, replica id)
         self._last_sent: dict[tuple[str, str], float] = {}
         self._urgent = asyncio.Event()
+        self._added = asyncio.Event()  # set by add(): the task idles until there is something to send
         self._task: asyncio.Task[None] | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
         self.forwarded = 0
@@ -365,6 +366,7 @@ class HeartbeatBatcher:
     def add(self, replica_id: str, job: str = DEFAULT_JOB) -> None:
         key = (job, replica_id)
         self._pending.add(key)
+        self._added.set()
         last = self._last_sent.get(key)
         if last is None or time.monotonic() - last > NEW_REPLICA_AFTER_S:
             self._urgent.set()
@@ -384,6 +386,9 @@ class HeartbeatBatcher:
 
     async def _run(self) -> None:
         while True:
+            if not self._pending:  # idle: no timer until a heartbeat arrives
+                self._added.clear()
+                await self._added.wait()
             try:
                 await asyncio.wait_for(self._urgent.wait(), HEARTBEAT_FLUSH_S)
             except asyncio.TimeoutError:

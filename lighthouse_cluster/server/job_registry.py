@@ -89,13 +89,17 @@ class JobRegistry:
 
     def __init__(self, node: NodeLeadership, config: NodeConfig, machine: QuorumStateMachine,
                  submit: Callable[..., Awaitable[Any]], leader: LeaderTerm,
-                 on_issue: Callable[[str], Callable[[IssuedRound, float | None], None]] | None = None) -> None:
+                 on_issue: Callable[[str], Callable[[IssuedRound, float | None], None]] | None = None,
+                 on_serving: Callable[[str], None] | None = None) -> None:
+        """``on_issue(job)``: the coordinator's ``on_issue`` for ``job``; ``on_serving(job)``:
+        called when ``job``'s coordinator starts serving a term."""
         self._node = node
         self._config = config
         self._machine = machine
         self._submit = submit
         self.leader = leader
         self._on_issue = on_issue
+        self._on_serving = on_serving
         self._jobs: dict[str, JobRuntime] = {}
         self._synced_version = -1
         self._term: int | None = None
@@ -159,6 +163,7 @@ class JobRegistry:
     def leadership_changed(self) -> None:
         for rt in self._jobs.values():
             rt.liveness.leadership_changed()
+            rt.connections.wake()
 
     # -- keeping up with the job table ------------------------------------------------------------
 
@@ -195,15 +200,30 @@ class JobRegistry:
     def _add(self, name: str, settings: JobSettings) -> JobRuntime:
         cfg = self._config
         holder: list[JobRuntime] = []
+        report_issue = self._on_issue(name) if self._on_issue is not None else None
+
+        def on_issue(issued: IssuedRound, commit_s: float | None) -> None:
+            if holder:
+                holder[0].connections.wake()  # a new running quorum to watch
+            if report_issue is not None:
+                report_issue(issued, commit_s)
+
+        def on_serving() -> None:
+            if holder:
+                holder[0].connections.wake()
+            if self._on_serving is not None:
+                self._on_serving(name)
+
         coordinator = QuorumCoordinator(
             cfg.node_id, quorum_options(settings), settings.quorum_tick_ms, self._machine, self._submit,
-            on_issue=self._on_issue(name) if self._on_issue is not None else None,
+            on_issue=on_issue,
             job=name, leader=self.leader, job_lease_ms=None if name == DEFAULT_JOB else settings.quorum_lease_ms)
         liveness = LivenessStreams(_JobView(self._node, lambda: holder[0] if holder else None), cfg.node_id,
                                    cfg.liveness_timeout_ms / 1000.0)
         connections = ManagerConnections(liveness, liveness.declare_dead, liveness.has_stream,
                                          grace_s=cfg.liveness_timeout_ms / 1000.0)
         coordinator.max_replicas, coordinator.max_member_bytes = settings.max_replicas, settings.max_member_bytes
+        coordinator.on_serving = on_serving
         rt = JobRuntime(name=name, settings=settings, coordinator=coordinator, liveness=liveness,
                         connections=connections)
         holder.append(rt)

@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 
 # How often the serving leader looks for streams whose keep-alives stopped.
 CHECK_PERIOD_S = 0.05
+# With no stream open the check waits for one to open, and runs at least this often.
+IDLE_CHECK_PERIOD_S = 1.0
 # A client that opens a stream must name its replica within this long.
 FIRST_MESSAGE_TIMEOUT_S = 10.0
 MAX_REPLICA_ID_CHARS = 1024  # as a Quorum call's requester.replica_id
@@ -131,6 +133,7 @@ class LivenessStreams:
         self._ids = itertools.count(1)
         self._term: int | None = None  # the term the open streams were accepted in
         self._task: asyncio.Task[None] | None = None
+        self._opened = asyncio.Event()  # a stream opened: the check loop runs every CHECK_PERIOD_S again
         self.deaths: dict[str, int] = {STREAM_CLOSED_LABEL: 0, KEEPALIVE_TIMEOUT_LABEL: 0, CONNECTION_LOST_LABEL: 0}
         self.notices_sent = 0
         # replica id -> the notice it gets if it opens a stream again (declared dead as a member
@@ -185,7 +188,14 @@ class LivenessStreams:
 
     async def _check_loop(self) -> None:
         while True:
-            await asyncio.sleep(self._check_period_s)
+            if self.liveness.watching_any():
+                await asyncio.sleep(self._check_period_s)
+            else:  # nothing can expire (leadership changes call check() themselves)
+                try:
+                    await asyncio.wait_for(self._opened.wait(), IDLE_CHECK_PERIOD_S)
+                except asyncio.TimeoutError:
+                    pass
+            self._opened.clear()
             try:
                 self.check()
             except Exception:  # noqa: BLE001 -- the check must keep running
@@ -308,6 +318,7 @@ class LivenessStreams:
         if replaced is not None:
             replaced.end(grpc.StatusCode.ABORTED, f"replaced by a newer liveness stream for replica {rid}")
         self.liveness.opened(rid, watcher.stream_id, self._clock())
+        self._opened.set()
         rounds.alive(rid)
         log.debug("liveness stream %d opened for %s", watcher.stream_id, rid)
         reader = asyncio.get_running_loop().create_task(self._read_keepalives(context, watcher, rounds))

@@ -41,6 +41,9 @@ CHECK_PERIOD_S = 0.05
 # The same members (the same running quorum) are looked at again this often only, for members
 # whose liveness stream opened or closed since: the 50 ms check then costs nothing per member.
 FULL_CHECK_PERIOD_S = 1.0
+# With nothing to watch (not the serving leader, or no running quorum) the check waits for
+# ``wake()`` (a new term served, a quorum issued, a leadership change), and runs at least this often.
+IDLE_CHECK_PERIOD_S = 1.0
 # A first connection that is not up within this long is given up (the member keeps the
 # heartbeat timeout): the address is not reachable from here.
 CONNECT_TIMEOUT_S = 5.0
@@ -93,6 +96,8 @@ class ManagerConnections:
         self._settled: dict[str, str] = {}  # replica id -> target: given up on, or declared dead
         self._task: asyncio.Task[None] | None = None
         self._checked: tuple[dict[str, str] | None, float] = (None, float("-inf"))  # members, when
+        self._idle = True  # the last check found nothing to watch
+        self._wake = asyncio.Event()
         self.connected = 0  # watches whose connection is up
         self.declared = 0
 
@@ -116,9 +121,20 @@ class ManagerConnections:
         self._settled.clear()
         self._checked = (None, float("-inf"))
 
+    def wake(self) -> None:
+        """The running quorum or this node's leadership may have changed: check now (on the loop)."""
+        self._wake.set()
+
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self._check_period_s)
+            if self._idle:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), IDLE_CHECK_PERIOD_S)
+                except asyncio.TimeoutError:
+                    pass
+            else:
+                await asyncio.sleep(self._check_period_s)
+            self._wake.clear()
             try:
                 self.reconcile()
             except Exception:  # noqa: BLE001 -- the watch must keep running
@@ -128,6 +144,7 @@ class ManagerConnections:
         """Watch every member of the running quorum without a liveness stream; stop watching the
         others. Nothing is watched while this node does not serve as leader."""
         members = self._members.running_members()
+        self._idle = not members
         if members is None:
             self._close_all()
             return

@@ -60,7 +60,10 @@ from lighthouse_cluster.server.routing import Router
 
 log = logging.getLogger(__name__)
 
-WATCH_PERIOD_S = 0.02
+# The watch loop runs when Raft's view changes (role, term, leader, connected peers, the member,
+# job and schema versions: RaftNode's on_view_changed), when a job starts serving, and at least
+# this often (the schema upgrade check, anything else that changes without telling).
+WATCH_FALLBACK_S = 0.5
 # How often a leader whose cluster runs an older schema than this version writes asks the other
 # nodes which version they read (see _upgrade_schema).
 SCHEMA_CHECK_PERIOD_S = 2.0
@@ -105,11 +108,13 @@ class LighthouseNode:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._seen: tuple[Role, int, str | None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
+        self._watch_wake = asyncio.Event()
         self._stopped = asyncio.Event()
         self.leader_term = LeaderTerm(config.node_id, self.machine, self.submit,
                                       lease=LeaseSettings(lease_ms=config.quorum_lease_ms))
         self.jobs = JobRegistry(self, config, self.machine, self.submit, self.leader_term,
-                                on_issue=lambda job: lambda issued, commit_s: self.metrics.on_issue(job, issued, commit_s))
+                                on_issue=lambda job: lambda issued, commit_s: self.metrics.on_issue(job, issued, commit_s),
+                                on_serving=lambda _job: self._watch_wake.set())
         self._started_jobs = False
         self.metrics = NodeMetrics(self, self.router)
         self.health = health.aio.HealthServicer()
@@ -170,9 +175,10 @@ class LighthouseNode:
             data_dir=cfg.data_dir,
             secret=cfg.secret,
             settings=cfg.raft,
-            on_state_changed=lambda old, new: self._loop.call_soon_threadsafe(self._check_raft),
+            on_state_changed=lambda old, new: self._from_raft_thread(),
             dial=cfg.raft_dial_by_address,
             hold_elections_until_leader=cfg.join,
+            on_view_changed=self._from_raft_thread,
         )
         self.router.start()
         self.jobs.start()
@@ -282,8 +288,25 @@ class LighthouseNode:
             return None
         return coord.term
 
+    def _from_raft_thread(self) -> None:
+        """Raft's role or view changed (on its tick thread): ``_raft_changed`` on the loop."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(self._raft_changed)
+        except RuntimeError:  # closed in between: the node is gone
+            pass
+
+    def _raft_changed(self) -> None:
+        """On the loop, when Raft's role or view changed: act on a new role at once, and run the
+        watch loop."""
+        self._check_raft()
+        self._watch_wake.set()
+
     async def _watch(self) -> None:
         while True:
+            self._watch_wake.clear()
             self.jobs.sync()
             self.job_ports.sync()
             self.creator.tick()
@@ -291,7 +314,10 @@ class LighthouseNode:
             self.refresh_members()
             await self._update_health()
             self._maybe_upgrade_schema()
-            await asyncio.sleep(WATCH_PERIOD_S)
+            try:
+                await asyncio.wait_for(self._watch_wake.wait(), WATCH_FALLBACK_S)
+            except asyncio.TimeoutError:
+                pass
 
     # -- schema upgrades ----------------------------------------------------------------------
 

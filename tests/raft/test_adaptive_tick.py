@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from pysyncobj import SyncObjConf, SyncObjConsumer, replicated
@@ -154,3 +154,32 @@ def test_followers_elect_a_new_leader_on_time_when_the_leader_dies(nodes: list[F
     new = wait_for("a new leader among the survivors",
                    lambda: next((n for n in survivors if n._isLeader() and n.raftCurrentTerm > term), None), 3.0)
     assert new is not None and time.monotonic() - died < 3.0
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_raft_node_reports_a_new_leader_through_on_view_changed() -> None:
+    """The node's watch loop no longer polls Raft: ``on_view_changed`` must report the leader it
+    follows after a failover (and the connections that changed)."""
+    addrs = [f"127.0.0.1:{_free_port()}" for _ in range(3)]
+    rafts: dict[str, RaftNode] = {}
+    views: dict[str, list[str | None]] = {a: [] for a in addrs}
+
+    def reporter(address: str) -> Callable[[], None]:
+        def report() -> None:  # on the tick thread
+            raft = rafts.get(address)
+            views[address].append(raft.leader_address if raft is not None else None)
+        return report
+
+    try:
+        for a in addrs:
+            rafts[a] = RaftNode(a, [x for x in addrs if x != a], ReplicatedState(QuorumStateMachine()),
+                                on_view_changed=reporter(a))
+        leader = wait_for("a leader", lambda: next((a for a, r in rafts.items() if r.is_leader), None), 10.0)
+        wait_for("every node reported the leader", lambda: all(leader in views[a] for a in addrs), 10.0)
+        rafts.pop(leader).destroy()
+        new = wait_for("a new leader", lambda: next((a for a, r in rafts.items() if r.is_leader), None), 10.0)
+        wait_for("both survivors reported the new leader", lambda: all(new in views[a] for a in rafts), 5.0)
+    finally:
+        for r in rafts.values():
+            r.destroy()
