@@ -2,7 +2,8 @@
 
 It owns the two changes to pysyncobj's election behaviour (benchmarks F8) and the hold-back of a
 restarted member; the private pysyncobj state they need comes from ``pysyncobj_internals``. Its
-tick thread sleeps until the next deadline (``adaptive_tick``), the keep-alives' included.
+tick thread sleeps until the next deadline (``adaptive_tick``), the keep-alives' included, and
+it acknowledges an idle leader's heartbeats a few times a second (``idle_acks``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import logging
 import random
 from typing import Any
 
-from lighthouse_cluster.raft.adaptive_tick import AdaptiveTickSyncObj
+from lighthouse_cluster.raft.idle_acks import IdleAckSyncObj
 from lighthouse_cluster.raft.pysyncobj_internals import RAFT_STATE, monotonic
 
 log = logging.getLogger(__name__)
@@ -20,7 +21,7 @@ log = logging.getLogger(__name__)
 KEEPALIVE = {"type": "lighthouse_cluster_keepalive"}
 
 
-class FastElectionSyncObj(AdaptiveTickSyncObj):
+class FastElectionSyncObj(IdleAckSyncObj):
     """``SyncObj`` whose failovers take one election, not two (benchmarks F8: 8 of 10 failovers
     at N=64 took two).
 

@@ -77,6 +77,8 @@ POLLER_ATTR = _syncobj("_poller")
 PIPE_NOTIFIER_ATTR = _syncobj("_SyncObj__pipeNotifier")
 NEXT_APPEND_ENTRIES_ATTR = _syncobj("_SyncObj__newAppendEntriesTime")  # monotonic() time of a leader's next append
 CHECK_COMMANDS = _syncobj("_checkCommandsToApply", CLASS, ("self",))
+# A follower's acknowledgement of an append_entries (``next_node_idx``; overridden: idle_acks.py).
+SEND_NEXT_NODE_IDX = _syncobj("_SyncObj__sendNextNodeIdx", CLASS, ("self", "node", "reset", "nextNodeIdx", "success"))
 IS_LEADER = _syncobj("_isLeader", CLASS, ("self",))
 GET_LEADER = _syncobj("_getLeader", CLASS, ("self",))
 # The transport's connections (node -> TcpConnection), and when a connection last read or started
@@ -92,7 +94,7 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("pysyncobj.version", "VERSION"),
     RAFT_STATE_ATTR, VOTED_FOR_ATTR, TRANSPORT_ATTR, ELECTION_DEADLINE_ATTR,
     ON_MESSAGE_RECEIVED, LOG_TERM, LOG_INDEX, GENERATE_TIMEOUT, ON_TICK, IS_LEADER, GET_LEADER,
-    POLLER_ATTR, PIPE_NOTIFIER_ATTR, NEXT_APPEND_ENTRIES_ATTR, CHECK_COMMANDS,
+    POLLER_ATTR, PIPE_NOTIFIER_ATTR, NEXT_APPEND_ENTRIES_ATTR, CHECK_COMMANDS, SEND_NEXT_NODE_IDX,
     # ReplicatedState's snapshot hooks (overridden).
     Internal("pysyncobj.syncobj", "_serialize", CLASS, "SyncObjConsumer", ("self",)),
     Internal("pysyncobj.syncobj", "_deserialize", CLASS, "SyncObjConsumer", ("self", "data")),
@@ -252,6 +254,7 @@ class SyncObjInternals(SyncObj):
     _pso_log_term = _method(LOG_TERM)
     _pso_log_index = _method(LOG_INDEX)
     _pso_generate_timeout = _method(GENERATE_TIMEOUT)
+    _pso_send_next_node_idx = _method(SEND_NEXT_NODE_IDX)
 
     @property
     def pso_connections(self) -> dict[Any, Any]:
@@ -316,4 +319,20 @@ class SyncObjInternals(SyncObj):
     # pysyncobj hands every received message to ``self.__onMessageReceived``.
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:
         self.on_raft_message(node, message)
+
+    def on_ack(self, node: Any, reset: bool, next_index: int | None, success: bool) -> None:
+        """Every acknowledgement this node sends a leader for its append_entries (pysyncobj's
+        ``next_node_idx`` message: the index the leader should send next, None for "after my last
+        entry"; ``success``: the entries matched; ``reset``: the leader must go back to
+        ``next_index``), on the tick thread. Override; call ``pso_send_ack`` to send it."""
+        self.pso_send_ack(node, reset, next_index, success)
+
+    def pso_send_ack(self, node: Any, reset: bool, next_index: int | None, success: bool) -> None:
+        """pysyncobj's sending of an acknowledgement (see ``on_ack``)."""
+        self._pso_send_next_node_idx(node, reset=reset, nextNodeIdx=next_index, success=success)
+
+    # pysyncobj sends every acknowledgement through ``self.__sendNextNodeIdx``.
+    def _SyncObj__sendNextNodeIdx(self, node: Any, reset: bool = False, nextNodeIdx: int | None = None,  # noqa: N803
+                                  success: bool = False) -> None:
+        self.on_ack(node, reset, nextNodeIdx, success)
 

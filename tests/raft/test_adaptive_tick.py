@@ -16,6 +16,7 @@ import pytest
 from pysyncobj import SyncObjConf, SyncObjConsumer, replicated
 
 from support.waiting import wait_for
+from lighthouse_cluster.core.codec import ConfirmLeadership
 from lighthouse_cluster.core.state_machine import QuorumStateMachine
 from lighthouse_cluster.raft.adaptive_tick import tick_wait
 from lighthouse_cluster.raft.fast_election import FastElectionSyncObj
@@ -182,4 +183,39 @@ def test_raft_node_reports_a_new_leader_through_on_view_changed() -> None:
         wait_for("both survivors reported the new leader", lambda: all(new in views[a] for a in rafts), 5.0)
     finally:
         for r in rafts.values():
+            r.destroy()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_followers_acknowledge_idle_heartbeats_seldom_and_the_leader_keeps_leading() -> None:
+    """idle_acks: repeated acknowledgements go out every connectionTimeout / 5, not per heartbeat;
+    the leader still hears from its followers within leaderFallbackTimeout (1 s here, as
+    deployed) and within the connection timeout, so it neither steps down nor drops a link."""
+    addrs = [f"127.0.0.1:{_free_port()}" for _ in range(3)]
+    rafts = [RaftNode(a, [x for x in addrs if x != a], ReplicatedState(QuorumStateMachine())) for a in addrs]
+    try:
+        leader = wait_for("a leader", lambda: next((r for r in rafts if r.is_leader), None), 10.0)
+        followers = [r for r in rafts if r is not leader]
+        term = leader.term
+        start = [(f._syncobj.acks_sent, f._syncobj.acks_skipped) for f in followers]
+        started = time.monotonic()
+        # ~2.5 s at ~18 skipped acks/s: more than twice the leader's fallback timeout.
+        wait_for("45 skipped acks on each follower",
+                 lambda: all(f._syncobj.acks_skipped - s[1] >= 45 for f, s in zip(followers, start)), 20.0)
+        elapsed = time.monotonic() - started
+        for f, (sent0, skipped0) in zip(followers, start):
+            sent, skipped = f._syncobj.acks_sent - sent0, f._syncobj.acks_skipped - skipped0
+            assert sent < skipped, (sent, skipped)  # one ack in three heartbeats or fewer
+            # ... but one at least every ~0.1 s (at the first heartbeat past ack_every_s), not only
+            # when the leader dropped a link it had read nothing on for the connection timeout.
+            assert sent >= elapsed / 0.25, (sent, elapsed)
+        assert leader.is_leader and [r.term for r in rafts] == [term] * 3
+        assert all(leader.is_connected(f.self_address) for f in followers)
+        # New entries are acknowledged at once: a write commits promptly on the idle cluster.
+        done: list[Exception | None] = []
+        leader.submit(ConfirmLeadership(term=term, node_id="n1", lease_ms=100), lambda _r, e: done.append(e))
+        assert wait_for("the write committed", lambda: done, 5.0) == [None]
+    finally:
+        for r in rafts:
             r.destroy()
