@@ -10,7 +10,8 @@ It owns:
 * ``Role`` and ``CommitError``: pysyncobj's states and failure codes in this project's terms.
 
 The rest of ``lighthouse_cluster.raft``: ``settings`` (``RaftSettings``, the ``SyncObjConf``),
-``dial`` (``DialNode``: ``--raft-dial``), ``fast_election`` (``FastElectionSyncObj``), ``journal``
+``dial`` (``DialNode``: ``--raft-dial``), ``fast_election`` (``FastElectionSyncObj``, built on
+``adaptive_tick``'s tick that sleeps until its next deadline and ``idle_acks``), ``journal``
 (reading a node's Raft files) and ``pysyncobj_internals`` (every private pysyncobj name used,
 checked at import). ``RaftSettings``, ``DialNode``, ``peer_nodes`` and ``FastElectionSyncObj`` are
 importable from here too.
