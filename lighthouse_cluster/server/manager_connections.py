@@ -132,8 +132,10 @@ class ManagerConnections:
                     await asyncio.wait_for(self._wake.wait(), IDLE_CHECK_PERIOD_S)
                 except asyncio.TimeoutError:
                     pass
-            else:
-                await asyncio.sleep(self._check_period_s)
+            # Woken or not, one check period before the check, as when it ran every period: a
+            # wake-up comes with a new term's first round or a quorum just issued, and opening
+            # every member's channel then would hold up the answers that are going out.
+            await asyncio.sleep(self._check_period_s)
             self._wake.clear()
             try:
                 self.reconcile()
