@@ -114,6 +114,7 @@ def nodes() -> Iterator[list[FastElectionSyncObj]]:
 
 
 @pytest.mark.integration
+@pytest.mark.exclusive  # no election in ~1.5 s of heartbeats: runs alone
 @pytest.mark.timeout(60)
 def test_an_idle_leader_keeps_its_followers_and_writes_go_through(nodes: list[FastElectionSyncObj]) -> None:
     """The leader's heartbeats are deadlines: without them its followers would time out (at most
@@ -136,6 +137,7 @@ def test_an_idle_leader_keeps_its_followers_and_writes_go_through(nodes: list[Fa
 
 
 @pytest.mark.integration
+@pytest.mark.exclusive  # a new leader within 3 s: runs alone
 @pytest.mark.timeout(60)
 def test_followers_elect_a_new_leader_on_time_when_the_leader_dies(nodes: list[FastElectionSyncObj]) -> None:
     """A follower's election deadline is a deadline: it stands within raftMaxTimeout of the last
@@ -187,6 +189,7 @@ def test_raft_node_reports_a_new_leader_through_on_view_changed() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.exclusive  # ack rate and no election: runs alone
 @pytest.mark.timeout(60)
 def test_followers_acknowledge_idle_heartbeats_seldom_and_the_leader_keeps_leading() -> None:
     """idle_acks: repeated acknowledgements go out every connectionTimeout / 5, not per heartbeat;
