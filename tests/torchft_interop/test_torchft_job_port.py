@@ -36,8 +36,17 @@ def test_torchfts_client_gets_quorums_from_a_followers_job_port(tmp_path) -> Non
                 metadata=token_metadata(TOKEN), timeout=10)
         with grpc.insecure_channel(cluster.client_addresses[follower]) as ch:
             stub = cpb_grpc.LighthouseClusterStub(ch)
-            wait_for("the follower listening on the job's port",
-                     lambda: stub.GetJob(cpb.JobRequest(name="torchft-job"), timeout=2).listening_port, 20,
+
+            def follower_port() -> int | None:
+                # AddJob returned once the leader applied it; the follower applies it a moment later.
+                try:
+                    return stub.GetJob(cpb.JobRequest(name="torchft-job"), timeout=2).listening_port
+                except grpc.RpcError as e:
+                    if e.code() != grpc.StatusCode.NOT_FOUND:
+                        raise
+                    return None
+
+            wait_for("the follower listening on the job's port", follower_port, 20,
                      ready=lambda p: p == ports[follower], context=cluster)
         job_url = f"http://127.0.0.1:{ports[follower]}"
         default_url = f"http://{cluster.client_addresses[follower]}"

@@ -125,6 +125,9 @@ def _run_pytest(python: str, args: list[str], cwd: Path, junit: Path, timeout: f
     return SubRun(passed, failed, skipped, int(m.group(1)) if m else 0, seconds, output)
 
 
+# exclusive: torchft's suites bind fixed manager ports (19530 + replica id), so two of them side by
+# side fail with "Address already in use" (seen with pytest -n 2), and their own timeouts are tight.
+@pytest.mark.exclusive
 @pytest.mark.timeout(SUITE_TIMEOUT_S + 120)
 @pytest.mark.parametrize("suite", SUITES)
 @pytest.mark.parametrize("line", LINES)
