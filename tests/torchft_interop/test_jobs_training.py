@@ -38,7 +38,10 @@ from support.job_admin import add_job  # noqa: E402
 from support.trainer_process import DdpExampleTrainer, TorchftTrainer  # noqa: E402
 from support.training import TrainingRun  # noqa: E402
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+# exclusive: a leader SIGKILLed in the few ms between the answers of one round loses the answer to
+# the later member (the earlier one waits in its allreduce until the collective timeout; an open
+# problem, see the closing note of 2026-11-26): alone, a quiet machine keeps that window small.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.exclusive]
 
 TOKEN = "jobs-training"
 GROUPS = 2
