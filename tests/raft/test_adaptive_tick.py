@@ -13,8 +13,9 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from pysyncobj import SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj import SyncObjConf
 
+from support.raft_counter import Counter
 from support.waiting import wait_for
 from lighthouse_cluster.core.codec import ConfirmLeadership
 from lighthouse_cluster.core.state_machine import QuorumStateMachine
@@ -79,17 +80,6 @@ def test_a_tick_job_submitted_during_a_long_wait_runs_at_once() -> None:
     finally:
         raft.destroy()
     wait_for("the tick thread to end after destroy()", lambda: not syncobj.tick_thread_alive(), 5.0)
-
-
-class Counter(SyncObjConsumer):
-    def __init__(self) -> None:
-        super().__init__()
-        self.n = 0
-
-    @replicated
-    def inc(self) -> int:
-        self.n += 1
-        return self.n
 
 
 @pytest.fixture

@@ -8,25 +8,15 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from pysyncobj import SyncObjConf, SyncObjConsumer, replicated
+from pysyncobj import SyncObjConf
 
+from support.raft_counter import Counter
 from support.waiting import wait_for
 from lighthouse_cluster.raft.fast_election import FastElectionSyncObj
 from lighthouse_cluster.raft.pysyncobj_internals import CONNECTION_STATE, RAFT_STATE
 from lighthouse_cluster.raft.pysyncobj_internals import monotonic as raft_monotonic
 
 pytestmark = pytest.mark.integration  # real servers on loopback
-
-
-class Counter(SyncObjConsumer):
-    def __init__(self) -> None:
-        super().__init__()
-        self.n = 0
-
-    @replicated
-    def inc(self) -> int:
-        self.n += 1
-        return self.n
 
 
 def _free_port() -> int:
