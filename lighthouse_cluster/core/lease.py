@@ -28,6 +28,14 @@ harness's clock nemesis, rates 0.25x-4x) breaks that assumption: it could issue 
 quorum (an id its successor already replaced; never a second member set for an id, which the
 commits alone guarantee); run with ``--quorum-lease-ms 0`` where that can happen. The price is
 that a new leader waits ``L`` (default 100 ms) before serving: failover takes that much longer.
+
+What the lease gives up: a round issued on it is in no node's log (a record goes out at most once
+a second). A leader SIGKILLed between the answers of such a round (a window of about a
+millisecond per round) leaves the members it answered in their step, waiting in a collective for
+the others, whose re-sent requests the new leader cannot answer with the same quorum (their
+members' steps are unknown to it): that step fails at the collective's timeout. A committed
+round is replayed instead (``coordinator``, "Replay after a failover"). A job with its lease at
+0 commits every round, so every round is replayable, for one Raft commit per round.
 """
 
 from __future__ import annotations

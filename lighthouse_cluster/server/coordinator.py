@@ -19,6 +19,18 @@ state machine has applied everything committed before its term); then each job s
 ``heartbeat_timeout_ms`` as it would have on the old leader; one that is alive keeps the
 round waiting for it (or triggers the fast-quorum path) exactly as before the failover.
 
+Replay after a failover: the old leader may die between the answers of one round (it answered
+some members, then was SIGKILLed before the others' answers went out). The members it answered
+run the step on that quorum and wait in their collectives for the others; the others re-send the
+very same request to the new leader (ftclient's failover, a follower re-forwarding a torchft
+call). A new round would wait for the members already in their step, which never ask: nobody
+moves until a collective times out. So until the new leader issues a round of its own, a request
+equal byte for byte to its member's entry in the last committed quorum gets that quorum back (the
+answer its predecessor gave, or would have given): the same id, members and ``created``. A
+trainer that finished its step asks with the next step, and one whose step failed reports
+``commit_failures`` (torchft's rule), so neither matches: only a lost answer is replayed. Rounds
+issued on the lease and not yet recorded in the log cannot be replayed; see ``lease.py``.
+
 Liveness (``core/liveness.py``, ``liveness_streams.py``): ``declare_dead`` makes a replica
 unhealthy for the quorum rules at once (its heartbeat forgotten, its registration withdrawn) and
 evaluates the pending round there and then; the next heartbeat, Quorum call or liveness stream
@@ -86,6 +98,24 @@ class IssuedRound:
     quorum: Quorum
     member_ids: frozenset[str]
     response: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayableRound:
+    """The last committed quorum as a new leader found it, answerable to a re-sent request."""
+
+    issued: IssuedRound
+    members: dict[str, Member]
+
+    @classmethod
+    def of(cls, quorum: Quorum) -> ReplayableRound:
+        members = {m.replica_id: m for m in quorum.participants}
+        return cls(IssuedRound(quorum=quorum, member_ids=frozenset(members), response=quorum_response(quorum)),
+                   members)
+
+    def answer(self, member: Member) -> bytes | None:
+        """The quorum's response when ``member`` is its entry in the quorum exactly, else None."""
+        return self.issued.response if self.members.get(member.replica_id) == member else None
 
 
 class QuorumCoordinator:
@@ -160,6 +190,11 @@ class QuorumCoordinator:
         self._withdrawn: dict[str, Member] = {}
         self._issued_this_term: Quorum | None = None
         self.deaths_declared = 0
+        # Replay after a failover (module docstring): set when this term starts serving, cleared
+        # once it issues or withholds a round of its own.
+        self._replayable: ReplayableRound | None = None
+        self._serving_started: asyncio.Future[None] | None = None
+        self.rounds_replayed = 0
 
     # -- leadership -------------------------------------------------------------------------
 
@@ -192,7 +227,9 @@ class QuorumCoordinator:
         self.stop_leading()
         self._term = term
         self._issued_this_term = None
-        self._round = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._round = loop.create_future()
+        self._serving_started = loop.create_future()
         self.leader.start(term)
         self._warm_up_task = asyncio.get_running_loop().create_task(self._warm_up(term))
 
@@ -206,8 +243,11 @@ class QuorumCoordinator:
                 # Seed, never age: a heartbeat that already arrived is at least as fresh.
                 # (Nobody is declared dead before serving: streams open only once it serves.)
                 self._heartbeats.setdefault(m.replica_id, now)
+        self._replayable = ReplayableRound.of(prev) if prev is not None else None
         self._reset_round_tracking()
         self._serving = True
+        if self._serving_started is not None and not self._serving_started.done():
+            self._serving_started.set_result(None)
         js = self.job_state()
         log.info("term %d: serving quorum rounds%s (previous quorum id %d, %d members seeded)", term,
                  "" if self.job == DEFAULT_JOB else f" of job {self.job}", js.quorum_id if js else 0,
@@ -232,10 +272,13 @@ class QuorumCoordinator:
             self._warm_up_task = None
         if self._owns_leader:
             self.leader.stop()
-        if self._round is not None and not self._round.done():
-            self._round.set_exception(NotLeader("leader stepped down"))
-            self._round.exception()  # mark retrieved: there may be no waiter at all
+        for future in (self._round, self._serving_started):
+            if future is not None and not future.done():
+                future.set_exception(NotLeader("leader stepped down"))
+                future.exception()  # mark retrieved: there may be no waiter at all
         self._round = None
+        self._serving_started = None
+        self._replayable = None
         self._participants.clear()
         self._heartbeats.clear()
         self._dead.clear()
@@ -335,10 +378,23 @@ class QuorumCoordinator:
             self._heartbeats[rid] = now
             self._dead.pop(rid, None)
         self._withdrawn.pop(rid, None)
-        self._register(member, now)
         self._waiting[rid] = self._waiting.get(rid, 0) + 1
         answered = False
         try:
+            if not self._serving:
+                # A replay (module docstring) is decided on the state this term serves from.
+                started = self._serving_started
+                if started is None:
+                    raise NotLeader("leader stepped down")
+                await asyncio.wait_for(asyncio.shield(started), None if deadline is None else deadline - loop.time())
+            replayed = self._replayable.answer(member) if self._replayable is not None else None
+            if replayed is not None:
+                self.rounds_replayed += 1
+                log.info("quorum %d replayed to %s: its request equals its entry in that quorum (an answer "
+                         "lost with the previous leader)", self._replayable.issued.quorum.quorum_id, rid)
+                answered = True
+                return replayed
+            self._register(member, self._clock())
             self._schedule_evaluation()
             while True:
                 current = self._round
@@ -490,6 +546,7 @@ class QuorumCoordinator:
             log.info("quorum %d committed but not issued: %s no longer waiting", quorum.quorum_id,
                      ", ".join(gone))
             self.quorums_withheld += 1
+            self._replayable = None  # its members' requests now match a quorum nobody received
             self._track_previous_quorum()
             self._schedule_evaluation()
             return
@@ -525,6 +582,7 @@ class QuorumCoordinator:
                              response=response)
         previous, self.last_issued = self.last_issued, issued
         self._issued_this_term = quorum
+        self._replayable = None
         if commit_s is None:
             self.rounds_on_lease += 1
             if not self._recording and self._clock() - self._recorded_at >= RECORD_INTERVAL_S:

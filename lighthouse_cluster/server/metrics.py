@@ -67,6 +67,9 @@ class RoundReadings(Protocol):
     @property
     def rounds_on_lease(self) -> int: ...
 
+    @property
+    def rounds_replayed(self) -> int: ...
+
     def heartbeat_ages_ms(self) -> dict[str, int]: ...
 
     def pending(self) -> Sequence[Any]:
@@ -221,6 +224,13 @@ class NodeCollector(Collector):
             rounds.add_metric([node_id, job.name, "commit"], job.coordinator.rounds_committed)
             rounds.add_metric([node_id, job.name, "lease"], job.coordinator.rounds_on_lease)
         yield rounds
+        replayed = CounterMetricFamily(
+            PREFIX + "quorum_answers_replayed", "Requests a new leader answered with its predecessor's last "
+            "quorum: each equal to its member's entry in it, an answer lost when the previous leader died",
+            labels=["node", "job"])
+        for job in jobs:
+            replayed.add_metric([node_id, job.name], job.coordinator.rounds_replayed)
+        yield replayed
         yield gauge("liveness_streams", "The job's open liveness streams (Watch; the serving leader only)",
                     lambda j: j.liveness.open_streams)
         deaths = CounterMetricFamily(

@@ -64,6 +64,19 @@ def leader_status(cluster: LocalCluster, timeout: float = 10.0) -> tuple[int, cp
 quorum_call = functools.partial(admin_support.quorum_call, timeout=5.0, heartbeats=False)
 
 
+def metric_samples(cluster: LocalCluster, i: int, name: str) -> list[tuple[dict[str, str], float]]:
+    """Node ``i``'s ``/metrics`` samples called ``name``: (labels, value) each."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    host, port = cluster.node_host(i), cluster.http_ports[i]
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return [(sample.labels, sample.value) for fam in text_string_to_metric_families(text)
+            for sample in fam.samples if sample.name == name]
+
+
 def ok_rounds(rounds: list[RoundResult]) -> list[RoundResult]:
     return [r for r in rounds if r.quorum_id is not None]
 
@@ -271,6 +284,55 @@ def test_leader_sigkill_mid_loop_fails_over_within_2s(make_cluster) -> None:
     assert st.quorum.quorum_id == last.quorum_id, diag
 
 
+def test_an_answer_lost_with_a_killed_leader_is_replayed_by_the_new_leader(make_cluster) -> None:
+    """#17: the leader answered g0 and was SIGKILLed before g1's answer went out. g0 runs its step
+    on that quorum (it heartbeats, it does not ask again: it waits for g1 in a collective); g1
+    re-sends the very same request to a surviving node. It must get the quorum g0 got, at once:
+    a new round would wait for g0 (join timeout 60 s) while g0 waits for g1. Here g1 did receive
+    its answer; the cluster cannot tell the difference, which is the point. A request for the
+    next step is a new round."""
+    cluster = make_cluster(min_replicas=2, join_timeout_ms=60_000, http_ports=free_ports(3))
+    leader, _ = leader_status(cluster)
+    follower = (leader + 1) % 3
+    addrs = cluster.client_addresses
+
+    async def scenario() -> tuple[pb.Quorum, pb.Quorum, pb.Quorum, grpc.StatusCode | None]:
+        g0 = SimulatedReplicaGroup("g0", addrs[follower], step=7, quorum_timeout_s=5.0)
+        g1 = SimulatedReplicaGroup("g1", addrs[leader], step=7, quorum_timeout_s=5.0)
+        try:
+            async with g0.heartbeating():
+                first, answered = await asyncio.gather(g0.call_quorum(), g1.call_quorum())
+                await asyncio.to_thread(cluster.kill, leader)
+                g1.step, g1.endpoint = 7, addrs[follower]  # the same request, to a surviving node
+                again = await g1.call_quorum()
+                # g1's next step is a new round: it waits for g0, which does not ask.
+                g1.quorum_timeout_s = 0.5
+                try:
+                    await g1.call_quorum()
+                    next_step_error = None
+                except grpc.aio.AioRpcError as e:
+                    next_step_error = e.code()
+                return first, answered, again, next_step_error
+        finally:
+            await g0.close()
+            await g1.close()
+
+    try:
+        first, answered, again, next_step_error = asyncio.run(scenario())
+    except grpc.aio.AioRpcError as e:
+        raise AssertionError(f"the re-sent request was not answered: {e.code().name} {e.details()}\n"
+                             f"{cluster.tail_logs()}") from None
+    assert first == answered, cluster.tail_logs()
+    assert again == answered, f"replayed {again}\noriginal {answered}\n{cluster.tail_logs()}"
+    assert [m.replica_id for m in again.participants] == ["g0", "g1"]
+    # Unanswered: the node ends it at its deadline as torchft's lighthouse does (routing.py).
+    assert next_step_error == grpc.StatusCode.CANCELLED, cluster.tail_logs()
+    new_leader = cluster.leader_index(among=[i for i in range(3) if i != leader])
+    assert new_leader is not None
+    replayed = metric_samples(cluster, new_leader, "lighthouse_cluster_quorum_answers_replayed_total")
+    assert [value for _, value in replayed] == [1.0], cluster.tail_logs()
+
+
 # -- 4. a killed follower catches up ----------------------------------------------------------------
 
 
@@ -362,18 +424,9 @@ def test_full_cluster_sigkill_and_restart_keeps_quorum_id_monotonic(make_cluster
 
 def rounds_by_path(cluster: LocalCluster, i: int) -> dict[str, float]:
     """The node's ``lighthouse_cluster_quorum_rounds_total`` by path ('commit' / 'lease')."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    host, port = cluster.node_host(i), cluster.http_ports[i]
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
     out = {"commit": 0.0, "lease": 0.0}
-    for fam in text_string_to_metric_families(text):
-        for sample in fam.samples:
-            if sample.name == "lighthouse_cluster_quorum_rounds_total":
-                out[sample.labels["path"]] = sample.value
+    for labels, value in metric_samples(cluster, i, "lighthouse_cluster_quorum_rounds_total"):
+        out[labels["path"]] = value
     return out
 
 

@@ -20,6 +20,7 @@ from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.core.quorum import Member, Quorum, QuorumOptions
 from lighthouse_cluster.raft.replication import CommitError
 from lighthouse_cluster.core.state_machine import QuorumStateMachine
+from lighthouse_cluster.core.torchft_wire import quorum_response
 
 
 class Clock:
@@ -111,13 +112,13 @@ def test_warm_up_seeds_previous_members_so_a_new_leader_waits_for_them() -> None
         coord, log, clock = make(min_replicas=1, join_timeout_ms=60_000, machine=machine)
         coord.start_leading(2)
         await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
-        waiting = [asyncio.ensure_future(coord.quorum(Member(r))) for r in ("a", "b")]
+        waiting = [asyncio.ensure_future(coord.quorum(Member(r, step=1))) for r in ("a", "b")]
         await asyncio.sleep(0.05)  # several ticks pass: nothing may be issued without "c"
         assert not any(w.done() for w in waiting)
         assert log.commits() == []
         assert "waiting for 1 healthy but not participating stragglers" in coord.last_reason or \
             "Valid quorum" not in coord.last_reason
-        c = asyncio.ensure_future(coord.quorum(Member("c")))
+        c = asyncio.ensure_future(coord.quorum(Member("c", step=1)))
         raw = await asyncio.wait_for(asyncio.gather(*waiting, c), 1.0)
         q = decode(raw[0])
         assert [m.replica_id for m in q.participants] == ["a", "b", "c"]
@@ -134,7 +135,7 @@ def test_seeded_member_that_is_gone_expires_after_heartbeat_timeout() -> None:
         coord, log, clock = make(min_replicas=1, heartbeat_timeout_ms=5_000, machine=machine)
         coord.start_leading(2)
         await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
-        waiting = [asyncio.ensure_future(coord.quorum(Member(r))) for r in ("a", "b")]
+        waiting = [asyncio.ensure_future(coord.quorum(Member(r, step=1))) for r in ("a", "b")]
         await asyncio.sleep(0.03)
         assert not any(w.done() for w in waiting)
         clock.now += 5.0  # "c" never heartbeats this leader: its seeded heartbeat expires
@@ -144,6 +145,144 @@ def test_seeded_member_that_is_gone_expires_after_heartbeat_timeout() -> None:
         q = decode(raw[0])
         assert [m.replica_id for m in q.participants] == ["a", "b"]
         assert q.quorum_id == 5
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+# -- replay of an answer lost with the previous leader (#17) ---------------------------------------
+
+PREVIOUS = Quorum(4, (Member("a", step=3), Member("b", step=3)), 1_600_000_000_000)
+
+
+async def serving_after_failover(**kwargs: Any) -> tuple[QuorumCoordinator, InProcessLog, Clock]:
+    """A new leader (term 2) whose predecessor committed ``PREVIOUS`` (and died answering it)."""
+    machine = QuorumStateMachine()
+    machine.apply(CommitQuorum(expected_quorum_id=0, term=1, node_id="old", quorum=PREVIOUS))
+    coord, log, clock = make(min_replicas=1, machine=machine, **kwargs)
+    coord.start_leading(2)
+    await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
+    return coord, log, clock
+
+
+def test_a_request_equal_to_its_entry_in_the_last_quorum_gets_that_quorum_back() -> None:
+    """The old leader answered ``a`` and died before ``b``'s answer went out: ``a`` runs the step
+    and never asks again; ``b`` re-sends the same request to the new leader. Without the replay it
+    would wait for ``a`` (join timeout) while ``a`` waits for it in a collective."""
+    async def main() -> None:
+        coord, log, _ = await serving_after_failover()
+        raw = await asyncio.wait_for(coord.quorum(Member("b", step=3)), 0.5)
+        assert raw == quorum_response(PREVIOUS)  # the same id, members and created: the lost answer
+        assert decode(raw).quorum_id == 4 and log.commits() == []
+        assert coord.rounds_replayed == 1 and coord.pending() == []
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("request_", [Member("b", step=4), Member("b", step=3, commit_failures=1),
+                                      Member("b", step=3, address="elsewhere:1"), Member("z", step=3)],
+                         ids=["next-step", "step-failed", "restarted", "not-a-member"])
+def test_only_a_request_equal_to_its_entry_is_replayed(request_: Member) -> None:
+    """A trainer that finished its step asks with the next step; one whose step failed reports
+    commit_failures: both wait for a round of the new leader, as does anyone else."""
+    async def main() -> None:
+        coord, log, _ = await serving_after_failover()
+        call = asyncio.ensure_future(coord.quorum(request_))
+        await asyncio.sleep(0.05)  # several ticks: "a" (seeded, not asking) holds the round
+        assert not call.done() and coord.rounds_replayed == 0
+        assert [m.replica_id for m, _ in coord.pending()] == [request_.replica_id]
+        call.cancel()
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_replay_ends_once_the_new_leader_issues_a_round() -> None:
+    async def main() -> None:
+        coord, log, _ = await serving_after_failover()
+        raws = await asyncio.wait_for(asyncio.gather(coord.quorum(Member("a", step=4)),
+                                                     coord.quorum(Member("b", step=4))), 1.0)
+        assert decode(raws[0]).participants[0].step == 4
+        stale = asyncio.ensure_future(coord.quorum(Member("b", step=3)))
+        await asyncio.sleep(0.05)
+        assert not stale.done() and coord.rounds_replayed == 0
+        stale.cancel()
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_a_call_that_arrives_during_warm_up_is_replayed_once_the_term_serves() -> None:
+    """Whether to replay is decided on the state the term serves from (its TermStart applied)."""
+    async def main() -> None:
+        machine = QuorumStateMachine()
+        machine.apply(CommitQuorum(expected_quorum_id=0, term=1, node_id="old", quorum=PREVIOUS))
+        coord, log, _ = make(min_replicas=1, machine=machine)
+        gate = asyncio.Event()
+        plain_submit = log.submit
+
+        async def gated_submit(command: Command, while_leader_of: int | None = None) -> Any:
+            if isinstance(command, TermStart):
+                await gate.wait()
+            return await plain_submit(command, while_leader_of)
+
+        coord._submit = coord.leader._submit = gated_submit
+        coord.start_leading(2)
+        call = asyncio.ensure_future(coord.quorum(Member("b", step=3)))
+        await asyncio.sleep(0.02)
+        assert not coord.serving and not call.done()
+        gate.set()
+        assert await asyncio.wait_for(call, 1.0) == quorum_response(PREVIOUS)
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_a_call_waiting_for_the_term_to_serve_fails_over_when_it_steps_down() -> None:
+    async def main() -> None:
+        coord, log, _ = make(min_replicas=1)
+        gate = asyncio.Event()
+        plain_submit = log.submit
+
+        async def gated_submit(command: Command, while_leader_of: int | None = None) -> Any:
+            if isinstance(command, TermStart):
+                await gate.wait()
+            return await plain_submit(command, while_leader_of)
+
+        coord._submit = coord.leader._submit = gated_submit
+        coord.start_leading(2)
+        call = asyncio.ensure_future(coord.quorum(Member("b")))
+        await asyncio.sleep(0.01)
+        coord.stop_leading()
+        with pytest.raises(NotLeader):
+            await asyncio.wait_for(call, 0.5)
+    asyncio.run(main())
+
+
+def test_a_quorum_withheld_by_this_leader_is_not_replayed() -> None:
+    """``[a, b]`` is committed but withheld (``b``'s call ended during the commit): nobody received
+    it, so ``b`` asking again with the same request must not get it."""
+    async def main() -> None:
+        coord, log, clock = make(min_replicas=1, join_timeout_ms=1_000)
+        gate = asyncio.Event()
+        plain_submit = log.submit
+
+        async def slow_submit(command: Command, while_leader_of: int | None = None) -> Any:
+            if isinstance(command, CommitQuorum) and len(command.quorum.participants) == 2:
+                await gate.wait()
+            return await plain_submit(command, while_leader_of)
+
+        coord._submit = slow_submit
+        coord.start_leading(1)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
+        a = asyncio.ensure_future(coord.quorum(Member("a")))
+        b = asyncio.ensure_future(coord.quorum(Member("b")))
+        await wait_for_async("the commit of [a, b] to start", lambda: coord._in_flight, 1.0, interval=0.001)
+        b.cancel()
+        await asyncio.sleep(0)
+        gate.set()
+        await wait_for_async("the commit to apply", lambda: coord.quorums_withheld, 1.0, interval=0.001)
+        b_again = asyncio.ensure_future(coord.quorum(Member("b")))
+        a.cancel()  # "a" too stops asking: "b" alone must wait (a replay would answer it at once)
+        await asyncio.sleep(0.05)
+        assert not b_again.done() and coord.rounds_replayed == 0
+        b_again.cancel()
         coord.stop_leading()
     asyncio.run(main())
 
@@ -306,17 +445,17 @@ def test_a_cancelled_forwarded_call_withdraws_its_registration() -> None:
         coord, log, _ = make(min_replicas=1, machine=machine)
         coord.start_leading(2)
         await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
-        forwarded = asyncio.ensure_future(coord.quorum(Member("a")))
-        direct = asyncio.ensure_future(coord.quorum(Member("c")))
+        forwarded = asyncio.ensure_future(coord.quorum(Member("a", step=1)))
+        direct = asyncio.ensure_future(coord.quorum(Member("c", step=1)))
         await asyncio.sleep(0.02)
         forwarded.cancel()
         await asyncio.sleep(0.02)
         assert sorted(m.replica_id for m, _ in coord.pending()) == ["c"]
         # "b" alone is not a fast quorum any more: without the withdrawal, a+b would be one.
-        b = asyncio.ensure_future(coord.quorum(Member("b")))
+        b = asyncio.ensure_future(coord.quorum(Member("b", step=1)))
         await asyncio.sleep(0.05)
         assert not b.done() and log.commits() == []
-        a = asyncio.ensure_future(coord.quorum(Member("a")))
+        a = asyncio.ensure_future(coord.quorum(Member("a", step=1)))
         results = await asyncio.wait_for(asyncio.gather(a, b, direct), 1.0)
         assert [m.replica_id for m in decode(results[0]).participants] == ["a", "b", "c"]
         coord.stop_leading()
@@ -492,7 +631,7 @@ def test_running_quorum_is_the_committed_one_until_this_leader_issues() -> None:
         await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
         running = coord.running_quorum()
         assert running is not None and running.quorum_id == 4
-        await asyncio.wait_for(asyncio.gather(coord.quorum(Member("a")), coord.quorum(Member("b"))), 1.0)
+        await asyncio.wait_for(asyncio.gather(coord.quorum(Member("a", step=1)), coord.quorum(Member("b", step=1))), 1.0)
         assert coord.running_quorum() is coord.last_issued.quorum
         coord.stop_leading()
     asyncio.run(main())

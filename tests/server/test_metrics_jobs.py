@@ -25,6 +25,7 @@ class Coordinator:
     serving: bool = False
     rounds_committed: int = 0
     rounds_on_lease: int = 0
+    rounds_replayed: int = 0
     heartbeats: dict[str, int] = field(default_factory=dict)
     waiting: list[Any] = field(default_factory=list)
 
