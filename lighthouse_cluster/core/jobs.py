@@ -39,6 +39,8 @@ JOB_HEADER = "x-lighthouse-job"
 ALL_NODES = "*"
 
 MAX_JOBS = 256
+# Removed jobs whose last quorum id the replicated state keeps by name (state_machine.py).
+MAX_RETIRED_JOBS = 10_000
 MAX_CONFIG_KEYS = 64
 MAX_CONFIG_KEY_CHARS = 128
 MAX_CONFIG_VALUE_BYTES = 4096

@@ -43,7 +43,10 @@ Snapshots carry the version.
   on the job's version); a ``CommitQuorum`` names its job and is the same compare-and-set within
   that job. A removed job's last quorum id is kept (``retired``): created again, its ids go on
   above it (a commit of that id or a lower one is refused), so a job's quorum ids never go back
-  and none is issued twice.
+  and none is issued twice. At most ``MAX_RETIRED_JOBS`` names are kept, the longest removed
+  leaving first: its id raises ``retired_floor``, above which every job created afterwards under
+  a name not kept starts (ids are per job, so starting higher is harmless). The limit is part of
+  the schema: every node must evict alike.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ from lighthouse_cluster.core.codec import (
 from lighthouse_cluster.core.jobs import (
     DEFAULT_JOB,
     MAX_JOBS,
+    MAX_RETIRED_JOBS,
     JobError,
     JobSpec,
     port_conflict,
@@ -146,12 +150,15 @@ def _history_from_wire(items: Any) -> deque[HistoryEntry]:
 class QuorumStateMachine:
     """The lighthouse cluster's replicated state; see the module docstring."""
 
-    def __init__(self, max_schema_version: int = codec.SCHEMA_VERSION) -> None:
+    def __init__(self, max_schema_version: int = codec.SCHEMA_VERSION, max_retired: int = MAX_RETIRED_JOBS) -> None:
         """``max_schema_version``: the newest schema this node's version writes (lower only to act
-        as an older version, for rolling-upgrade tests)."""
+        as an older version, for rolling-upgrade tests); ``max_retired``: removed jobs kept by
+        name (lower only in tests: every node must use the same)."""
         self.max_schema_version = max_schema_version
+        self.max_retired = max_retired
         self.jobs: dict[str, JobState] = {DEFAULT_JOB: JobState(JobSpec(DEFAULT_JOB))}
-        self.retired: dict[str, int] = {}  # removed jobs' last quorum ids
+        self.retired: dict[str, int] = {}  # removed jobs' last quorum ids, oldest removal first
+        self.retired_floor = 0  # the highest last id of the names dropped from ``retired``
         self.jobs_version = 0  # bumped by every applied PutJob/RemoveJob (readers notice changes)
         self.leader_term = 0
         self.leader_id = ""
@@ -261,7 +268,7 @@ class QuorumStateMachine:
         if current is None:
             if len(self.jobs) >= MAX_JOBS:
                 return JobResult(applied=False, version=0, reason=f"the cluster has {MAX_JOBS} jobs, its limit")
-            current = self.jobs[spec.name] = JobState(spec, id_floor=self.retired.pop(spec.name, 0))
+            current = self.jobs[spec.name] = JobState(spec, id_floor=self.retired.pop(spec.name, self.retired_floor))
         current.spec = spec
         current.version += 1
         self.jobs_version += 1
@@ -278,6 +285,9 @@ class QuorumStateMachine:
                              reason=f"job {cmd.name!r} is at version {current.version}, not {cmd.expected_version}")
         del self.jobs[cmd.name]
         self.retired[cmd.name] = current.quorum_id
+        if len(self.retired) > self.max_retired:
+            oldest = next(iter(self.retired))
+            self.retired_floor = max(self.retired_floor, self.retired.pop(oldest))
         self.jobs_version += 1
         return JobResult(applied=True, version=0)
 
@@ -338,6 +348,7 @@ class QuorumStateMachine:
             "history": _history_wire(self.history),
             **({"jobs": jobs} if jobs else {}),
             **({"retired": dict(self.retired)} if self.retired else {}),
+            **({"retired_floor": self.retired_floor} if self.retired_floor else {}),
             **({"jobs_v": self.jobs_version} if self.jobs_version else {}),
             "leader": [self.leader_term, self.leader_id, self.leader_since_ms],
             "schema": self.schema_version,
@@ -362,6 +373,7 @@ class QuorumStateMachine:
                 state.quorum, state.history = codec.quorum_from_wire(j["q"]), _history_from_wire(j.get("h"))
             self.jobs[name] = state
         self.retired = {str(k): int(v) for k, v in (obj.get("retired") or {}).items()}
+        self.retired_floor = int(obj.get("retired_floor", 0))
         self.jobs_version = obj.get("jobs_v", 0)
         self.leader_term, self.leader_id, self.leader_since_ms = obj.get("leader", [0, "", 0])
         self.schema_version = obj.get("schema", codec.MIN_READABLE_VERSION)

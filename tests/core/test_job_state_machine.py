@@ -221,6 +221,26 @@ def test_a_job_created_again_goes_on_above_its_last_id() -> None:
     assert fresh.applied and sm.job("train").quorum_id == 8
 
 
+def test_removed_jobs_kept_by_name_are_bounded_and_ids_still_never_go_back() -> None:
+    """A platform creating a job per run removes thousands: the state keeps the last
+    ``max_retired`` names; an evicted one's id raises the floor every new job starts above."""
+    sm = QuorumStateMachine(max_retired=2)
+    apply(sm, TermStart(1, "n1", 0))
+    for i, name in enumerate(["r1", "r2", "r3", "r4"]):
+        apply(sm, PutJob(job(name), 0))
+        apply(sm, commit(sm.job(name).quorum_id, q(10 * (i + 1), "a"), name), RemoveJob(name, 1))
+    assert sm.retired == {"r3": 30, "r4": 40} and sm.retired_floor == 20
+    apply(sm, PutJob(job("r1"), 0), PutJob(job("fresh"), 0), PutJob(job("r3"), 0))
+    # r1 was evicted: it starts above the floor (20 >= its 10); so does a name never seen.
+    assert (sm.job("r1").quorum_id, sm.job("fresh").quorum_id, sm.job("r3").quorum_id) == (20, 20, 30)
+    (back,) = apply(sm, commit(20, q(20, "z"), "r1"))
+    assert not back.applied
+    restored = QuorumStateMachine(max_retired=2)
+    restored.restore_snapshot(sm.to_snapshot())
+    assert (restored.retired, restored.retired_floor) == ({"r4": 40}, 20)
+    assert restored.to_snapshot() == sm.to_snapshot()
+
+
 @pytest.mark.parametrize("members", [("a", "b"), ("z",)])
 def test_a_job_created_again_never_commits_its_last_id_again(members: tuple[str, ...]) -> None:
     """Quorum id 7 belonged to the job before its removal. A commit computed from the old job's
@@ -397,8 +417,8 @@ def to_command(sm: QuorumStateMachine, op: tuple) -> codec.Command:
 
 
 def last_ids(sm: QuorumStateMachine) -> dict[str, int]:
-    """Each job's last quorum id, whether it exists now or was removed."""
-    return {name: (sm.job(name).quorum_id if sm.job(name) is not None else sm.retired.get(name, 0))
+    """Each job's last quorum id, whether it exists now or was removed (and maybe evicted)."""
+    return {name: (sm.job(name).quorum_id if sm.job(name) is not None else sm.retired.get(name, sm.retired_floor))
             for name in JOBS}
 
 
@@ -409,7 +429,8 @@ def last_ids(sm: QuorumStateMachine) -> dict[str, int]:
 @example([("put", "a", 0, 1), ("commit", "a", 0, 1, {0}, 1), ("remove", "a", 0), ("put", "a", 0, 1),
           ("commit", "a", 0, 0, {1}, 1)])
 def test_any_interleaving_over_three_jobs_is_deterministic_and_ids_never_go_back(steps: list[tuple]) -> None:
-    a, b = QuorumStateMachine(), QuorumStateMachine()
+    # One removed job kept by name: evictions happen all the time.
+    a, b = QuorumStateMachine(max_retired=1), QuorumStateMachine(max_retired=1)
     payloads: list[bytes] = []
     committed: dict[tuple[str, int], tuple[str, ...]] = {}
     previous = last_ids(a)
@@ -434,10 +455,10 @@ def test_any_interleaving_over_three_jobs_is_deterministic_and_ids_never_go_back
         assert ids == sorted(ids)
     # A third node restored from a snapshot half-way ends in the same state.
     half = len(payloads) // 2
-    c = QuorumStateMachine()
+    c = QuorumStateMachine(max_retired=1)
     for p in payloads[:half]:
         c.apply_bytes(p)
-    d = QuorumStateMachine()
+    d = QuorumStateMachine(max_retired=1)
     d.restore_snapshot(c.to_snapshot())
     for p in payloads[half:]:
         d.apply_bytes(p)
