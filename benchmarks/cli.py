@@ -41,7 +41,7 @@ def bench() -> None:
 @click.option("--name", help="Output file stem (default: bench, or bench-quick with --quick).")
 @click.option("--sections", default=",".join(SECTIONS), show_default=True,
               help="Comma-separated subset of the sections to run.")
-@click.option("--ns", help="Replica-group counts for the rounds section (default 8,64,256,1024; quick 8,64).")
+@click.option("--ns", help="Replica-group counts for the rounds section (default 8,64,256,1024,2048,4096; quick 8,64).")
 @click.option("--duration", "duration_s", type=float, help="Seconds measured per rounds run (default 10; quick 2).")
 @click.option("--repeats", type=int, help="Runs per (N, system); the table shows the median (default 2; quick 1).")
 @click.option("--workers", type=int, default=2, show_default=True,

@@ -145,6 +145,7 @@ async def _worker(spec: LoadSpec, gids: list[int], ready: Any, go: Any, stop: An
     sends: dict[int, array] = {g: array("d") for g in gids}
     recvs: dict[int, array] = {g: array("d") for g in gids}
     created: dict[int, array] = {g: array("d") for g in gids}
+    sizes: dict[int, array] = {g: array("d") for g in gids}  # each answer's serialized bytes
     errors: list[tuple[int, float, str, float]] = []
     error_examples: list[str] = []
     validation = {"checked": 0, "bad": 0, "quorum_ids": [], "examples": []}
@@ -198,6 +199,7 @@ async def _worker(spec: LoadSpec, gids: list[int], ready: Any, go: Any, stop: An
             t_recv = time.monotonic()
             sends[g].append(t_send)
             recvs[g].append(t_recv)
+            sizes[g].append(len(resp))
             ok_count[g] += 1
             last_ok[g] = t_recv
             if spec.parse_created:
@@ -256,6 +258,7 @@ async def _worker(spec: LoadSpec, gids: list[int], ready: Any, go: Any, stop: An
         "stopped": stopped,
         "sends": {g: sends[g].tobytes() for g in gids},
         "recvs": {g: recvs[g].tobytes() for g in gids},
+        "sizes": {g: sizes[g].tobytes() for g in gids},
         "created": {g: created[g].tobytes() for g in gids},
         "errors": errors,
         "error_examples": error_examples,
@@ -409,6 +412,9 @@ def analyze_rounds(results: list[dict], groups: int, t0: float, t1: float) -> di
     last_recv = recvs.max(axis=0) if n else np.zeros(0)
     first_recv = recvs.min(axis=0) if n else np.zeros(0)
     in_window = (last_recv >= t0) & (last_recv <= t1)
+    # What the lighthouse sent per round in answers: the serialized responses (gRPC's framing aside).
+    answer_bytes = (np.vstack([np.frombuffer(r["sizes"][g], dtype="d")[:n] for r in results for g in r["gids"]])
+                    .sum(axis=0)[in_window] if n and all("sizes" in r for r in results) else np.zeros(0))
     lat = (last_recv - last_send)[in_window]
     spread = (last_recv - first_recv)[in_window]
     window = t1 - t0
@@ -430,6 +436,7 @@ def analyze_rounds(results: list[dict], groups: int, t0: float, t1: float) -> di
         "latency_ms": {
             "p50": _ms(_pct(lat, 50)), "p99": _ms(_pct(lat, 99)), "max": _ms(float(lat.max()) if len(lat) else None)},
         "broadcast_spread_ms_p50": _ms(_pct(spread, 50)),
+        "answer_bytes_per_round": int(_pct(answer_bytes, 50)) if len(answer_bytes) else None,
         "errors": errors,
         "errors_total": sum(errors.values()),
         "error_examples": [e for r in results for e in r.get("error_examples", [])][:5],

@@ -16,7 +16,11 @@ from typing import Any
 SYSTEM_LABEL = {"torchft": "torchft_lighthouse (Rust)", "leader": "cluster, clients on leader",
                 "followers": "cluster, clients on followers",
                 "pyfloor": "Python gRPC floor (no Raft, not a lighthouse)"}
-ROUND_TARGETS = {8: 0.5, 64: 1.0, 256: 2.0, 1024: 2.0}
+# Issue 18's targets, one run: the cluster (clients on the leader) against the Python gRPC floor
+# and against torchft_lighthouse; clients on followers against clients on the leader.
+FLOOR_TARGETS = {8: 0.9, 64: 0.9, 256: 0.9, 1024: 0.9}
+ROUND_TARGETS = {256: 1.0, 1024: 2.0, 2048: 3.0}
+FOLLOWER_TARGETS = {64: 0.8, 256: 0.8}
 
 
 def _fmt(v: Any, digits: int = 1, unit: str = "") -> str:
@@ -34,16 +38,17 @@ def evaluate_targets(res: dict) -> list[dict]:
     rounds = sec.get("rounds", {})
     for row in rounds.get("summary", []):
         n = row["n"]
-        if n not in ROUND_TARGETS:
-            continue
-        for system in ("leader", "followers"):
-            s = row.get(system)
-            if s is None or "torchft" not in row:
-                continue
-            ratio = s.get("ratio_vs_torchft")
-            out.append({"name": f"rounds/s N={n} ({SYSTEM_LABEL[system]}) / torchft",
-                        "target": f">= {ROUND_TARGETS[n]}x", "value": ratio,
-                        "met": None if ratio is None else ratio >= ROUND_TARGETS[n]})
+        leader, followers = row.get("leader") or {}, row.get("followers") or {}
+        checks = [(FLOOR_TARGETS, leader.get("ratio_vs_floor"), "pyfloor" in row,
+                   f"rounds/s N={n} ({SYSTEM_LABEL['leader']}) / Python gRPC floor"),
+                  (ROUND_TARGETS, leader.get("ratio_vs_torchft"), "torchft" in row,
+                   f"rounds/s N={n} ({SYSTEM_LABEL['leader']}) / torchft"),
+                  (FOLLOWER_TARGETS, followers.get("ratio_vs_leader"), bool(leader),
+                   f"rounds/s N={n} clients on followers / on the leader")]
+        for targets, ratio, measured, name in checks:
+            if n in targets and measured:
+                out.append({"name": name, "target": f">= {targets[n]}x", "value": ratio,
+                            "met": None if ratio is None else ratio >= targets[n]})
     fo = sec.get("failover", {}).get("cluster", {})
     for c in fo.get("runs", []):
         s = c.get("summary", {})
@@ -159,9 +164,11 @@ def _md_rounds(s: dict) -> list[str]:
            "answer received. Lighthouse CPU = sum over its processes (% of one core); CPU per round = that CPU "
            "time divided by the rounds (ms); load generator: "
            f"up to {c.get('max_workers')} processes.", "",
-           "| N | system | rounds/s | vs torchft | latency p50 | p99 | lighthouse CPU | CPU per round | load-gen CPU | "
-           "errors | heartbeats/s (of N x 10) | leader changes | load avg |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "Answer bytes per round = the serialized answers of one round, summed over its N requesters "
+           "(gRPC framing aside): what the lighthouse sends, N answers of N members each.", "",
+           "| N | system | rounds/s | vs torchft | vs floor | latency p50 | p99 | lighthouse CPU | CPU per round | "
+           "answer bytes per round | load-gen CPU | errors | heartbeats/s (of N x 10) | leader changes | load avg |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in s.get("summary", []):
         for system in ("torchft", "leader", "followers", "pyfloor"):
             r = row.get(system)
@@ -169,10 +176,13 @@ def _md_rounds(s: dict) -> list[str]:
                 continue
             ratio = r.get("ratio_vs_torchft")
             failed = f" ({r['failed']})" if r.get("failed") else ""
+            vs_floor = r.get("ratio_vs_floor")
             out.append(f"| {row['n']} | {SYSTEM_LABEL[system]} | {_fmt(r['rounds_per_s'])}{failed} | "
-                       f"{_fmt(ratio, 2, 'x') if ratio is not None else '-'} | {_fmt(r.get('p50_ms'), 1, ' ms')} | "
+                       f"{_fmt(ratio, 2, 'x') if ratio is not None else '-'} | "
+                       f"{_fmt(vs_floor, 2, 'x') if vs_floor is not None else '-'} | {_fmt(r.get('p50_ms'), 1, ' ms')} | "
                        f"{_fmt(r.get('p99_ms'), 1, ' ms')} | {_fmt(r.get('lighthouse_cpu_pct'), 0, '%')} | "
-                       f"{_cpu_per_round(r)} | {_fmt(r.get('loadgen_cpu_pct'), 0, '%')} | {_errors(r)} | "
+                       f"{_cpu_per_round(r)} | {_bytes(r.get('answer_bytes_per_round'))} | "
+                       f"{_fmt(r.get('loadgen_cpu_pct'), 0, '%')} | {_errors(r)} | "
                        f"{_fmt(r.get('heartbeats_per_s'), 0)} | "
                        f"{'-' if r.get('leader_changes') is None else r['leader_changes']} | "
                        f"{_fmt(r.get('load1'), 1)} |")
@@ -187,6 +197,15 @@ def _cpu_per_round(r: dict) -> str:
     if not cpu or not rate:
         return "-"
     return _fmt(cpu * 10.0 / rate, 1, " ms")
+
+
+def _bytes(v: int | None) -> str:
+    if not v:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if v >= scale:
+            return f"{v / scale:.1f} {unit}"
+    return f"{v} B"
 
 
 def _errors(r: dict) -> str:
@@ -355,8 +374,10 @@ def plot(res: dict, path: Path) -> str:
         fig.savefig(path, dpi=100)
         plt.close(fig)
         return "matplotlib"
-    fig, axes = plt.subplots(3 if goodput else 2, 2, figsize=(12, 13.5 if goodput else 9))
     rounds = sec.get("rounds", {}).get("summary", [])
+    scaling = any(r.get(system, {}).get("cpu_ms_per_round") for r in rounds for system in SYSTEM_LABEL)
+    rows = 2 + bool(scaling) + bool(goodput)
+    fig, axes = plt.subplots(rows, 2, figsize=(12, 4.5 * rows))
     colors = {"torchft": "tab:orange", "leader": "tab:blue", "followers": "tab:green", "pyfloor": "tab:gray"}
     ax = axes[0][0]
     for system in ("torchft", "leader", "followers", "pyfloor"):
@@ -436,13 +457,41 @@ def plot(res: dict, path: Path) -> str:
         ax.legend(fontsize=8)
     ax.set_title("Ratios vs torchft (green: target met)")
     ax.grid(True, axis="y", alpha=0.3)
+    if scaling:
+        _plot_scaling(axes[2], rounds, colors)
     if goodput:
-        _plot_goodput(axes[2], goodput)
+        _plot_goodput(axes[3 if scaling else 2], goodput)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return "matplotlib"
+
+
+def _plot_scaling(axes: Any, rounds: list[dict], colors: dict[str, str]) -> None:
+    """CPU per round and answer bytes per round against N, log-log: each system's scaling law is
+    the slope (1: linear in N, 2: quadratic)."""
+    for ax, key, label in ((axes[0], "cpu_ms_per_round", "lighthouse CPU per round (ms)"),
+                           (axes[1], "answer_bytes_per_round", "answer bytes per round")):
+        for system in ("torchft", "leader", "followers", "pyfloor"):
+            pts = [(r["n"], r[system][key]) for r in rounds if r.get(system, {}).get(key)]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=SYSTEM_LABEL[system], color=colors[system],
+                        linestyle=":" if system == "pyfloor" else "-")
+        if any(line.get_xdata().size for line in ax.get_lines()):
+            xs = sorted({r["n"] for r in rounds})
+            ref = next((r[s][key] for r in rounds for s in ("torchft", "leader") if r.get(s, {}).get(key)), None)
+            if ref and len(xs) > 1:  # slope guides through the first point
+                for k, style in ((1, (0, (1, 3))), (2, (0, (5, 5)))):
+                    ax.plot(xs, [ref * (x / xs[0]) ** k for x in xs], color="k", alpha=0.3, linestyle=style,
+                            label=f"~N^{k}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("replica groups N")
+        ax.set_ylabel(label)
+        ax.set_title(f"Scaling: {label}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
 
 
 def _plot_goodput(axes: Any, runs: list[dict]) -> None:

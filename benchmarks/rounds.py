@@ -262,11 +262,21 @@ def summarize(runs: list[dict]) -> list[dict]:
                 "window_s": pick.get("window_s"),
                 "load1": (pick.get("load", {}).get("start", {}).get("loadavg") or [None])[0],
                 "rounds": pick.get("rounds"),
+                "answer_bytes_per_round": pick.get("answer_bytes_per_round"),
                 "failed": pick.get("failed"),
             }
+            cpu = row[system]["lighthouse_cpu_pct"]
+            # CPU time per round (ms): less sensitive to a busy machine than rounds/s.
+            row[system]["cpu_ms_per_round"] = round(cpu * 10.0 / med, 2) if cpu and med else None
         base = row.get("torchft", {}).get("rounds_per_s")
         for system in ("leader", "followers", FLOOR):
             if system in row and base:
                 row[system]["ratio_vs_torchft"] = round(row[system]["rounds_per_s"] / base, 3)
+        floor = row.get(FLOOR, {}).get("rounds_per_s")
+        for system in ("leader", "followers"):
+            if system in row and floor:
+                row[system]["ratio_vs_floor"] = round(row[system]["rounds_per_s"] / floor, 3)
+        if "leader" in row and "followers" in row and row["leader"]["rounds_per_s"]:
+            row["followers"]["ratio_vs_leader"] = round(row["followers"]["rounds_per_s"] / row["leader"]["rounds_per_s"], 3)
         out.append(row)
     return out

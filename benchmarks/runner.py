@@ -67,7 +67,7 @@ class BenchOptions:
         """Fill unset values with the quick or the full defaults."""
         q = self.quick
         d = dict(
-            ns=(8, 64) if q else (8, 64, 256, 1024),
+            ns=(8, 64) if q else (8, 64, 256, 1024, 2048, 4096),
             duration_s=2.0 if q else 10.0,
             repeats=1 if q else 2,
             failover_ns=(8,) if q else (8, 64),
