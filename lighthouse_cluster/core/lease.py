@@ -10,8 +10,9 @@ majority cannot answer, so quorum ids never go back in real time (a deposed lead
 id 7 after its successor issued 8). The lease buys the same with time instead of a commit per
 round, as in the Raft thesis (section 6.4.1, leases for reads):
 
-1. The leader of term ``T`` submits ``ConfirmLeadership`` at its time ``s``. When the entry is
-   applied while this node still leads ``T`` (``RaftNode.submit(while_leader_of=T)``), a
+1. The leader of term ``T`` submits an entry at its time ``s``: its first ``ConfirmLeadership``
+   of the term, or any later command (a round's ``CommitQuorum``: ``LeaderTerm``). When the entry
+   is applied while this node still leads ``T`` (``RaftNode.submit(while_leader_of=T)``), a
    majority stored it in term ``T``, after ``s``. Any later leader is elected by a majority that
    shares a node with it, and that node stored the entry before it moved to a later term; so
    every later leader was elected after ``s`` (real time).

@@ -39,8 +39,10 @@ makes it alive again. Only the rules' health input changes: ids, fencing and com
 Quorum lease (``lease.py``, on by default in a node): while a majority has confirmed this
 leader's term within the lease (``LeaderTerm``), a *fast* quorum (same members, hence same id, as
 the job's last committed one) is issued without a commit; every other round is committed as
-above. A new leader waits out its predecessor's lease before serving. A job's own lease setting
-can only shorten it (0: every round of that job is committed).
+above. Every commit is submitted ``while_leader_of`` the term, so each one confirms the term and
+renews the lease: a fast round that finds the lease run out is committed, and renews it. A new
+leader waits out its predecessor's lease before serving. A job's own lease setting can only
+shorten it (0: every round of that job is committed).
 
 Everything here runs on one asyncio event loop; ``submit`` hops to Raft and back.
 """
@@ -513,7 +515,7 @@ class QuorumCoordinator:
         try:
             result = await asyncio.wait_for(
                 self._submit(CommitQuorum(expected_quorum_id=expected_id, quorum=quorum, term=term or 0,
-                                          node_id=self.node_id, job=self.job)),
+                                          node_id=self.node_id, job=self.job), while_leader_of=term),
                 COMMIT_TIMEOUT_S)
         except (CommitError, asyncio.TimeoutError) as e:
             # Outcome may be unknown: the compare-and-set makes a retry from fresh state safe.
@@ -531,6 +533,8 @@ class QuorumCoordinator:
             self.leader.deposed(f"quorum {quorum.quorum_id} refused ({result.reason})")
             self.stop_leading()
             return
+        if term is not None:
+            self.leader.confirmed_by_commit(term, started)  # applied while leading term: the lease
         if not isinstance(result, CommitResult) or not result.applied:
             log.warning("quorum %d rejected: state moved to quorum id %s", quorum.quorum_id,
                         getattr(result, "current_quorum_id", "?"))
@@ -563,11 +567,12 @@ class QuorumCoordinator:
         """Write a round issued on the lease to the log (same id and members as the committed
         quorum, fresher steps); nobody waits for it. A round committed meanwhile wins the
         compare-and-set, which is as good."""
-        self._recorded_at = self._clock()
+        self._recorded_at = started = self._clock()
         try:
             result = await asyncio.wait_for(
                 self._submit(CommitQuorum(expected_quorum_id=quorum.quorum_id, quorum=quorum, term=term or 0,
-                                          node_id=self.node_id, job=self.job)), COMMIT_TIMEOUT_S)
+                                          node_id=self.node_id, job=self.job), while_leader_of=term),
+                COMMIT_TIMEOUT_S)
         except (CommitError, asyncio.TimeoutError):
             return
         finally:
@@ -575,6 +580,8 @@ class QuorumCoordinator:
         if self._term == term and isinstance(result, CommitResult) and result.fenced:
             self.leader.deposed(f"quorum {quorum.quorum_id} record refused ({result.reason})")
             self.stop_leading()
+        elif term is not None:
+            self.leader.confirmed_by_commit(term, started)
 
     def _issue(self, quorum: Quorum, commit_s: float | None) -> None:
         response = quorum_response(quorum)
@@ -583,6 +590,7 @@ class QuorumCoordinator:
         previous, self.last_issued = self.last_issued, issued
         self._issued_this_term = quorum
         self._replayable = None
+        self.leader.round_issued()
         if commit_s is None:
             self.rounds_on_lease += 1
             if not self._recording and self._clock() - self._recorded_at >= RECORD_INTERVAL_S:

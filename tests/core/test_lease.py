@@ -200,3 +200,71 @@ def test_an_idle_leader_writes_no_confirmations() -> None:
                              5.0, interval=0.001)
         coord.stop_leading()
     asyncio.run(main())
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_slow_rounds_are_committed_and_their_commits_renew_the_lease() -> None:
+    """Rounds 0.6 s apart (training that asks about once a second): the term announces its lease
+    once (a ConfirmLeadership) and writes nothing else in the background; each round finds the
+    lease run out and is committed, and that commit renews it, so a round right after one goes
+    out on the lease."""
+    async def main() -> None:
+        clock = Clock()
+        machine = QuorumStateMachine()
+        log = Log(machine)
+        coord = QuorumCoordinator("n1", QuorumOptions(min_replicas=2), quorum_tick_ms=600_000, state=machine,
+                                  submit=log.submit, lease=LeaseSettings(lease_ms=100), clock=clock)
+        coord.start_leading(1)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 5.0, interval=0.001)
+        await rounds(coord, 1)  # the first quorum (new members): committed; the lease announced
+        await wait_for_async("the announced lease", lambda: coord.lease.valid(1, clock.now), 5.0, interval=0.001)
+        for step in range(1, 4):
+            clock.now += 0.6
+            await asyncio.gather(*(coord.quorum(Member(r, step=step)) for r in ("a", "b")))
+        assert (coord.rounds_committed, coord.rounds_on_lease) == (4, 0)
+        assert log.count(ConfirmLeadership) == 1 and log.count(CommitQuorum) == 4
+        clock.now += 0.02  # within the lease the last commit renewed (held 50 ms)
+        await asyncio.gather(*(coord.quorum(Member(r, step=4)) for r in ("a", "b")))
+        assert (coord.rounds_committed, coord.rounds_on_lease) == (4, 1)
+        assert log.count(ConfirmLeadership) == 1
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_a_commit_applied_after_the_term_ended_renews_nothing() -> None:
+    """``submit(while_leader_of=T)`` fails when the entry applies after this node stopped leading
+    T: such a commit proves nothing about T, so the lease is not renewed by it."""
+    async def main() -> None:
+        clock = Clock()
+        machine = QuorumStateMachine()
+        log = Log(machine)
+        plain = log.submit
+
+        async def late(command: Any, while_leader_of: int | None = None) -> Any:
+            if isinstance(command, CommitQuorum) and command.quorum.participants[0].step >= 1:
+                await plain(command, while_leader_of)
+                raise CommitError("applied after this node stopped leading term 1", unknown=False)
+            return await plain(command, while_leader_of)
+
+        coord = QuorumCoordinator("n1", QuorumOptions(min_replicas=2), quorum_tick_ms=600_000, state=machine,
+                                  submit=late, lease=LeaseSettings(lease_ms=100), clock=clock)
+        coord.start_leading(1)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 5.0, interval=0.001)
+        await rounds(coord, 1)
+        await wait_for_async("the announced lease", lambda: coord.lease.valid(1, clock.now), 5.0, interval=0.001)
+        clock.now += 0.06  # the lease ran out: the next fast round is committed
+        calls = [asyncio.ensure_future(coord.quorum(Member(r, step=1))) for r in ("a", "b")]
+        await wait_for_async("the round's commit", lambda: log.count(CommitQuorum) == 2, 5.0, interval=0.001)
+        await asyncio.sleep(0.01)
+        assert not coord.lease.valid(1, clock.now)
+        for c in calls:
+            c.cancel()
+        coord.stop_leading()
+    asyncio.run(main())

@@ -458,9 +458,10 @@ def test_steady_state_round_costs_exactly_one_raft_commit_without_the_lease(make
 
 
 def test_steady_state_rounds_go_out_on_the_lease_without_a_commit_each(make_cluster) -> None:
-    """Default settings: fast rounds are issued on the leader lease (lease.py): the leader counts
-    them as 'lease' rounds and the log grows by confirmations and a record a second, not a
-    CommitQuorum per round; the rounds themselves are unchanged (all members, lockstep steps)."""
+    """Default settings, rounds back to back: fast rounds are issued on the leader lease
+    (lease.py), renewed in the background while rounds are this frequent (leader_term.py): the
+    leader counts them as 'lease' rounds and the log grows by confirmations and a record a second,
+    not a CommitQuorum per round; the rounds themselves are unchanged (all members, lockstep steps)."""
     cluster = make_cluster(min_replicas=3, join_timeout_ms=10_000, http_ports=free_ports(3))
     leader, _ = leader_status(cluster)
     groups = [SimulatedReplicaGroup(rid, cluster.client_addresses[i], quorum_timeout_s=5.0)
