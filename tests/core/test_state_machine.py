@@ -267,7 +267,7 @@ def _coordinator(machine: QuorumStateMachine, node_id: str = "n1"):
     from lighthouse_cluster.server.coordinator import QuorumCoordinator
     from lighthouse_cluster.core.quorum import QuorumOptions
 
-    async def submit(command: codec.Command):  # what Raft does once the entry is committed
+    async def submit(command: codec.Command, while_leader_of: int | None = None):  # once the entry is committed
         await asyncio.sleep(0)
         return machine.apply_bytes(codec.encode_command(command, version=machine.schema_version))
 
