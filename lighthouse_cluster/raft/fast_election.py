@@ -153,6 +153,11 @@ class FastElectionSyncObj(IdleAckSyncObj):
 
     def _onTick(self, timeToWait: float = 0.0) -> None:
         was_leader = self._isLeader()
+        if self._deferred_votes:
+            # Before pysyncobj's own election check: a follower whose window ends together with its
+            # election timeout votes for the candidate that asked first rather than stand against it
+            # (a vote moves its election deadline on).
+            self._handle_deferred_votes(monotonic())
         super()._onTick(timeToWait)
         now = monotonic()
         if was_leader or self._isLeader():
