@@ -27,7 +27,7 @@ makes it alive again. Only the rules' health input changes: ids, fencing and com
 Quorum lease (``lease.py``, on by default in a node): while a majority has confirmed this
 leader's term within the lease (``LeaderTerm``), a *fast* quorum (same members, hence same id, as
 the job's last committed one) is issued without a commit; every other round is committed as
-above. A new leader waits out its predecessor's lease before serving. A job's own lease setting
+above. A new leader serves only once its predecessor's lease ran out (``lease.py``, point 3). A job's own lease setting
 can only shorten it (0: every round of that job is committed).
 
 Everything here runs on one asyncio event loop; ``submit`` hops to Raft and back.
