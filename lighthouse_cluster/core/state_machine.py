@@ -31,8 +31,8 @@ first entry); when the first command it applies was written at an older version 
 log replayed from its beginning), it adopts that version, as every other node of that log did.
 Snapshots carry the version.
 * ``lease_ms``: the quorum-lease length the latest ``ConfirmLeadership`` announced: a new leader
-  waits at least this long before serving, so that its predecessor's lease has run out
-  (``lease.py``). A ``ConfirmLeadership`` changes nothing else; its result says whether its
+  waits at least this long, less the vote-refusal window, before serving, so that its
+  predecessor's lease has run out (``lease.py``). A ``ConfirmLeadership`` changes nothing else; its result says whether its
   writer is the leader in force.
 * ``members`` / ``members_version``: the replicated member table (node id, Raft address,
   client address), written by ``SetMembers`` (compare-and-set on the version) when an admin

@@ -1,9 +1,10 @@
 """``FastElectionSyncObj``: pysyncobj's ``SyncObj`` whose failovers take one election, not two.
 
-It owns the two changes to pysyncobj's election behaviour (benchmarks F8) and the hold-back of a
-restarted member; the private pysyncobj state they need comes from ``pysyncobj_internals``. Its
-tick thread sleeps until the next deadline (``adaptive_tick``), the keep-alives' included, and
-it acknowledges an idle leader's heartbeats a few times a second (``idle_acks``).
+It owns the two changes to pysyncobj's election behaviour (benchmarks F8), the hold-back of a
+restarted member and the vote refusal the quorum lease rests on (``vote_refused``, benchmarks
+F13); the private pysyncobj state they need comes from ``pysyncobj_internals``. Its tick thread
+sleeps until the next deadline (``adaptive_tick``), the keep-alives' included, and it
+acknowledges an idle leader's heartbeats a few times a second (``idle_acks``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import logging
 import random
 from typing import Any
 
+from pysyncobj import SyncObjConf
+
 from lighthouse_cluster.raft.idle_acks import IdleAckSyncObj
 from lighthouse_cluster.raft.pysyncobj_internals import RAFT_STATE, monotonic
 
@@ -19,6 +22,26 @@ log = logging.getLogger(__name__)
 
 # Sent between followers so that their link never looks idle to pysyncobj (see FastElectionSyncObj).
 KEEPALIVE = {"type": "lighthouse_cluster_keepalive"}
+# A key of a request_vote: the candidate stands because its leader handed leadership over to it
+# (Raft's TimeoutNow), so voters answer it at once (see ``vote_refused``). pysyncobj ignores it.
+HANDOVER_KEY = "lighthouse_cluster_handover"
+
+
+def vote_refused(now: float, heard_leader_at: float, window_s: float, *, handover: bool) -> bool:
+    """Whether a node puts off a ``request_vote`` (Raft thesis, section 4.2.3): it heard from a
+    current leader (an append_entries of a term >= its own; for a leader, itself) less than
+    ``window_s`` ago on its own clock, and the candidate does not stand on a handover.
+
+    All times are one node's monotonic seconds. ``heard_leader_at`` later than ``now`` cannot come
+    from this process (a value from another node's clock, e.g. an older version's snapshot): it is
+    ignored rather than trusted to refuse for an unbounded time.
+
+    The quorum lease rests on this (``core/lease.py``, point 3): every node that stored a leader's
+    lease confirmation grants no vote until ``window_s`` after it last heard from that leader, so no
+    successor is elected before then, unless on a handover (whose winner waits out the lease)."""
+    if handover:
+        return False
+    return 0.0 <= now - heard_leader_at < window_s
 
 
 class FastElectionSyncObj(IdleAckSyncObj):
@@ -61,14 +84,46 @@ class FastElectionSyncObj(IdleAckSyncObj):
     It cannot cause an election storm: it fires only on a refusal for log reasons, at most once
     per term per follower, and a candidate with a shorter log receives none of these triggers
     from a node with a shorter log than its own.
+
+    **No vote within the refusal window** (``vote_refused``; thesis 4.2.3). A node that heard
+    from a current leader less than ``vote_refusal_s`` ago (default ``raftMinTimeout``; a leader
+    hears from itself) puts a ``request_vote`` off: a follower or candidate leaves it unhandled
+    (no vote, and its term stays: a live leader is not disrupted) and handles it once the window
+    has passed, if it is not older than ``raftMaxTimeout`` by then (the candidate would have
+    asked again); a leader takes the higher term and steps down, as pysyncobj does, but does not
+    vote (otherwise a node with a higher term, back from a partition, could never rejoin: pysyncobj
+    followers ignore the append_entries of an older term). A node that starts counts as having
+    heard from a leader at its start (it may have, before a restart, and its journal holds what
+    it stored). A candidate standing on its leader's TimeoutNow (``transfer-leader``, a stopping
+    leader) marks its requests (``HANDOVER_KEY``) and is answered at once; it then records the term
+    (``handover_term``), and a leader of that term waits out the lease in full (``core/lease.py``).
+    In a failover the first candidate (at least ``raftMinTimeout`` after the leader's last
+    append_entries) asks followers that heard that same append_entries at about the same time, so
+    a put-off request is handled a few milliseconds later, not one election timeout later.
     """
 
-    early_elections = 0  # how many elections this node started early (for logs and tests)
-    _leader_contact = 0.0  # pysyncobj clock: last append_entries of a current leader
-    keepalives_sent = 0
-    _last_keepalive = 0.0
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, vote_refusal_s: float | None = None, **kwargs: Any) -> None:
+        # Set before SyncObj.__init__: pysyncobj puts the attributes a SyncObj gains after it into
+        # its snapshots (restored on other nodes, whose clocks differ), and its tick thread starts
+        # inside it. (``_heard_leader_at`` was ``_leader_contact`` and ``_keepalive_at`` was
+        # ``_last_keepalive``, which older versions put into snapshots: new names, so that an old
+        # snapshot's values are never read.)
+        conf = kwargs.get("conf") if "conf" in kwargs else (args[2] if len(args) > 2 else None)
+        conf = conf if conf is not None else SyncObjConf()  # pysyncobj's default, as SyncObj uses it
+        self.early_elections = 0  # how many elections this node started early (for logs and tests)
+        self.keepalives_sent = 0
+        self.votes_put_off = 0  # request_vote messages put off by the refusal window (for logs and tests)
+        self.handover_term: int | None = None  # the last term this node stood in on a handover
+        self._keepalive_at = 0.0
+        # pysyncobj clock: the last append_entries of a current leader (or this node's last moment as
+        # leader, or its start).
+        self._heard_leader_at = monotonic()
+        # Read now: RaftNode's hold-back of a joining node raises the conf's timeouts afterwards.
+        self._vote_refusal_s = vote_refusal_s if vote_refusal_s is not None else conf.raftMinTimeout
+        self._vote_kept_s = conf.raftMaxTimeout  # how long a put-off request is kept
+        self._deferred_votes: dict[Any, tuple[float, dict[str, Any]]] = {}  # node -> (received at, request)
+        self._handover_pending: int | None = None  # the term of the leader that sent us TimeoutNow
+        self._handover_sent: int | None = None
         super().__init__(*args, **kwargs)
         if self.raftCurrentTerm > 0 and self.otherNodes:
             # A restarted member (its journal has a term): give the live leader time to re-dial
@@ -79,21 +134,40 @@ class FastElectionSyncObj(IdleAckSyncObj):
             self.pso_election_deadline = (monotonic() + conf.connectionRetryTime + 2 * conf.appendEntriesPeriod
                                           + self.pso_election_timeout())
 
+    @property
+    def vote_refusal_s(self) -> float:
+        """How long after hearing from a leader this node grants no vote (``vote_refused``)."""
+        return self._vote_refusal_s
+
     def tick_deadlines(self) -> list[float]:
-        """pysyncobj's deadlines, and the next keep-alive while there is a follower link to keep."""
+        """pysyncobj's deadlines, the next keep-alive while there is a follower link to keep, and
+        the end of the refusal window while a vote request is put off."""
         out = super().tick_deadlines()
         if not self._isLeader():
             leader = self._getLeader()
             if any(node != leader and self.isNodeConnected(node) for node in self.otherNodes):
-                out.append(self._last_keepalive + self.conf.connectionTimeout / 5)
+                out.append(self._keepalive_at + self.conf.connectionTimeout / 5)
+        if self._deferred_votes:
+            out.append(self._heard_leader_at + self._vote_refusal_s)
         return out
 
     def _onTick(self, timeToWait: float = 0.0) -> None:
+        was_leader = self._isLeader()
+        if self._deferred_votes:
+            # Before pysyncobj's own election check: a follower whose window ends together with its
+            # election timeout votes for the candidate that asked first rather than stand against it
+            # (a vote moves its election deadline on).
+            self._handle_deferred_votes(monotonic())
         super()._onTick(timeToWait)
         now = monotonic()
-        if now - self._last_keepalive < self.conf.connectionTimeout / 5:
+        if was_leader or self._isLeader():
+            self._heard_leader_at = now  # a leader hears from itself (and one that fell back did until now)
+        self._send_handover_votes()
+        if self._deferred_votes:
+            self._handle_deferred_votes(now)
+        if now - self._keepalive_at < self.conf.connectionTimeout / 5 and now >= self._keepalive_at:
             return
-        self._last_keepalive = now
+        self._keepalive_at = now
         if self._isLeader():
             return
         leader = self._getLeader()
@@ -101,20 +175,81 @@ class FastElectionSyncObj(IdleAckSyncObj):
             if node != leader and self.pso_send(node, KEEPALIVE):
                 self.keepalives_sent += 1
 
+    def _send_handover_votes(self) -> None:
+        """On the tick thread: when this node just stood on its leader's TimeoutNow, ask every peer
+        again with the request marked as a handover (pysyncobj's own request is unmarked; a peer
+        that put it off answers this one at once, a peer that answered it ignores this one)."""
+        pending = self._handover_pending
+        if pending is None or self.pso_state != RAFT_STATE.CANDIDATE:
+            return
+        term = self.raftCurrentTerm
+        if term != pending + 1 or self._handover_sent == term or self.pso_voted_for != self.selfNode.id:
+            if term > pending + 1:
+                self._handover_pending = None  # a later election: no longer the handover's
+            return
+        self._handover_sent = self.handover_term = term
+        self._handover_pending = None
+        last_term, last_index = self.pso_last_log()
+        request = {"type": "request_vote", "term": term, "last_log_index": last_index, "last_log_term": last_term,
+                   HANDOVER_KEY: True}
+        for node in self.otherNodes:
+            self.pso_send(node, request)
+        log.info("standing on a handover in term %d", term)
+
+    def _handle_deferred_votes(self, now: float) -> None:
+        """On the tick thread: handle the vote requests put off, once the refusal window is over
+        (requests older than raftMaxTimeout are dropped: their candidate has asked again)."""
+        for node, (received_at, request) in list(self._deferred_votes.items()):
+            if now - received_at > self._vote_kept_s or request["term"] < self.raftCurrentTerm:
+                del self._deferred_votes[node]
+            elif not vote_refused(now, self._heard_leader_at, self._vote_refusal_s, handover=False):
+                del self._deferred_votes[node]
+                self.on_raft_message(node, request)
+
+    def _put_off_vote(self, node: Any, message: dict[str, Any]) -> bool:
+        """Whether ``message`` (a request_vote) is put off or handled without a vote here (see the
+        class docstring); when it is, everything is done."""
+        now = monotonic()
+        if self._isLeader():
+            self._heard_leader_at = now
+        if self.selfNode is None or not vote_refused(now, self._heard_leader_at, self._vote_refusal_s,
+                                                     handover=bool(message.get(HANDOVER_KEY))):
+            self._deferred_votes.pop(node, None)
+            return False
+        self.votes_put_off += 1
+        if self._isLeader():
+            if message.get("term", -1) > self.raftCurrentTerm:
+                # The higher term deposes this leader (pysyncobj's handling), but a log "behind"
+                # everything keeps pysyncobj from granting the vote.
+                self.pso_handle_message(node, {**message, "last_log_term": -1, "last_log_index": -1})
+                self._heard_leader_at = monotonic()
+            return True
+        held = self._deferred_votes.get(node)
+        if held is None or held[1].get("term", -1) <= message.get("term", -1):
+            self._deferred_votes[node] = (now, message)
+        return True
+
     def on_raft_message(self, node: Any, message: Any) -> None:
         if message == KEEPALIVE:
             return  # reading it was the point
         kind = message.get("type") if isinstance(message, dict) else None
         if kind == "append_entries" and message.get("term", -1) >= self.raftCurrentTerm:
-            self._leader_contact = monotonic()
+            self._heard_leader_at = monotonic()
+        elif kind == "timeout_now" and message.get("term", -1) >= self.raftCurrentTerm \
+                and node == self._getLeader():
+            self._handover_pending = self.raftCurrentTerm  # pysyncobj stands at its next tick
+        elif kind == "request_vote" and self._put_off_vote(node, message):
+            return
         was_leader = self._isLeader()
         self.pso_handle_message(node, message)
+        if was_leader and not self._isLeader():
+            self._heard_leader_at = monotonic()
         if kind != "request_vote" or self.selfNode is None:
             return
         # Only when the leader is gone (the failover case). A live leader deposed by a stale node's
         # higher term (no pre-vote) is refused by both up-to-date nodes; there the normal timers
         # pick one of them, as without this class: two early candidacies would split the vote.
-        if was_leader or monotonic() - self._leader_contact < 0.5 * self.conf.raftMinTimeout:
+        if was_leader or monotonic() - self._heard_leader_at < 0.5 * self.conf.raftMinTimeout:
             return
         if message.get("term") != self.raftCurrentTerm \
                 or self.pso_state != RAFT_STATE.FOLLOWER \

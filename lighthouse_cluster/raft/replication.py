@@ -351,6 +351,14 @@ class RaftNode:
     def is_connected(self, address: str) -> bool:
         return self._syncobj.isNodeConnected(TCPNode(address))
 
+    def vote_refusal_s(self, term: int) -> float:
+        """How long every member refuses votes after hearing from a leader (``fast_election``'s
+        ``vote_refused``, this node's minimum election timeout), as it bounds the lease of this
+        node's predecessor when it leads ``term`` (``core/lease.py``): 0 when it won ``term`` on a
+        handover (TimeoutNow), whose votes were not refused."""
+        syncobj = self._syncobj
+        return 0.0 if syncobj.handover_term == term else syncobj.vote_refusal_s
+
     def transfer_leadership(self, address: str | None = None,
                             callback: Callable[[str | None], None] | None = None) -> None:
         """Raft's TimeoutNow to ``address`` (None: the most caught-up connected follower).

@@ -41,8 +41,8 @@ leader's term within the lease (``LeaderTerm``), a *fast* quorum (same members, 
 the job's last committed one) is issued without a commit; every other round is committed as
 above. Every commit is submitted ``while_leader_of`` the term, so each one confirms the term and
 renews the lease: a fast round that finds the lease run out is committed, and renews it. A new
-leader waits out its predecessor's lease before serving. A job's own lease setting can only
-shorten it (0: every round of that job is committed).
+leader serves only once its predecessor's lease ran out (``lease.py``, point 3). A job's own
+lease setting can only shorten it (0: every round of that job is committed).
 
 Everything here runs on one asyncio event loop; ``submit`` hops to Raft and back.
 """

@@ -5,7 +5,8 @@ A node that Raft makes leader of term ``T`` serves no job's rounds until ``Leade
 
 1. committed a ``TermStart`` for ``T`` (applying it proves this node's state machine holds
    everything committed before its term; the state machine fences off a second one), and
-2. waited out every quorum lease a predecessor may still hold (``lease.py``, point 3).
+2. waited out every quorum lease a predecessor may still hold (``lease.py``, point 3): nothing
+   with the defaults, where the followers' vote refusal outlasts any lease (``vote_refusal_s``).
 
 Then ``serving(T)`` resolves True for every job's coordinator (``coordinator.QuorumCoordinator``),
 which seeds its heartbeats and starts its rounds. When a job first asks for a quorum in the term
@@ -55,8 +56,13 @@ class LeaderTerm:
     def __init__(self, node_id: str, state: QuorumStateMachine, submit: Callable[..., Awaitable[Any]], *,
                  clock: Callable[[], float] = time.monotonic,
                  wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-                 lease: LeaseSettings = LeaseSettings(), retry_s: float = RETRY_S) -> None:
+                 lease: LeaseSettings = LeaseSettings(), retry_s: float = RETRY_S,
+                 vote_refusal_s: Callable[[int], float] = lambda _term: 0.0) -> None:
+        """``vote_refusal_s(T)``: how long every member refused votes after hearing from a leader
+        when this node was elected leader of ``T`` (``RaftNode.vote_refusal_s``; 0: wait out the
+        whole lease, as a leader elected on a handover does)."""
         self.node_id = node_id
+        self._vote_refusal_s = vote_refusal_s
         self.state = state
         self._submit = submit
         self._clock = clock
@@ -151,11 +157,14 @@ class LeaderTerm:
                 self.deposed("another leader's TermStart is in force")
                 return
             # Every lease a predecessor can hold runs out before this leader answers (lease.py).
-            wait = self.lease.serve_after(self._leading_since, self.state.lease_ms) - self._clock()
+            refusal_s = self._vote_refusal_s(term)
+            wait = self.lease.serve_after(self._leading_since, self.state.lease_ms, refusal_s) - self._clock()
             if wait > 0:
                 await asyncio.sleep(wait)
                 if self._term != term:
                     return
+            log.info("term %d: serving; waited %.3f s for a predecessor's lease (lease %d ms, vote refusal %.3f s)",
+                     term, max(0.0, wait), max(self.lease.settings.lease_ms, self.state.lease_ms), refusal_s)
             self._serving = True
             if self.lease.settings.enabled:
                 self._tasks.append(asyncio.get_running_loop().create_task(self._keep_lease(term)))

@@ -111,7 +111,8 @@ class LighthouseNode:
         self._watch_wake = asyncio.Event()
         self._stopped = asyncio.Event()
         self.leader_term = LeaderTerm(config.node_id, self.machine, self.submit,
-                                      lease=LeaseSettings(lease_ms=config.quorum_lease_ms))
+                                      lease=LeaseSettings(lease_ms=config.quorum_lease_ms),
+                                      vote_refusal_s=lambda term: self.raft.vote_refusal_s(term) if self.raft else 0.0)
         self.jobs = JobRegistry(self, config, self.machine, self.submit, self.leader_term,
                                 on_issue=lambda job: lambda issued, commit_s: self.metrics.on_issue(job, issued, commit_s),
                                 on_serving=lambda _job: self._watch_wake.set())

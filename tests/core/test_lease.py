@@ -16,7 +16,8 @@ import pytest
 from support.waiting import wait_for_async
 from lighthouse_cluster.core.codec import CommitQuorum, ConfirmLeadership, TermStart, decode_command, encode_command
 from lighthouse_cluster.server.coordinator import QuorumCoordinator
-from lighthouse_cluster.core.lease import LeaseSettings, QuorumLease
+from lighthouse_cluster.server.leader_term import LeaderTerm
+from lighthouse_cluster.core.lease import LeaseSettings, QuorumLease, lease_wait_s
 from lighthouse_cluster.core.quorum import Member, QuorumOptions
 from lighthouse_cluster.raft.replication import CommitError
 from lighthouse_cluster.core.state_machine import QuorumStateMachine
@@ -63,6 +64,20 @@ def test_a_new_leader_waits_out_the_longer_of_its_own_and_its_predecessors_lease
     assert QuorumLease(LeaseSettings(lease_ms=100)).serve_after(5.0, 0) == pytest.approx(5.1)
     assert QuorumLease(LeaseSettings(lease_ms=100)).serve_after(5.0, 400) == pytest.approx(5.4)
     assert QuorumLease(LeaseSettings(lease_ms=0)).serve_after(5.0, 250) == pytest.approx(5.25)
+
+
+def test_the_vote_refusal_window_shortens_the_wait() -> None:
+    # lease.py point 3: a new leader waits max(L, L') - R; with the defaults (L 100 ms, R the 150 ms
+    # minimum election timeout) not at all.
+    lease = QuorumLease(LeaseSettings(lease_ms=100))
+    assert lease.serve_after(5.0, 0, vote_refusal_s=0.15) == pytest.approx(5.0)
+    assert lease.serve_after(5.0, 100, vote_refusal_s=0.1) == pytest.approx(5.0)
+    assert lease.serve_after(5.0, 400, vote_refusal_s=0.15) == pytest.approx(5.25)  # a longer predecessor lease
+    assert lease.serve_after(5.0, 0, vote_refusal_s=0.0) == pytest.approx(5.1)  # a handover: the whole lease
+    assert lease_wait_s(250, 0.15) == pytest.approx(0.1)
+    assert lease_wait_s(0, 0.15) == 0.0
+    with pytest.raises(ValueError):
+        lease_wait_s(100, -0.1)
 
 
 def test_confirm_leadership_round_trips_and_records_the_lease_length() -> None:
@@ -185,6 +200,29 @@ def test_a_new_leader_serves_only_after_its_predecessors_lease_ran_out() -> None
         await wait_for_async("the coordinator to serve", lambda: coord.serving, 5.0, interval=0.001)
         assert time.monotonic() - started >= 0.4
         coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_a_new_leader_waits_only_for_what_the_vote_refusal_does_not_cover() -> None:
+    async def main() -> None:
+        machine = QuorumStateMachine()
+        machine.apply(TermStart(term=1, node_id="n0", time_ms=1))
+        machine.apply(ConfirmLeadership(term=1, node_id="n0", lease_ms=2000))
+        log = Log(machine)
+        asked: list[int] = []
+
+        def refusal(term: int) -> float:
+            asked.append(term)
+            return 1.9  # every member refused votes for 1.9 s after hearing from the old leader
+
+        leader = LeaderTerm("n1", machine, log.submit, lease=LeaseSettings(lease_ms=0), vote_refusal_s=refusal)
+        started = time.monotonic()
+        leader.start(2)
+        assert await asyncio.wait_for(leader.serving(2), 5.0)
+        elapsed = time.monotonic() - started
+        assert asked == [2]
+        assert 0.1 <= elapsed < 1.5  # 2.0 - 1.9 s, not the whole 2 s lease
+        leader.stop()
     asyncio.run(main())
 
 

@@ -1,11 +1,15 @@
 """fast_election.FastElectionSyncObj: follower links kept alive, early election after a refusal
-(benchmarks F8). Three in-process pysyncobj nodes on loopback."""
+(benchmarks F8), the vote-refusal window and handovers (F13), no attributes of ours in pysyncobj's
+snapshots. Three in-process pysyncobj nodes on loopback (one for the snapshot)."""
 
 from __future__ import annotations
 
+import gzip
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from pysyncobj import SyncObjConf
@@ -13,7 +17,7 @@ from pysyncobj import SyncObjConf
 from support.raft_counter import Counter
 from support.waiting import wait_for
 from lighthouse_cluster.raft.fast_election import FastElectionSyncObj
-from lighthouse_cluster.raft.pysyncobj_internals import CONNECTION_STATE, RAFT_STATE
+from lighthouse_cluster.raft.pysyncobj_internals import CONNECTION_STATE, RAFT_STATE, pso_pickle
 from lighthouse_cluster.raft.pysyncobj_internals import monotonic as raft_monotonic
 
 pytestmark = pytest.mark.integration  # real servers on loopback
@@ -25,22 +29,40 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _conf(**kwargs: Any) -> SyncObjConf:
+    return SyncObjConf(autoTickPeriod=0.01, raftMinTimeout=0.15, raftMaxTimeout=0.45, appendEntriesPeriod=0.0375,
+                       connectionTimeout=0.5, connectionRetryTime=0.25, appendEntriesUseBatch=False, **kwargs)
+
+
+def _start(count: int = 3, **kwargs: Any) -> list[FastElectionSyncObj]:
+    addrs = [f"127.0.0.1:{_free_port()}" for _ in range(count)]
+    out = []
+    try:
+        for a in addrs:
+            counter = Counter()
+            out.append(FastElectionSyncObj(a, [x for x in addrs if x != a], conf=_conf(), consumers=[counter],
+                                           **kwargs))
+            out[-1].counter = counter  # type: ignore[attr-defined]
+        wait_for("a leader", lambda: any(n._isLeader() for n in out), 10)
+    except BaseException:
+        for n in out:
+            n.destroy()
+        raise
+    return out
+
+
 @pytest.fixture
 def nodes() -> Iterator[list[FastElectionSyncObj]]:
-    addrs = [f"127.0.0.1:{_free_port()}" for _ in range(3)]
-    out = []
-    for a in addrs:
-        conf = SyncObjConf(autoTickPeriod=0.01, raftMinTimeout=0.15, raftMaxTimeout=0.45, appendEntriesPeriod=0.0375,
-                           connectionTimeout=0.5, connectionRetryTime=0.25, appendEntriesUseBatch=False)
-        counter = Counter()
-        out.append(FastElectionSyncObj(a, [x for x in addrs if x != a], conf=conf, consumers=[counter]))
-        out[-1].counter = counter  # type: ignore[attr-defined]
+    out = _start()
     try:
-        wait_for("a leader", lambda: any(n._isLeader() for n in out), 10)
         yield out
     finally:
         for n in out:
             n.destroy()
+
+
+def vote_request(term: int, last_term: int, last_index: int) -> dict:
+    return {"type": "request_vote", "term": term, "last_log_term": last_term, "last_log_index": last_index}
 
 
 @pytest.mark.timeout(60)
@@ -73,24 +95,24 @@ def test_refusing_a_candidate_that_is_behind_starts_an_election_soon(nodes: list
     other = next(n for n in nodes if n not in (leader, follower))
     term = follower.raftCurrentTerm
 
-    def vote_request(term: int, last_term: int, last_index: int) -> dict:
-        return {"type": "request_vote", "term": term, "last_log_term": last_term, "last_log_index": last_index}
-
     # A stale request (older term) and an up-to-date candidate: no early election.
     follower.on_raft_message(other.selfNode, vote_request(term - 1, 0, 0))
     assert follower.early_elections == 0
     # Handled on the caller's thread (not the tick thread): call it with the node's state frozen.
     my_term, my_index = follower.pso_last_log()
+    # While the leader lives (an append_entries less than raftMinTimeout ago) a request is put off:
+    # no vote, and the follower keeps its term (the leader is not disrupted).
+    follower._heard_leader_at = raft_monotonic()
+    put_off = follower.votes_put_off
     follower.on_raft_message(other.selfNode, vote_request(term + 1, my_term, my_index + 5))
-    assert follower.early_elections == 0  # it voted for that candidate
-    # A candidate whose log is behind while the leader is alive (it deposes it: no pre-vote):
-    # refused, and the normal timers decide, as without FastElectionSyncObj.
-    follower._leader_contact = raft_monotonic()
+    assert follower.votes_put_off == put_off + 1 and follower.raftCurrentTerm == term
+    # A candidate whose log is behind while the leader is alive: put off too, no early election.
+    follower._heard_leader_at = raft_monotonic()
     follower.on_raft_message(other.selfNode, vote_request(term + 2, my_term, my_index - 1))
-    assert follower.early_elections == 0
+    assert follower.early_elections == 0 and follower.raftCurrentTerm == term
     # The same once the leader is gone (no append_entries for a while), in a new term the
     # follower has not voted in: refused, and the follower stands itself within raftMinTimeout / 5.
-    follower._leader_contact = raft_monotonic() - 1.0
+    follower._heard_leader_at = raft_monotonic() - 1.0
     term = follower.raftCurrentTerm
     before = raft_monotonic()
     follower.on_raft_message(other.selfNode, vote_request(term + 2, my_term, my_index - 1))
@@ -105,3 +127,104 @@ def test_refusing_a_candidate_that_is_behind_starts_an_election_soon(nodes: list
     wait_for("one leader, known to every node",
              lambda: sum(n._isLeader() for n in nodes) == 1 and all(n._getLeader() is not None for n in nodes), 5.0,
              interval=0.01)
+
+
+# -- the vote-refusal window (core/lease.py point 3, benchmarks F13) ---------------------------------
+
+
+def _caught_up(nodes: list[FastElectionSyncObj]) -> FastElectionSyncObj:
+    leader = next(n for n in nodes if n._isLeader())
+    leader.counter.inc(sync=True, timeout=5)  # type: ignore[attr-defined]
+    wait_for("every node to apply the leader's entries",
+             lambda: all(n.raftLastApplied >= leader.raftLastApplied for n in nodes), 5.0, interval=0.01)
+    return leader
+
+
+@pytest.mark.timeout(60)
+def test_a_vote_request_put_off_while_the_leader_lived_is_answered_when_the_window_ends(
+        nodes: list[FastElectionSyncObj]) -> None:
+    leader = _caught_up(nodes)
+    follower, other = (n for n in nodes if n is not leader)
+    leader.destroy()
+    wait_for("the leader's tick thread to end", lambda: not leader.tick_thread_alive(), 5.0, interval=0.001)
+    # Within raftMinTimeout of its last append_entries (each of which moved the deadlines up).
+    far = raft_monotonic() + 3600.0
+    follower.pso_election_deadline = other.pso_election_deadline = far  # neither stands by itself
+    heard = follower._heard_leader_at
+    term = follower.raftCurrentTerm
+    put_off, voted = follower.votes_put_off, follower.pso_voted_for  # its vote of this term (for the leader)
+    my_term, my_index = follower.pso_last_log()
+    # Within raftMinTimeout of the leader's last append_entries: put off, neither voted nor refused.
+    follower.on_raft_message(other.selfNode, vote_request(term + 1, my_term, my_index))
+    assert follower.votes_put_off == put_off + 1
+    assert follower.pso_voted_for == voted and follower.raftCurrentTerm == term
+    # Answered once the window is over (on the tick thread, at that deadline), not dropped: the
+    # candidate need not wait for its next election timeout.
+    wait_for("the follower to vote for the candidate", lambda: follower.pso_voted_for == other.selfNode.id, 2.0,
+             interval=0.005)
+    assert raft_monotonic() >= heard + follower.vote_refusal_s
+    assert follower.raftCurrentTerm == term + 1
+
+
+@pytest.mark.timeout(60)
+def test_a_leader_takes_a_higher_term_from_a_vote_request_but_gives_no_vote(nodes: list[FastElectionSyncObj]) -> None:
+    leader = _caught_up(nodes)
+    follower = next(n for n in nodes if n is not leader)
+    term = leader.raftCurrentTerm
+    my_term, my_index = leader.pso_last_log()
+    # A node back from a partition with a higher term: the leader steps down (else that node could
+    # never rejoin: pysyncobj ignores append_entries of an older term) but does not vote.
+    leader.on_raft_message(follower.selfNode, vote_request(term + 1, my_term, my_index))
+    assert leader.raftCurrentTerm >= term + 1 and leader.pso_voted_for in (None, leader.selfNode.id)
+    assert leader.pso_voted_for != follower.selfNode.id
+    wait_for("one leader again, known to every node",
+             lambda: sum(n._isLeader() for n in nodes) == 1 and all(n._getLeader() is not None for n in nodes), 5.0,
+             interval=0.01)
+
+
+@pytest.mark.timeout(60)
+def test_a_handover_candidate_is_answered_at_once_despite_the_refusal_window() -> None:
+    # A 3 s refusal window: without the handover mark on its requests the target could not win
+    # before the window after the old leader's last append_entries ends (its leader gives no vote
+    # while it leads, the other follower puts the request off).
+    nodes = _start(vote_refusal_s=3.0)
+    try:
+        leader = _caught_up(nodes)
+        target = next(n for n in nodes if n is not leader)
+        term = leader.raftCurrentTerm
+        sent: list[Any] = []
+        leader.transferLeadership(target.selfNode, callback=lambda _r, err: sent.append(err))
+        assert sent == [0], sent  # FAIL_REASON.SUCCESS: TimeoutNow sent
+        started = time.monotonic()
+        wait_for("the target to lead", target._isLeader, 2.0, interval=0.005)
+        assert time.monotonic() - started < 1.5
+        assert target.raftCurrentTerm == term + 1 and target.handover_term == term + 1
+        assert all(n.handover_term is None for n in nodes if n is not target)
+    finally:
+        for n in nodes:
+            n.destroy()
+
+
+@pytest.mark.timeout(60)
+def test_no_attribute_of_ours_goes_into_pysyncobjs_snapshots(tmp_path: Path) -> None:
+    # pysyncobj snapshots the SyncObj's own attributes (all but those it had at the end of its
+    # __init__) and restores them on every node that loads the snapshot: a time of one node's clock
+    # (the last keep-alive, the last leader contact) would land on another's.
+    dump = tmp_path / "raft.snapshot"
+    counter = Counter()
+    node = FastElectionSyncObj(f"127.0.0.1:{_free_port()}", [], conf=_conf(fullDumpFile=str(dump)),
+                               consumers=[counter])
+    try:
+        wait_for("a leader", node._isLeader, 10.0)
+        for _ in range(3):
+            counter.inc(sync=True, timeout=5)
+        # Let a few ticks run (keep-alives, acks and the adaptive tick set their attributes then).
+        wait_for("a few ticks", lambda: node.tick_waits > 20, 5.0, interval=0.01)
+        node.forceLogCompaction()
+        wait_for("a snapshot", lambda: dump.exists() and dump.stat().st_size > 0, 10.0, interval=0.01)
+        with gzip.open(dump, "rb") as g:
+            data = pso_pickle.load(g)
+        ours = sorted(k for k in data[0][0] if not k.startswith("_SyncObj__"))  # pysyncobj's own: its business
+        assert ours == []
+    finally:
+        node.destroy()
