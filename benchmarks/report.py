@@ -441,12 +441,18 @@ def plot(res: dict, path: Path) -> str:
             vals.append(row["throughput_ratio"])
             targets.append(1.0)
     for row in rounds:
-        for system in ("leader", "followers"):
-            r = row.get(system, {})
-            if r.get("ratio_vs_torchft") is not None:
-                names.append(f"rounds/s N={row['n']}\n{system}/torchft")
-                vals.append(r["ratio_vs_torchft"])
-                targets.append(ROUND_TARGETS.get(row["n"], 1.0))
+        leader = row.get("leader", {})
+        for key, label, table in (("ratio_vs_torchft", "leader/torchft", ROUND_TARGETS),
+                                  ("ratio_vs_floor", "leader/floor", FLOOR_TARGETS)):
+            if leader.get(key) is not None and row["n"] in table:
+                names.append(f"rounds/s N={row['n']}\n{label}")
+                vals.append(leader[key])
+                targets.append(table[row["n"]])
+        followers = row.get("followers", {})
+        if followers.get("ratio_vs_leader") is not None and row["n"] in FOLLOWER_TARGETS:
+            names.append(f"rounds/s N={row['n']}\nfollowers/leader")
+            vals.append(followers["ratio_vs_leader"])
+            targets.append(FOLLOWER_TARGETS[row["n"]])
     if vals:
         ok = [(v <= t) if n.startswith("SDK") else (v >= t) for n, v, t in zip(names, vals, targets)]
         ax.bar(range(len(vals)), vals, color=["tab:green" if o else "tab:red" for o in ok])
@@ -455,7 +461,7 @@ def plot(res: dict, path: Path) -> str:
         ax.set_xticklabels(names, fontsize=6, rotation=60, ha="right")
         ax.set_yscale("log")
         ax.legend(fontsize=8)
-    ax.set_title("Ratios vs torchft (green: target met)")
+    ax.set_title("Ratios against their targets (green: met)")
     ax.grid(True, axis="y", alpha=0.3)
     if scaling:
         _plot_scaling(axes[2], rounds, colors)
