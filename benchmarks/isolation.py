@@ -7,7 +7,10 @@ job in each call's metadata. Phases, each measured for ``duration_s``:
 
 1. **alone**: only job B's groups run; its round latency (last request -> last answer) and rounds/s;
 2. **beside**: job A's groups run (warmed up first), and job B's groups again, a new set;
-3. the ratio of job B's median round latency beside job A to alone (issue 17's bound: <= 2).
+3. the ratio of job B's median round latency beside job A to alone (issue 17's bound: <= 2);
+4. **beside training**: job A's groups as a training job runs them, a round per step of
+   ``TRAINING_STEP_S`` (their heartbeats every 100 ms as before), and job B's groups again: what
+   a job's neighbour usually looks like, as opposed to the hammering of phase 2.
 
 Both jobs use the rounds section's settings (min_replicas = the job's group count, so every round
 is the job's full set and, after the first, a fast quorum). What the figure does not separate:
@@ -34,6 +37,7 @@ from .rounds import HEARTBEAT_TIMEOUT_MS, JOIN_TIMEOUT_MS, QUORUM_TICK_MS, stabl
 TOKEN = "isolation-bench"
 BOUND = 2.0  # issue 17: job B's round latency beside job A within 2x of alone
 SMALL_JOB, LARGE_JOB = "job-b", "job-a"
+TRAINING_STEP_S = 1.0  # phase 4: job A asks for a quorum once per training step of this long
 
 
 def add_job(address: str, name: str, groups: int) -> None:
@@ -66,12 +70,13 @@ def _measure(spec: LoadSpec, workers: int, duration_s: float, warmup_timeout_s: 
 
 
 def run_isolation(small: int, large: int, duration_s: float, workdir: Path, say: Callable[[str], None],
-                  workers: int = 2, warmup_timeout_s: float = 60.0) -> dict:
+                  workers: int = 2, warmup_timeout_s: float = 60.0, with_training: bool = True) -> dict:
     root = Path(tempfile.mkdtemp(prefix="cluster-isolation-", dir=workdir))
     cluster = LocalCluster(root=root, nodes=3, min_replicas=1, admin_token=TOKEN)
     res: dict[str, Any] = {"config": {"small": small, "large": large, "duration_s": duration_s, "bound": BOUND,
                                       "join_timeout_ms": JOIN_TIMEOUT_MS, "quorum_tick_ms": QUORUM_TICK_MS,
-                                      "heartbeat_timeout_ms": HEARTBEAT_TIMEOUT_MS}}
+                                      "heartbeat_timeout_ms": HEARTBEAT_TIMEOUT_MS,
+                                      "training_step_s": TRAINING_STEP_S}}
     background: LoadGenerator | None = None
     try:
         cluster.start()
@@ -100,6 +105,21 @@ def run_isolation(small: int, large: int, duration_s: float, workdir: Path, say:
         records = background.stop()
         background = None
         bad = sum(r["validation"]["bad"] for r in records)
+        training: dict[str, Any] | None = None
+        if with_training:
+            background = LoadGenerator(LoadSpec(groups=large, endpoints=(address,), prefix="training",
+                                                job=LARGE_JOB, step_time_s=TRAINING_STEP_S),
+                                       workers_for(large, workers))
+            background.start(timeout=60)
+            if not background.wait_rounds(2, warmup_timeout_s + 2 * TRAINING_STEP_S):
+                raise RuntimeError(f"job A training (N={large}): fewer than 2 rounds within {warmup_timeout_s:.0f} s")
+            training = _measure(LoadSpec(groups=small, endpoints=(address,), prefix="training-b", job=SMALL_JOB),
+                                1, duration_s, warmup_timeout_s, pids)
+            bad += sum(r["validation"]["bad"] for r in background.stop())
+            background = None
+            res["beside_training"] = training
+            say(f"  isolation job B (N={small}) beside job A training (a round per {TRAINING_STEP_S:g} s step): "
+                f"p50 {training['latency_ms']['p50']} ms, {training['rounds_per_s']} rounds/s")
         res["large_validation_bad"] = bad
         res["load_end"] = load_snapshot()
     finally:
@@ -113,8 +133,13 @@ def run_isolation(small: int, large: int, duration_s: float, workdir: Path, say:
     res["ratio_p50"] = round(p50b / p50a, 3) if p50a and p50b else None
     p99a, p99b = alone["latency_ms"]["p99"], beside["latency_ms"]["p99"]
     res["ratio_p99"] = round(p99b / p99a, 3) if p99a and p99b else None
-    errors = alone["errors_total"] + beside["errors_total"]
-    incomplete = res["large_validation_bad"] + alone["validation"]["bad"] + beside["validation"]["bad"]
+    training = res.get("beside_training")
+    if training is not None:
+        p50t = training["latency_ms"]["p50"]
+        res["ratio_p50_training"] = round(p50t / p50a, 3) if p50a and p50t else None
+    phases = [alone, beside] + ([training] if training is not None else [])
+    errors = sum(r["errors_total"] for r in phases)
+    incomplete = res["large_validation_bad"] + sum(r["validation"]["bad"] for r in phases)
     if errors or incomplete:
         res["error"] = f"{errors} failed calls, {incomplete} quorums without every group of their job"
     say(f"  isolation job B (N={small}) beside job A (N={large}, {res['large_rounds_per_s']} rounds/s): "

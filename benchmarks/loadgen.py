@@ -74,6 +74,8 @@ class LoadSpec:
     parse_created: bool = False
     # The job the groups belong to (named in every call's metadata); None: the default job.
     job: str | None = None
+    # A pause after each answered Quorum call before the next (a training step); 0: back to back.
+    step_time_s: float = 0.0
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     def replica_id(self, i: int) -> str:
@@ -218,6 +220,8 @@ async def _worker(spec: LoadSpec, gids: list[int], ready: Any, go: Any, stop: An
                         validation["examples"].append(f"quorum {q.quorum_id}: {len(ids)} members, "
                                                       f"includes me: {rid in ids}")
             step += 1
+            if spec.step_time_s:
+                await asyncio.sleep(spec.step_time_s)
 
     async def heartbeat_loop(g: int) -> None:
         raw = pb.LighthouseHeartbeatRequest(replica_id=member_of[g].replica_id).SerializeToString()

@@ -336,14 +336,21 @@ def _md_isolation(s: dict) -> list[str]:
            f"groups hammering quorums), every group on the leader, {_fmt(c.get('duration_s'), 0)} s per phase. "
            "Round latency = last request -> last answer of a round of job B.", "",
            "| job B | rounds/s | latency p50 | p99 | leader CPU |", "|---|---|---|---|---|"]
-    for phase in ("alone", "beside"):
-        r = s.get(phase, {})
+    labels = {"alone": "alone", "beside": "beside job A hammering",
+              "beside_training": f"beside job A training (a round per {_fmt(c.get('training_step_s'), 0)} s step)"}
+    for phase, label in labels.items():
+        r = s.get(phase)
+        if r is None:
+            continue
         lat = r.get("latency_ms", {})
         cpu = r.get("lighthouse_cpu", {}).get("per_process_pct", {}).get("leader")
-        out.append(f"| {phase}{' job A' if phase == 'beside' else ''} | {_fmt(r.get('rounds_per_s'), 1)} | "
+        out.append(f"| {label} | {_fmt(r.get('rounds_per_s'), 1)} | "
                    f"{_fmt(lat.get('p50'), 2, ' ms')} | {_fmt(lat.get('p99'), 2, ' ms')} | {_fmt(cpu, 0, '%')} |")
-    out += ["", f"Job A meanwhile: {_fmt(s.get('large_rounds_per_s'), 2)} rounds/s. Ratio beside / alone: p50 "
-                f"{_fmt(s.get('ratio_p50'), 2)}, p99 {_fmt(s.get('ratio_p99'), 2)} (bound {c.get('bound')} on p50).", ""]
+    out += ["", f"Job A hammering: {_fmt(s.get('large_rounds_per_s'), 2)} rounds/s. Ratio beside / alone: p50 "
+                f"{_fmt(s.get('ratio_p50'), 2)}, p99 {_fmt(s.get('ratio_p99'), 2)} (bound {c.get('bound')} on p50)."]
+    if s.get("ratio_p50_training") is not None:
+        out += [f"Beside job A training: p50 ratio {_fmt(s['ratio_p50_training'], 2)}."]
+    out += [""]
     return out
 
 

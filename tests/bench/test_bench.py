@@ -255,8 +255,15 @@ def test_isolation_target_and_table():
     assert target["value"] == 2.5 and target["met"] is False
     assert target["name"] == "isolation: job B (N=8) round latency p50 beside job A (N=256) / alone"
     text = markdown(res)
-    assert "| beside job A | 120.0 | 7.50 ms | 30.00 ms | 100% |" in text
+    assert "| beside job A hammering | 120.0 | 7.50 ms | 30.00 ms | 100% |" in text
     assert "Ratio beside / alone: p50 2.50, p99 5.00 (bound 2.0 on p50)" in text
+    iso["config"]["training_step_s"] = 1.0
+    iso["beside_training"] = {"rounds_per_s": 250.0, "latency_ms": {"p50": 3.6, "p99": 9.0},
+                              "lighthouse_cpu": {"per_process_pct": {"leader": 80.0}}}
+    iso["ratio_p50_training"] = 1.2
+    text = markdown(res)
+    assert "| beside job A training (a round per 1 s step) | 250.0 | 3.60 ms | 9.00 ms | 80% |" in text
+    assert "Beside job A training: p50 ratio 1.20." in text
 
 
 def test_goodput_targets_and_table():
@@ -512,9 +519,9 @@ def test_quick_bench_writes_every_section(tmp_path: Path):
     # 7. isolation: job B measured alone and beside job A, every round with every group of its job
     iso = sections["isolation"]
     assert not iso.get("errors"), iso.get("errors")
-    for phase in ("alone", "beside"):
+    for phase in ("alone", "beside", "beside_training"):
         assert iso[phase]["rounds"] > 0 and iso[phase]["validation"]["bad"] == 0, iso[phase]
-    assert iso["large_rounds_per_s"] > 0 and iso["ratio_p50"] > 0, iso
+    assert iso["large_rounds_per_s"] > 0 and iso["ratio_p50"] > 0 and iso["ratio_p50_training"] > 0, iso
 
     assert res["targets"], "targets are evaluated"
 
