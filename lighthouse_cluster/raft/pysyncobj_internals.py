@@ -104,6 +104,8 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("pysyncobj.syncobj", "_RAFT_STATE"),
     Internal("pysyncobj.syncobj", "_COMMAND_TYPE"),
     Internal("pysyncobj.tcp_connection", "CONNECTION_STATE"),
+    # The module a connection (de)compresses every message with (replaced: message_compression.py).
+    Internal("pysyncobj.tcp_connection", "zlib"),
     Internal("pysyncobj.monotonic", "monotonic"),
     Internal("pysyncobj.dns_resolver", "globalDnsResolver"),
     Internal("pysyncobj.node", "TCPNode"),
@@ -200,7 +202,16 @@ __all__ = [
     "COMMAND_TYPE", "CONNECTION_STATE", "INTERNALS", "JOURNAL_APP_NAME", "JOURNAL_FIRST_RECORD_OFFSET",
     "JOURNAL_LAST_RECORD_OFFSET_OFFSET", "PINNED_VERSION", "RAFT_STATE", "Internal", "SyncObjInternals", "TCPNode",
     "check", "connecting_since", "message", "monotonic", "problems", "pso_pickle", "resolve_host",
+    "use_message_compression",
 ]
+
+
+def use_message_compression(codec: Any) -> None:
+    """Make pysyncobj's connections compress and decompress their messages with ``codec`` (an
+    object with zlib's ``compress(data, level)`` and ``decompress(data)``) instead of ``zlib``."""
+    from pysyncobj import tcp_connection
+
+    tcp_connection.zlib = codec
 
 
 def resolve_host(host: str) -> str | None:
