@@ -171,7 +171,12 @@ class ManagerConnections:
         channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
         up = False
         try:
-            if not await self._until(channel, {grpc.ChannelConnectivity.READY}, self._connect_timeout_s):
+            # A first dial that is refused (TRANSIENT_FAILURE) settles the member at once, as one
+            # that is not up within the connect timeout does: redialing every 50-200 ms until then
+            # cost 2048 members ~7 s of CPU in a new leader's first 5 s (benchmarks/README.md, F15).
+            if not await self._until(channel, {grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE},
+                                     self._connect_timeout_s) \
+                    or channel.get_state() is not grpc.ChannelConnectivity.READY:
                 log.debug("manager server of %s at %s not reachable: heartbeat timeout only", rid, target)
                 self._settle(rid, target)
                 return
