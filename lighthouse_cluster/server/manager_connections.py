@@ -14,7 +14,8 @@ watches it (gRPC channel connectivity):
   ``grace_s``, the replica is declared dead: unhealthy for the quorum rules at once, exactly as if
   its heartbeat had gone stale; the pending quorum is evaluated now;
 * a member whose manager server cannot be reached at all (another network, a placeholder
-  address) is never declared anything: it keeps torchft's heartbeat timeout;
+  address: the first dial is refused, or not up within ``CONNECT_TIMEOUT_S``) is never declared
+  anything: it keeps torchft's heartbeat timeout;
 * members with an open liveness stream (ftclient) are not watched: the stream says more.
 
 What torchft trainers see does not change: no RPC is sent to them, their heartbeats and Quorum
