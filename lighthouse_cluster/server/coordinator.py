@@ -197,6 +197,7 @@ class QuorumCoordinator:
         self._replayable: ReplayableRound | None = None
         self._serving_started: asyncio.Future[None] | None = None
         self.rounds_replayed = 0
+        self._replay_logged: ReplayableRound | None = None  # the last one whose replay was logged at INFO
 
     # -- leadership -------------------------------------------------------------------------
 
@@ -392,8 +393,14 @@ class QuorumCoordinator:
             replayed = self._replayable.answer(member) if self._replayable is not None else None
             if replayed is not None:
                 self.rounds_replayed += 1
-                log.info("quorum %d replayed to %s: its request equals its entry in that quorum (an answer "
-                         "lost with the previous leader)", self._replayable.issued.quorum.quorum_id, rid)
+                # One line per quorum at INFO: after a failover at N=2048 nearly every member asks
+                # again, and a line each was 2048 lines on a new leader's busiest second (F15).
+                first = self._replay_logged is not self._replayable
+                self._replay_logged = self._replayable
+                log.log(logging.INFO if first else logging.DEBUG,
+                        "quorum %d replayed to %s: its request equals its entry in that quorum (an answer "
+                        "lost with the previous leader)%s", self._replayable.issued.quorum.quorum_id, rid,
+                        "; replays to other members of it are logged at DEBUG" if first else "")
                 answered = True
                 return replayed
             self._register(member, self._clock())

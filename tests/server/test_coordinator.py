@@ -9,6 +9,7 @@ Real Raft is exercised by the integration tests.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -174,6 +175,27 @@ def test_a_request_equal_to_its_entry_in_the_last_quorum_gets_that_quorum_back()
         assert raw == quorum_response(PREVIOUS)  # the same id, members and created: the lost answer
         assert decode(raw).quorum_id == 4 and log.commits() == []
         assert coord.rounds_replayed == 1 and coord.pending() == []
+        coord.stop_leading()
+    asyncio.run(main())
+
+
+def test_replays_of_one_quorum_are_logged_once_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    """After a failover at N=2048 nearly every member re-sends its request: one INFO line per
+    replayed quorum, not one per member (the rest at DEBUG; ``rounds_replayed`` counts them all)."""
+    members = tuple(Member(f"m{i:02d}", step=3) for i in range(20))
+    previous = Quorum(4, members, 1_600_000_000_000)
+
+    async def main() -> None:
+        machine = QuorumStateMachine()
+        machine.apply(CommitQuorum(expected_quorum_id=0, term=1, node_id="old", quorum=previous))
+        coord, _, _ = make(min_replicas=1, machine=machine)
+        coord.start_leading(2)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
+        with caplog.at_level(logging.INFO, logger="lighthouse_cluster.server.coordinator"):
+            raws = await asyncio.wait_for(asyncio.gather(*(coord.quorum(m) for m in members)), 1.0)
+        assert set(raws) == {quorum_response(previous)} and coord.rounds_replayed == len(members)
+        infos = [r for r in caplog.records if r.levelno >= logging.INFO and "replayed" in r.getMessage()]
+        assert len(infos) == 1, [r.getMessage() for r in infos]
         coord.stop_leading()
     asyncio.run(main())
 

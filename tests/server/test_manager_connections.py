@@ -86,6 +86,64 @@ def test_the_running_quorums_members_without_a_stream_are_watched_and_only_while
     asyncio.run(main())
 
 
+def test_a_large_quorum_is_dialed_a_bounded_number_of_members_per_check() -> None:
+    """A new leader of 2048 members opened every channel in one pass of the event loop (~250 ms
+    with no answer going out); now at most MAX_NEW_WATCHES_PER_CHECK per check, the rest next."""
+    from lighthouse_cluster.server.manager_connections import MAX_NEW_WATCHES_PER_CHECK as K
+
+    async def main() -> None:
+        members = Members()
+        watch = ManagerConnections(members, lambda rid, why: None, lambda rid: False, grace_s=0.5)
+
+        async def fake_watch(rid: str, target: str) -> None:
+            await asyncio.Event().wait()
+
+        watch._watch = fake_watch  # type: ignore[method-assign]
+        n = 2 * K + 10
+        members.running = {f"r{i}": f"http://127.0.0.1:{1000 + i}" for i in range(n)}
+        seen = []
+        for _ in range(4):
+            watch.reconcile()
+            seen.append(watch.watched)
+        assert seen == [K, 2 * K, n, n]
+        watch.stop()
+    asyncio.run(main())
+
+
+def test_a_refused_manager_address_is_given_up_at_once_not_redialed_until_the_connect_timeout() -> None:
+    """Nothing listens on the address (the kernel refuses the dial): the member is settled (heartbeat
+    timeout only) after that first refusal. It used to be redialed every 50-200 ms until
+    ``connect_timeout_s``: with 2048 such members a new leader spent ~7 s of CPU in its first 5 s
+    (benchmarks/README.md, F15)."""
+    import socket
+
+    async def main() -> None:
+        ports = []
+        for _ in range(20):
+            with socket.socket() as s:  # bound and closed: refused, nothing listens
+                s.bind(("127.0.0.1", 0))
+                ports.append(s.getsockname()[1])
+        members = Members()
+        members.running = {f"r{i}": f"http://127.0.0.1:{p}" for i, p in enumerate(ports)}
+        declared: list[str] = []
+        watch = ManagerConnections(members, lambda rid, why: declared.append(rid), lambda rid: False,
+                                   grace_s=0.5, connect_timeout_s=30.0)
+        try:
+            watch.reconcile()
+            assert watch.watched == len(ports)
+            deadline = time.monotonic() + 3.0
+            while watch.watched and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert watch.watched == 0 and len(watch._settled) == len(ports)
+            assert declared == [] and watch.connected == 0  # never declared anything
+            watch.reconcile()  # settled: not dialed again while the quorum is the same
+            assert watch.watched == 0
+        finally:
+            watch.stop()
+            await asyncio.sleep(0.1)
+    asyncio.run(main())
+
+
 # -- integration --------------------------------------------------------------------------------------
 
 MANAGER_SERVER = textwrap.dedent("""
