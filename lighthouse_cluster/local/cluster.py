@@ -10,6 +10,7 @@ processes, even when the caller fails.
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import signal
 import socket
@@ -30,7 +31,48 @@ PARENT_PID_ENV = "LIGHTHOUSE_CLUSTER_PARENT_PID"  # see supervise.die_with_paren
 ADMIN_TOKEN_ENV = "LIGHTHOUSE_CLUSTER_ADMIN_TOKEN"
 
 
+# Ports are drawn from below the kernel's ephemeral range (the ports it gives outgoing connections
+# and bind(0)), from this port up, when that leaves room; else the kernel is asked.
+_DRAWN_PORTS_START = 10_000
+_DRAWN_PORTS_MIN = 2_000
+
+
+def _drawable_ports() -> tuple[int, int] | None:
+    """The port range ``free_ports`` draws from, or None where the ephemeral range leaves too little."""
+    try:
+        low, _high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return None
+    if low - _DRAWN_PORTS_START < _DRAWN_PORTS_MIN:
+        return None
+    return _DRAWN_PORTS_START, low - 1
+
+
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct TCP ports free now on ``host`` and on every interface, released again.
+
+    They are drawn at random from below the kernel's ephemeral range where it leaves room: a port
+    the kernel hands out (bind(0), an outgoing connection's) is the kind another process gets
+    next, and two tests starting nodes side by side (``pytest -n 2``) then raced for one (a node
+    failed with "Address already in use"). Elsewhere the kernel picks them."""
+    drawable = _drawable_ports()
+    if drawable is None:
+        return _kernel_ports(n, host)
+    draw = random.SystemRandom()
+    ipv6 = can_bind("[::]", 0)
+    chosen: list[int] = []
+    for _ in range(100 * n):
+        if len(chosen) == n:
+            break
+        port = draw.randint(*drawable)
+        if port in chosen or not can_bind(host, port) or not can_bind("0.0.0.0", port) \
+                or (ipv6 and not can_bind("[::]", port)):
+            continue
+        chosen.append(port)
+    return chosen if len(chosen) == n else _kernel_ports(n, host)
+
+
+def _kernel_ports(n: int, host: str) -> list[int]:
     """Ask the kernel for ``n`` distinct free TCP ports (released again before returning)."""
     socks = []
     try:
