@@ -223,6 +223,9 @@ class FastElectionSyncObj(IdleAckSyncObj):
                 # everything keeps pysyncobj from granting the vote.
                 self.pso_handle_message(node, {**message, "last_log_term": -1, "last_log_index": -1})
                 self._heard_leader_at = monotonic()
+                # As a vote would: its election deadline dates from before it led, so without this
+                # it stood at its next tick (after a handover: a second election, a term above).
+                self.pso_election_deadline = monotonic() + self.pso_election_timeout()
             return True
         held = self._deferred_votes.get(node)
         if held is None or held[1].get("term", -1) <= message.get("term", -1):

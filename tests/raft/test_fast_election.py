@@ -205,6 +205,42 @@ def test_a_handover_candidate_is_answered_at_once_despite_the_refusal_window() -
             n.destroy()
 
 
+def test_after_a_handover_the_old_leader_does_not_stand_again() -> None:
+    """The handover candidate's first request (pysyncobj's own, unmarked) deposes the old leader,
+    which gives no vote within its window. Without a vote its election timer was not restarted:
+    its deadline from before it led had long passed, so it could stand at its next tick, a term
+    above the handover's, and leadership moved again (CI, on a loaded machine: the old leader stood
+    13 ms after the handover began, and test_transfer_leader_to_a_named_node found a leader other
+    than the one it had just read). Here, on a quiet machine, the marked request reaches it in time
+    even without the fix: this guards the outcome; it did not reproduce the race."""
+    nodes = _start()
+    try:
+        leader = _caught_up(nodes)
+        target = next(n for n in nodes if n is not leader)
+        term = leader.raftCurrentTerm
+        # The marked requests go out 50 ms after pysyncobj's own (a loaded machine splits them
+        # over the old leader's ticks; on an idle one they arrive together).
+        send_marked, first_seen = target._send_handover_votes, []
+
+        def late_marked_requests() -> None:
+            if target._handover_pending is not None and not first_seen:
+                first_seen.append(time.monotonic())
+            if first_seen and time.monotonic() - first_seen[0] < 0.05:
+                return
+            send_marked()
+
+        target._send_handover_votes = late_marked_requests  # type: ignore[method-assign]
+        leader.transferLeadership(target.selfNode, callback=lambda _r, _err: None)
+        wait_for("the target to lead", target._isLeader, 2.0, interval=0.005)
+        # Three election timeouts: a node standing again would have done so by now.
+        time.sleep(3 * 0.45)
+        assert [n.raftCurrentTerm for n in nodes] == [term + 1] * 3
+        assert target._isLeader() and not leader._isLeader()
+    finally:
+        for n in nodes:
+            n.destroy()
+
+
 @pytest.mark.timeout(60)
 def test_no_attribute_of_ours_goes_into_pysyncobjs_snapshots(tmp_path: Path) -> None:
     # pysyncobj snapshots the SyncObj's own attributes (all but those it had at the end of its
