@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -67,6 +67,38 @@ def make(min_replicas: int = 1, join_timeout_ms: int = 60_000, heartbeat_timeout
 
 def decode(raw: bytes) -> pb.Quorum:
     return pb.LighthouseQuorumResponse.FromString(raw).quorum
+
+
+def hold_commands(coord: QuorumCoordinator, log: InProcessLog, held: Callable[[Command], bool]) -> asyncio.Event:
+    """Make the coordinator's (and its LeaderTerm's) commands for which ``held`` is true wait
+    until the returned event is set."""
+    gate = asyncio.Event()
+    plain_submit = log.submit
+
+    async def gated_submit(command: Command, while_leader_of: int | None = None) -> Any:
+        if held(command):
+            await gate.wait()
+        return await plain_submit(command, while_leader_of)
+
+    coord._submit = coord.leader._submit = gated_submit
+    return gate
+
+
+async def withhold_a_and_b(coord: QuorumCoordinator, log: InProcessLog) -> asyncio.Future[bytes]:
+    """Term 1: the commit of ``[a, b]`` is under way when ``b``'s call ends, so ``[a, b]`` is
+    committed but withheld; returns ``a``'s call, still waiting."""
+    gate = hold_commands(coord, log, lambda command: isinstance(command, CommitQuorum)
+                         and len(command.quorum.participants) == 2)
+    coord.start_leading(1)
+    await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
+    a = asyncio.ensure_future(coord.quorum(Member("a")))
+    b = asyncio.ensure_future(coord.quorum(Member("b")))
+    await wait_for_async("the commit of [a, b] to start", lambda: coord._in_flight, 1.0, interval=0.001)
+    b.cancel()
+    await asyncio.sleep(0)
+    gate.set()
+    await wait_for_async("the commit to apply", lambda: coord.quorums_withheld, 1.0, interval=0.001)
+    return a
 
 
 def test_not_leader_until_started() -> None:
@@ -237,15 +269,7 @@ def test_a_call_that_arrives_during_warm_up_is_replayed_once_the_term_serves() -
         machine = QuorumStateMachine()
         machine.apply(CommitQuorum(expected_quorum_id=0, term=1, node_id="old", quorum=PREVIOUS))
         coord, log, _ = make(min_replicas=1, machine=machine)
-        gate = asyncio.Event()
-        plain_submit = log.submit
-
-        async def gated_submit(command: Command, while_leader_of: int | None = None) -> Any:
-            if isinstance(command, TermStart):
-                await gate.wait()
-            return await plain_submit(command, while_leader_of)
-
-        coord._submit = coord.leader._submit = gated_submit
+        gate = hold_commands(coord, log, lambda command: isinstance(command, TermStart))
         coord.start_leading(2)
         call = asyncio.ensure_future(coord.quorum(Member("b", step=3)))
         await asyncio.sleep(0.02)
@@ -259,15 +283,7 @@ def test_a_call_that_arrives_during_warm_up_is_replayed_once_the_term_serves() -
 def test_a_call_waiting_for_the_term_to_serve_fails_over_when_it_steps_down() -> None:
     async def main() -> None:
         coord, log, _ = make(min_replicas=1)
-        gate = asyncio.Event()
-        plain_submit = log.submit
-
-        async def gated_submit(command: Command, while_leader_of: int | None = None) -> Any:
-            if isinstance(command, TermStart):
-                await gate.wait()
-            return await plain_submit(command, while_leader_of)
-
-        coord._submit = coord.leader._submit = gated_submit
+        gate = hold_commands(coord, log, lambda command: isinstance(command, TermStart))
         coord.start_leading(2)
         call = asyncio.ensure_future(coord.quorum(Member("b")))
         await asyncio.sleep(0.01)
@@ -281,25 +297,8 @@ def test_a_quorum_withheld_by_this_leader_is_not_replayed() -> None:
     """``[a, b]`` is committed but withheld (``b``'s call ended during the commit): nobody received
     it, so ``b`` asking again with the same request must not get it."""
     async def main() -> None:
-        coord, log, clock = make(min_replicas=1, join_timeout_ms=1_000)
-        gate = asyncio.Event()
-        plain_submit = log.submit
-
-        async def slow_submit(command: Command, while_leader_of: int | None = None) -> Any:
-            if isinstance(command, CommitQuorum) and len(command.quorum.participants) == 2:
-                await gate.wait()
-            return await plain_submit(command, while_leader_of)
-
-        coord._submit = slow_submit
-        coord.start_leading(1)
-        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
-        a = asyncio.ensure_future(coord.quorum(Member("a")))
-        b = asyncio.ensure_future(coord.quorum(Member("b")))
-        await wait_for_async("the commit of [a, b] to start", lambda: coord._in_flight, 1.0, interval=0.001)
-        b.cancel()
-        await asyncio.sleep(0)
-        gate.set()
-        await wait_for_async("the commit to apply", lambda: coord.quorums_withheld, 1.0, interval=0.001)
+        coord, log, _ = make(min_replicas=1, join_timeout_ms=1_000)
+        a = await withhold_a_and_b(coord, log)
         b_again = asyncio.ensure_future(coord.quorum(Member("b")))
         a.cancel()  # "a" too stops asking: "b" alone must wait (a replay would answer it at once)
         await asyncio.sleep(0.05)
@@ -426,24 +425,7 @@ def test_a_quorum_whose_member_left_during_the_commit_is_not_issued() -> None:
     its last heartbeat, has either asked again or expired: here it expires)."""
     async def main() -> None:
         coord, log, clock = make(min_replicas=1, join_timeout_ms=1_000)
-        gate = asyncio.Event()
-        plain_submit = log.submit
-
-        async def slow_submit(command: Command, while_leader_of: int | None = None) -> Any:
-            if isinstance(command, CommitQuorum) and len(command.quorum.participants) == 2:
-                await gate.wait()
-            return await plain_submit(command, while_leader_of)
-
-        coord._submit = slow_submit
-        coord.start_leading(1)
-        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
-        a = asyncio.ensure_future(coord.quorum(Member("a")))
-        b = asyncio.ensure_future(coord.quorum(Member("b")))
-        await wait_for_async("the commit of [a, b] to start", lambda: coord._in_flight, 1.0, interval=0.001)
-        b.cancel()
-        await asyncio.sleep(0)
-        gate.set()
-        await wait_for_async("the commit to apply", lambda: coord.quorums_withheld, 1.0, interval=0.001)
+        a = await withhold_a_and_b(coord, log)
         assert not a.done()
         clock.now += 5.5  # past b's heartbeat; a's manager keeps heartbeating
         coord.heartbeat("a")
@@ -601,15 +583,8 @@ def test_a_quorum_under_commit_with_a_member_declared_dead_is_not_issued() -> No
     cut-off host). [a, b, c] is committed but not issued; a and b get [a, b] under the next id."""
     async def main() -> None:
         coord, log, clock = make(min_replicas=1, quorum_tick_ms=NO_TICK_MS)
-        gate = asyncio.Event()
-        plain_submit = log.submit
-
-        async def slow_submit(command: Command, while_leader_of: int | None = None) -> Any:
-            if isinstance(command, CommitQuorum) and len(command.quorum.participants) == 3:
-                await gate.wait()
-            return await plain_submit(command, while_leader_of)
-
-        coord._submit = slow_submit
+        gate = hold_commands(coord, log, lambda command: isinstance(command, CommitQuorum)
+                             and len(command.quorum.participants) == 3)
         coord.start_leading(1)
         await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
         calls = {r: asyncio.ensure_future(coord.quorum(Member(r))) for r in ("a", "b", "c")}
