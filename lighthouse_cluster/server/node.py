@@ -57,6 +57,7 @@ from lighthouse_cluster.server.member_table import load_members, save_members
 from lighthouse_cluster.server.forwarding import PeerChannels
 from lighthouse_cluster.server.metrics import NodeMetrics
 from lighthouse_cluster.server.routing import Router
+from lighthouse_cluster.server import stop_watchdog
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,10 @@ WATCH_FALLBACK_S = 0.5
 # How often a leader whose cluster runs an older schema than this version writes asks the other
 # nodes which version they read (see _upgrade_schema).
 SCHEMA_CHECK_PERIOD_S = 2.0
+
+# The most one step of a node's stop may take (closing a server, its channels) before the stop
+# logs it and goes on without it.
+STOP_STEP_TIMEOUT_S = 3.0
 
 _ROLE_PB = {Role.FOLLOWER: cpb.FOLLOWER, Role.CANDIDATE: cpb.CANDIDATE, Role.LEADER: cpb.LEADER}
 
@@ -109,6 +114,8 @@ class LighthouseNode:
         self._seen: tuple[Role, int, str | None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._watch_wake = asyncio.Event()
+        self._stopping = False
+        self._jobs_stopped = False
         self._stopped = asyncio.Event()
         self.leader_term = LeaderTerm(config.node_id, self.machine, self.submit,
                                       lease=LeaseSettings(lease_ms=config.quorum_lease_ms),
@@ -194,9 +201,17 @@ class LighthouseNode:
                  cfg.self_peer.raft_address, ", ".join(str(p) for p in self.other_members), running_loop_name())
 
     async def stop(self, grace_s: float = 1.0) -> None:
-        """Hand leadership over if leading, then stop serving and leave the Raft group."""
-        if self._stopped.is_set():
+        """Hand leadership over if leading, then stop serving and leave the Raft group.
+
+        A stopping node starts no term of its own: a follower that the stopping leader hands over
+        to may be stopping too, and win (it steps down, so that its calls go elsewhere, until its
+        jobs stop). A second call waits for the first to finish. Each step is bounded
+        (``STOP_STEP_TIMEOUT_S``): one that overruns is logged by name and left behind, so that
+        the rest of the node still stops."""
+        if self._stopping:
+            await self._stopped.wait()
             return
+        self._stopping = True
         if self.raft is not None and self.raft.is_leader and self.other_members:
             leader_id, _, why_not = await self.admin.hand_over(None, grace_s)
             if leader_id is not None:
@@ -208,16 +223,17 @@ class LighthouseNode:
         if self._schema_task is not None:
             self._schema_task.cancel()
         self.creator.stop()
-        await self.job_ports.close()
+        await _bounded("the jobs' client ports", self.job_ports.close())
+        self._jobs_stopped = True
         self.jobs.stop()
-        await self.router.stop()
+        await _bounded("the router", self.router.stop())
         self._health_serving = False
-        await self.health.enter_graceful_shutdown()
+        await _bounded("the health service", self.health.enter_graceful_shutdown())
         if self.http is not None:
-            await self.http.stop()
+            await _bounded("the HTTP server", self.http.stop())
         if self.server is not None:
-            await self.server.stop(grace=0.2)
-        await self.channels.close()
+            await _bounded("the gRPC server", self.server.stop(grace=0.2))
+        await _bounded("the channels to the other nodes", self.channels.close())
         if self.raft is not None:
             self.raft.destroy()
         self._stopped.set()
@@ -231,7 +247,12 @@ class LighthouseNode:
             loop.add_signal_handler(sig, lambda s=sig: loop.create_task(self._on_signal(s)))
 
     async def _on_signal(self, sig: int) -> None:
-        log.info("received %s; shutting down", signal.Signals(sig).name)
+        name = signal.Signals(sig).name
+        if self._stopping:
+            log.info("received %s; already shutting down", name)
+            return
+        log.info("received %s; shutting down", name)
+        stop_watchdog.arm()  # the process exits within its deadline, however the stop goes
         await self.stop()
 
     # -- Raft -> loop ---------------------------------------------------------------------------
@@ -392,7 +413,7 @@ class LighthouseNode:
         """(ready, one-line reason): ready only as part of a cluster with a known, connected
         leader, and, on the leader, while it serves quorum rounds with a majority connected."""
         raft, coord = self.raft, self.coordinator
-        if self._stopped.is_set():
+        if self._stopping:
             return False, "node is shutting down"
         if raft is None or coord is None:
             return False, "node is starting"
@@ -420,7 +441,7 @@ class LighthouseNode:
 
     def _check_raft(self) -> None:
         raft = self.raft
-        if raft is None or not self._started_jobs or self._stopped.is_set():
+        if raft is None or not self._started_jobs or self._jobs_stopped:
             return
         leader_peer = self.leader_peer()
         seen = (raft.role, raft.term, leader_peer.raft_address if leader_peer else None)
@@ -429,7 +450,8 @@ class LighthouseNode:
         old, self._seen = self._seen, seen
         role, term, leader = seen
         if role is Role.LEADER and raft.led_term == term:
-            if self.leader_term.term != term:
+            # A stopping node steps down (its calls go to the new leader) but starts no term.
+            if self.leader_term.term != term and not self._stopping:
                 self.jobs.start_leading(term)
         elif self.leader_term.term is not None:
             self.jobs.stop_leading()
@@ -540,3 +562,13 @@ class LighthouseNode:
                 st.pending.append(cpb.PendingRequester(member=member_to_proto(m), waiting_ms=waiting))
         return st
 
+
+async def _bounded(what: str, step: Any, timeout_s: float = STOP_STEP_TIMEOUT_S) -> None:
+    """Await one step of a stop for at most ``timeout_s``; one that overruns (or fails) is logged
+    and left behind."""
+    try:
+        await asyncio.wait_for(step, timeout_s)
+    except asyncio.TimeoutError:
+        log.warning("stopping: %s did not stop within %.0f s; going on without it", what, timeout_s)
+    except Exception:  # noqa: BLE001 -- the rest of the node still stops
+        log.exception("stopping: %s failed to stop; going on", what)
