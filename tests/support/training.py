@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
-from typing import Any, Callable, Iterable, Sequence, TypeVar
+from typing import Any, Callable, Iterable, NoReturn, Sequence, TypeVar
 
 import pytest
 
@@ -135,9 +135,12 @@ class TrainingRun:
 
     # -- trainers ----------------------------------------------------------------------------------
 
-    def start(self, trainers: Iterable[Trainer], *, barrier_timeout: float = BARRIER_TIMEOUT_S) -> list[Trainer]:
+    def start(self, trainers: Iterable[Trainer], *, barrier_timeout: float = BARRIER_TIMEOUT_S,
+              release: bool = True) -> list[Trainer]:
         """Start ``trainers`` (each one replica group) and add them to the run. When their kind
-        has a start barrier, wait until every one of them is set up, then release them together."""
+        has a start barrier, wait until every one of them is set up, then release them together;
+        with ``release=False`` they stay at the barrier until ``release_barrier`` (several jobs'
+        trainers, started one job after another, then released at once)."""
         started = list(trainers)
         for t in started:
             t.start()
@@ -147,14 +150,20 @@ class TrainingRun:
             where = (f"TORCHFT_LIGHTHOUSE={urls.pop()}" if len(urls) == 1
                      else "TORCHFT_LIGHTHOUSE " + ", ".join(f"{t.name}={t.lighthouse}" for t in started))
             self.note(f"started {', '.join(t.name for t in started)} ({type(started[0]).__name__}), {where}")
-        barrier = [t for t in started if t.ready_path is not None]
-        if barrier:
-            self.wait_until("every trainer set up", lambda: all(t.ready_path.exists() for t in barrier),
-                            barrier_timeout)
-            for go in {t.go_path for t in barrier}:
-                go.touch()
-            self.note("start barrier released")
+        if release:
+            self.release_barrier(barrier_timeout)
         return started
+
+    def release_barrier(self, barrier_timeout: float = BARRIER_TIMEOUT_S) -> None:
+        """Wait until every started trainer with a start barrier still held is set up, then
+        release them together."""
+        held = [t for t in self.trainers if t.ready_path is not None and not t.go_path.exists()]
+        if not held:
+            return
+        self.wait_until("every trainer set up", lambda: all(t.ready_path.exists() for t in held), barrier_timeout)
+        for go in {t.go_path for t in held}:
+            go.touch()
+        self.note("start barrier released")
 
     # -- events and failures -----------------------------------------------------------------------
 
@@ -162,10 +171,13 @@ class TrainingRun:
         self.events.append(f"{self.elapsed():7.2f}s {event}")
 
     def diagnostics(self) -> str:
-        return "\n".join(["events:", *self.events, *[t.tail() for t in self.trainers], self.lighthouse_logs()])
+        """The trainers' output tails and the lighthouse's logs, then the run's events: last, so
+        that a CI log that keeps only the tail of a failure still shows what happened."""
+        return "\n".join([*[t.tail() for t in self.trainers], self.lighthouse_logs(), "events:", *self.events])
 
-    def fail(self, message: str) -> None:
-        pytest.fail(f"{message}\n{self.diagnostics()}", pytrace=False)
+    def fail(self, message: str) -> NoReturn:
+        # The message first (pytest's summary line) and last (after the long diagnostics).
+        pytest.fail(f"{message}\n{self.diagnostics()}\nfailed: {message}", pytrace=False)
 
     def check(self, condition: bool, message: str) -> None:
         if not condition:
@@ -189,7 +201,10 @@ class TrainingRun:
                 self._no_trainer_failed(what)
             return value
 
-        value = wait_for(what, probe, timeout, context=self.diagnostics, interval=interval)
+        try:
+            value = wait_for(what, probe, timeout, interval=interval)
+        except AssertionError as e:  # with the run's diagnostics, the message first and last
+            self.fail(str(e))
         self.note(what)
         return value
 

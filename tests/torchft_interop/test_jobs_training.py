@@ -89,20 +89,30 @@ def test_two_torchft_jobs_and_an_ftclient_job_train_through_a_leader_kill(harnes
 
     harness.wait_until("the torchft jobs' ports listening on the followers", ports_listening, 20, interval=0.1)
 
+    # Every job trains at once across the kill: the torchft trainers set up (slow under load: 10-15 s
+    # per job on a busy host, longer than a job's 25 steps) and wait at their start barrier; the
+    # ftclient groups start once they are set up, and the barrier opens once both heartbeat (they
+    # then ask for their first quorum).
     torch_trainers: dict[str, list[TorchftTrainer]] = {}
     for job in TORCH_JOBS:
         workdir = harness.root / job
         workdir.mkdir()
         torch_trainers[job] = harness.start(
-            TorchftTrainer(group=g, lighthouse=f"http://127.0.0.1:{ports[job][followers[g % 2]]}", workdir=workdir,
-                           steps=STEPS, step_sleep=STEP_SLEEP_S, min_final_participants=GROUPS,
-                           min_replica_size=GROUPS, slow=g == 1)
-            for g in range(GROUPS))
+            (TorchftTrainer(group=g, lighthouse=f"http://127.0.0.1:{ports[job][followers[g % 2]]}", workdir=workdir,
+                            steps=STEPS, step_sleep=STEP_SLEEP_S, min_final_participants=GROUPS,
+                            min_replica_size=GROUPS, slow=g == 1)
+             for g in range(GROUPS)), release=False)
+    harness.wait_until("the torchft trainers set up", lambda: all(
+        t.ready_path.exists() for ts in torch_trainers.values() for t in ts), 90)
     ft_dir = harness.root / FT_JOB
     ft_dir.mkdir()
     ft_trainers = harness.start(DdpExampleTrainer.groups(
         GROUPS, ft_dir, cluster.endpoints, ["--steps", str(STEPS), "--step-sleep", str(STEP_SLEEP_S),
                                             "--min-replica-size", str(GROUPS)], env={"LIGHTHOUSE_JOB": FT_JOB}))
+    harness.wait_until(f"both {FT_JOB} groups heartbeating",
+                       lambda: _jobs(cluster.client_addresses[leader])[FT_JOB].heartbeating_replicas == GROUPS, 90,
+                       interval=0.05)
+    harness.release_barrier()
     harness.wait_all_steps(6)
 
     before = {job: ts[0].records()[-1]["quorum_id"] for job, ts in torch_trainers.items()}
