@@ -42,7 +42,7 @@ from lighthouse_cluster.core.jobs import DEFAULT_JOB, JobSpec, spec_from_wire, s
 from lighthouse_cluster.core.quorum import Member, Quorum
 from lighthouse_cluster.core.torchft_wire import DecodeError, member_from_bytes
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 MIN_READABLE_VERSION = 1
 # Version 2 adds the ``set_members`` command (the replicated member table).
 MEMBERS_SCHEMA_VERSION = 2
@@ -53,6 +53,9 @@ FENCING_SCHEMA_VERSION = 2
 PASS_THROUGH_SCHEMA_VERSION = 3
 # Version 4: jobs (put_job, remove_job, and commit_quorum for a job other than the default one).
 JOBS_SCHEMA_VERSION = 4
+# Version 5 changes nothing in the log: its nodes read Raft messages encrypted with AES-256-GCM
+# (``raft/message_cipher.py``), and send them so once the cluster enables it.
+CIPHER_SCHEMA_VERSION = 5
 
 
 class SchemaError(ValueError):

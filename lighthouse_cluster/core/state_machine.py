@@ -173,6 +173,12 @@ class QuorumStateMachine:
         self.lease_ms = 0
 
     @property
+    def fresh(self) -> bool:
+        """Nothing applied or restored yet: ``schema_version`` is this node's own default, not its
+        cluster's (a node that has not caught up does not know which cluster it is in)."""
+        return self._fresh
+
+    @property
     def default_job(self) -> JobState:
         return self.jobs[DEFAULT_JOB]
 

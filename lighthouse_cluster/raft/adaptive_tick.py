@@ -83,10 +83,11 @@ class AdaptiveTickSyncObj(SyncObjInternals):
     conf's ``autoTickPeriod`` stays the wait for a deadline that is overdue. Without pysyncobj's
     pipe (``appendEntriesUseBatch=True``) nothing could interrupt a wait: the tick stays fixed."""
 
-    def __init__(self, *args: Any, longest_s: float = DEFAULT_LONGEST_S, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, longest_s: float = DEFAULT_LONGEST_S, cipher: Any = None, **kwargs: Any) -> None:
         # Set before SyncObj.__init__: pysyncobj puts the attributes a SyncObj gains after it into
         # its snapshots (and the tick thread starts inside it).
         self._longest_s = longest_s
+        self._message_cipher = cipher  # SyncObjInternals.encryptor
         self._tick_deadline_fns: list[Callable[[], float | None]] = []
         self._tick_started = 0.0
         self._commands_left = False

@@ -65,6 +65,7 @@ def _syncobj(name: str, kind: str = INSTANCE, params: tuple[str, ...] | None = N
 RAFT_STATE_ATTR = _syncobj("_SyncObj__raftState")                    # _RAFT_STATE.*
 VOTED_FOR_ATTR = _syncobj("_SyncObj__votedForNodeId")                # node id voted for this term, or None
 TRANSPORT_ATTR = _syncobj("_SyncObj__transport")                     # the TCPTransport
+RAFT_LOG_ATTR = _syncobj("_SyncObj__raftLog")                        # the journal (FileJournal / MemoryJournal)
 ELECTION_DEADLINE_ATTR = _syncobj("_SyncObj__raftElectionDeadline")  # monotonic() time of the next election
 ON_MESSAGE_RECEIVED = _syncobj("_SyncObj__onMessageReceived", CLASS, ("self", "node", "message"))  # overridden
 LOG_TERM = _syncobj("_SyncObj__getCurrentLogTerm", CLASS, ("self",))
@@ -93,7 +94,7 @@ SHOULD_CONNECT = Internal("pysyncobj.transport", "_shouldConnect", CLASS, "TCPTr
 
 INTERNALS: tuple[Internal, ...] = (
     Internal("pysyncobj.version", "VERSION"),
-    RAFT_STATE_ATTR, VOTED_FOR_ATTR, TRANSPORT_ATTR, ELECTION_DEADLINE_ATTR,
+    RAFT_STATE_ATTR, VOTED_FOR_ATTR, TRANSPORT_ATTR, RAFT_LOG_ATTR, ELECTION_DEADLINE_ATTR,
     ON_MESSAGE_RECEIVED, LOG_TERM, LOG_INDEX, GENERATE_TIMEOUT, ON_TICK, IS_LEADER, GET_LEADER,
     POLLER_ATTR, PIPE_NOTIFIER_ATTR, NEXT_APPEND_ENTRIES_ATTR, CHECK_COMMANDS, SEND_NEXT_NODE_IDX,
     # ReplicatedState's snapshot hooks (overridden).
@@ -112,6 +113,12 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("pysyncobj.pickle", "dumps"),
     Internal("pysyncobj.pickle", "loads"),
     Internal("pysyncobj.pickle", "load"),
+    # The journal's commit index setter and getter (wrapped: save_commit_index_when_changed).
+    Internal("pysyncobj.journal", "setRaftCommitIndex", CLASS, "FileJournal", ("self", "raftCommitIndex")),
+    Internal("pysyncobj.journal", "getRaftCommitIndex", CLASS, "FileJournal", ("self",)),
+    # How pysyncobj derives the Fernet key from the cluster secret (message_cipher.py reads both formats).
+    Internal("pysyncobj.encryptor", "SALT"),
+    Internal("pysyncobj.encryptor", "getEncryptor"),
     # FileJournal's layout: a header (name, version, format, offset after the last record).
     Internal("pysyncobj.journal", "APP_NAME"),
     Internal("pysyncobj.journal", "LAST_RECORD_OFFSET_OFFSET"),
@@ -189,6 +196,7 @@ check()
 from pysyncobj import SyncObj
 from pysyncobj import pickle as pso_pickle  # pysyncobj's pickle (journal, snapshot)
 from pysyncobj.dns_resolver import globalDnsResolver
+from pysyncobj.encryptor import SALT as ENCRYPTOR_SALT  # with ENCRYPTOR_ITERATIONS: getEncryptor's key
 from pysyncobj.journal import APP_NAME as JOURNAL_APP_NAME
 from pysyncobj.journal import FIRST_RECORD_OFFSET as JOURNAL_FIRST_RECORD_OFFSET
 from pysyncobj.journal import LAST_RECORD_OFFSET_OFFSET as JOURNAL_LAST_RECORD_OFFSET_OFFSET
@@ -198,10 +206,14 @@ from pysyncobj.syncobj import _COMMAND_TYPE as COMMAND_TYPE  # REGULAR: a replic
 from pysyncobj.syncobj import _RAFT_STATE as RAFT_STATE  # FOLLOWER, CANDIDATE, LEADER
 from pysyncobj.tcp_connection import CONNECTION_STATE
 
+# getEncryptor's PBKDF2 iterations (a literal there; tests/raft/test_message_cipher.py checks it).
+ENCRYPTOR_ITERATIONS = 100_000
+
 __all__ = [
-    "COMMAND_TYPE", "CONNECTION_STATE", "INTERNALS", "JOURNAL_APP_NAME", "JOURNAL_FIRST_RECORD_OFFSET",
+    "COMMAND_TYPE", "CONNECTION_STATE", "ENCRYPTOR_ITERATIONS", "ENCRYPTOR_SALT", "INTERNALS", "JOURNAL_APP_NAME", "JOURNAL_FIRST_RECORD_OFFSET",
     "JOURNAL_LAST_RECORD_OFFSET_OFFSET", "PINNED_VERSION", "RAFT_STATE", "Internal", "SyncObjInternals", "TCPNode",
     "check", "connecting_since", "message", "monotonic", "problems", "pso_pickle", "resolve_host",
+    "save_commit_index_when_changed",
     "use_message_compression",
 ]
 
@@ -212,6 +224,20 @@ def use_message_compression(codec: Any) -> None:
     from pysyncobj import tcp_connection
 
     tcp_connection.zlib = codec
+
+
+def save_commit_index_when_changed(journal: Any) -> None:
+    """pysyncobj's ``FileJournal`` marks its meta file unsaved whenever the commit index is set,
+    which a follower does on every append_entries, changed or not, and so rewrites the file (open,
+    write, rename) every second: ~8 % of an idle follower's tick thread (benchmarks F12). Set it
+    only when it changes: what is saved is the same."""
+    set_index, get_index = journal.setRaftCommitIndex, journal.getRaftCommitIndex
+
+    def set_when_changed(index: int) -> None:
+        if index != get_index():
+            set_index(index)
+
+    journal.setRaftCommitIndex = set_when_changed
 
 
 def resolve_host(host: str) -> str | None:
@@ -318,6 +344,18 @@ class SyncObjInternals(SyncObj):
     def pso_election_timeout(self) -> float:
         """A random election timeout in [raftMinTimeout, raftMaxTimeout], as pysyncobj draws one."""
         return self._pso_generate_timeout()
+
+    @property
+    def encryptor(self) -> Any:
+        """What encrypts this node's Raft messages (pysyncobj's transport reads it for every new
+        connection): ``_message_cipher`` when a subclass set one before ``SyncObj.__init__``
+        (``message_cipher.MessageCipher``), else pysyncobj's own Fernet (None without a secret)."""
+        cipher = self.__dict__.get("_message_cipher")
+        return cipher if cipher is not None else SyncObj.encryptor.fget(self)  # type: ignore[attr-defined]
+
+    def pso_save_commit_index_when_changed(self) -> None:
+        """See ``save_commit_index_when_changed``: on this node's journal."""
+        save_commit_index_when_changed(getattr(self, RAFT_LOG_ATTR.name))
 
     def on_raft_message(self, node: Any, message: Any) -> None:
         """Every Raft message from ``node``, on the tick thread. Override; call

@@ -36,6 +36,7 @@ from lighthouse_cluster.core.state_machine import QuorumStateMachine
 from lighthouse_cluster.raft.dial import DialNode, peer_nodes
 from lighthouse_cluster.raft.fast_election import FastElectionSyncObj
 from lighthouse_cluster.raft.journal import JOURNAL_FILE, SNAPSHOT_FILE
+from lighthouse_cluster.raft.message_cipher import MessageCipher
 from lighthouse_cluster.raft.pysyncobj_internals import RAFT_STATE, TCPNode, connecting_since, monotonic
 from lighthouse_cluster.raft.settings import RaftSettings, syncobj_conf
 
@@ -159,14 +160,18 @@ class RaftNode:
 
         conf = syncobj_conf(settings, secret=secret, bind_address=bind_address, journal_file=journal,
                             snapshot_file=dump, on_state_changed=state_changed)
+        # The Raft port's encryption: AES-256-GCM once the cluster reads it (message_cipher.py).
+        self.cipher = MessageCipher(secret, send_gcm=self._send_gcm) if secret else None
         if dial:
             nodes, node_class = peer_nodes(peer_addresses, dial)
             self._syncobj = FastElectionSyncObj(self_address, nodes, conf=conf, consumers=[state],
-                                                nodeClass=node_class, longest_s=settings.idle_tick_max_s)
+                                                nodeClass=node_class, longest_s=settings.idle_tick_max_s,
+                                                cipher=self.cipher)
         else:
             self._syncobj = FastElectionSyncObj(self_address, peer_addresses, conf=conf, consumers=[state],
-                                                longest_s=settings.idle_tick_max_s)
+                                                longest_s=settings.idle_tick_max_s, cipher=self.cipher)
 
+        self._syncobj.pso_save_commit_index_when_changed()
         self._connect_timeout_s = conf.connectionTimeout
         self._syncobj.addOnTickCallback(self._expire_stuck_connects)
         self._syncobj.add_tick_deadline(self._next_stuck_connect_expiry)
@@ -184,6 +189,19 @@ class RaftNode:
             conf.raftMinTimeout = conf.raftMaxTimeout = _HOLD_ELECTIONS_S
             self.call_on_tick_thread(self._push_election_deadline, lambda _r, _e: None)
             self._syncobj.addOnTickCallback(self._release_elections)
+
+    def _send_gcm(self) -> bool:
+        """On the tick thread, per message sent: AES-GCM once this node knows its cluster (it
+        applied or restored something) and the cluster enabled ``CIPHER_SCHEMA_VERSION``, which
+        it does only once every member reads it."""
+        machine = self.state.machine
+        return not machine.fresh and machine.schema_version >= codec.CIPHER_SCHEMA_VERSION
+
+    @property
+    def messages_encrypted(self) -> dict[str, int]:
+        """Raft messages sent encrypted, by cipher (empty without a secret)."""
+        cipher = self.cipher
+        return {} if cipher is None else {"aes-gcm": cipher.sent_gcm, "fernet": cipher.sent_fernet}
 
     def _push_election_deadline(self) -> None:
         self._syncobj.pso_election_deadline = monotonic() + self._conf.raftMaxTimeout

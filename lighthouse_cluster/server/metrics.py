@@ -51,6 +51,10 @@ class RaftReadings(Protocol):
     @property
     def last_applied(self) -> int: ...
 
+    @property
+    def messages_encrypted(self) -> dict[str, int]:
+        """Raft messages sent encrypted, by cipher ("aes-gcm", "fernet"); empty without a secret."""
+
 
 class RoundReadings(Protocol):
     """What is read from a job's coordinator on the leader (``coordinator.QuorumCoordinator``)."""
@@ -191,6 +195,12 @@ class NodeCollector(Collector):
                                   "Quorum call attempts re-routed after a leader change or failure", labels=["node"])
         rer.add_metric([node_id], self.routing.rerouted_quorum_calls)
         yield rer
+        enc = CounterMetricFamily(PREFIX + "raft_messages_encrypted",
+                                  "Raft messages this node sent encrypted, by cipher (aes-gcm once every member "
+                                  "reads it, fernet before)", labels=["node", "cipher"])
+        for cipher, count in (raft.messages_encrypted if raft is not None else {}).items():
+            enc.add_metric([node_id, cipher], count)
+        yield enc
 
     def _per_job(self) -> Iterator[Any]:
         node = self.node
