@@ -236,6 +236,7 @@ class LighthouseNode:
         await _bounded("the channels to the other nodes", self.channels.close())
         if self.raft is not None:
             self.raft.destroy()
+        log.info("node %s stopped", self.config.node_id)
         self._stopped.set()
 
     async def wait_closed(self) -> None:

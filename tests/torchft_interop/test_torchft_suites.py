@@ -163,7 +163,9 @@ def test_dropin_tests_on_nightly(tmp_path: Path) -> None:
     assert expected, collect.stdout[-3000:]
 
     # pyproject.toml's per-test timeout (300 s) as in the main run; the files' own marks override it.
-    run = _run_pytest(python, [*DROPIN_FILES, "-q"], ROOT, tmp_path / "junit.xml", DROPIN_TIMEOUT_S, 300)
+    # Two workers, as the main run: this test holds the machine, and inside the sub-run the files'
+    # own exclusive tests (the sub-second bounds) still run alone (conftest's run lock).
+    run = _run_pytest(python, [*DROPIN_FILES, "-q", "-n", "2"], ROOT, tmp_path / "junit.xml", DROPIN_TIMEOUT_S, 300)
     print(f"\n{version}: the drop-in tests ({', '.join(Path(f).name for f in DROPIN_FILES)}): {run.summary()} "
           f"(torchft 0.2.0 collects {len(expected)})")
     assert not run.failed, f"{version}: {len(run.failed)} drop-in test(s) failed\n{run.diagnostics()}"
