@@ -1232,8 +1232,13 @@ def test_sbatch_script_runs_a_local_cluster_and_publishes_endpoints(fake_slurm_b
         try:
             rc = job.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            raise AssertionError(tail(log_path, 60)) from None
-        assert rc == 0, tail(log_path, 60)
+            # Which process did not exit (the batch shell, srun, a task's shell, a node), and the
+            # log, where a node's stop watchdog writes its threads' stacks after 10 s.
+            left = subprocess.run(["ps", "-s", str(job.pid), "-o", "pid,ppid,stat,etime,args"], capture_output=True,
+                                  text=True).stdout
+            raise AssertionError(f"the job did not exit within 30 s of SIGTERM; still running:\n{left}\n"
+                                 f"{tail(log_path, 200)}") from None
+        assert rc == 0, tail(log_path, 200)
         assert not endpoints_file.exists()
         assert all(query_status(a, 0.3) is None for a in addresses)
         assert all(http_get("127.0.0.1", http + k, "/livez", 0.5)[0] is None for k in range(3))
