@@ -151,13 +151,15 @@ class TrainingRun:
                      else "TORCHFT_LIGHTHOUSE " + ", ".join(f"{t.name}={t.lighthouse}" for t in started))
             self.note(f"started {', '.join(t.name for t in started)} ({type(started[0]).__name__}), {where}")
         if release:
-            self.release_barrier(barrier_timeout)
+            self.release_barrier(barrier_timeout, started)
         return started
 
-    def release_barrier(self, barrier_timeout: float = BARRIER_TIMEOUT_S) -> None:
-        """Wait until every started trainer with a start barrier still held is set up, then
-        release them together."""
-        held = [t for t in self.trainers if t.ready_path is not None and not t.go_path.exists()]
+    def release_barrier(self, barrier_timeout: float = BARRIER_TIMEOUT_S,
+                        trainers: Sequence[TrainerProcess] | None = None) -> None:
+        """Wait until every trainer of ``trainers`` (default: every one started) whose start
+        barrier is still held is set up, then release them together."""
+        held = [t for t in (self.trainers if trainers is None else trainers)
+                if t.ready_path is not None and not t.go_path.exists()]
         if not held:
             return
         self.wait_until("every trainer set up", lambda: all(t.ready_path.exists() for t in held), barrier_timeout)
