@@ -30,10 +30,10 @@ import base64
 import itertools
 import os
 import struct
-import threading
 from collections import OrderedDict
 from typing import Callable
 
+from cryptography.exceptions import InvalidTag
 from cryptography.fernet import Fernet, InvalidToken
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -75,7 +75,6 @@ class MessageCipher:
         self._own = _gcm_key(key, self._key_id)
         self._counter = itertools.count(1)
         self._peers: OrderedDict[bytes, AESGCM] = OrderedDict()
-        self._lock = threading.Lock()
         self.send_gcm = send_gcm
         # The last token read by extract_timestamp and its plaintext: decrypt follows it at once.
         self._read: tuple[bytes, bytes] | None = None
@@ -119,22 +118,20 @@ class MessageCipher:
         key, known = self._key_for(key_id)
         try:
             plaintext = key.decrypt(nonce, token[_HEADER.size:], token[:_HEADER.size])
-        except Exception as e:  # cryptography's InvalidTag: the same answer as a bad Fernet token
+        except InvalidTag as e:  # the same answer as a bad Fernet token
             raise InvalidToken from e
         if not known:  # kept once a message under it was authentic
-            with self._lock:
-                self._peers[key_id] = key
-                while len(self._peers) > _MAX_PEER_KEYS:
-                    self._peers.popitem(last=False)
+            self._peers[key_id] = key
+            while len(self._peers) > _MAX_PEER_KEYS:
+                self._peers.popitem(last=False)
         return plaintext, timestamp
 
     def _key_for(self, key_id: bytes) -> tuple[AESGCM, bool]:
         """The key of the sender with ``key_id``, and whether it was known already."""
         if key_id == self._key_id:
             return self._own, True
-        with self._lock:
-            key = self._peers.get(key_id)
-            if key is not None:
-                self._peers.move_to_end(key_id)
-                return key, True
+        key = self._peers.get(key_id)
+        if key is not None:
+            self._peers.move_to_end(key_id)
+            return key, True
         return _gcm_key(self._key, key_id), False

@@ -210,11 +210,10 @@ from pysyncobj.tcp_connection import CONNECTION_STATE
 ENCRYPTOR_ITERATIONS = 100_000
 
 __all__ = [
-    "COMMAND_TYPE", "CONNECTION_STATE", "ENCRYPTOR_ITERATIONS", "ENCRYPTOR_SALT", "INTERNALS", "JOURNAL_APP_NAME", "JOURNAL_FIRST_RECORD_OFFSET",
-    "JOURNAL_LAST_RECORD_OFFSET_OFFSET", "PINNED_VERSION", "RAFT_STATE", "Internal", "SyncObjInternals", "TCPNode",
-    "check", "connecting_since", "message", "monotonic", "problems", "pso_pickle", "resolve_host",
-    "save_commit_index_when_changed",
-    "use_message_compression",
+    "COMMAND_TYPE", "CONNECTION_STATE", "ENCRYPTOR_ITERATIONS", "ENCRYPTOR_SALT", "INTERNALS", "JOURNAL_APP_NAME",
+    "JOURNAL_FIRST_RECORD_OFFSET", "JOURNAL_LAST_RECORD_OFFSET_OFFSET", "PINNED_VERSION", "RAFT_STATE", "Internal",
+    "SyncObjInternals", "TCPNode", "check", "connecting_since", "message", "monotonic", "problems", "pso_pickle",
+    "resolve_host", "save_commit_index_when_changed", "use_message_compression",
 ]
 
 

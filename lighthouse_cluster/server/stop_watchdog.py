@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 import threading
-from typing import Callable
+import time
 
 __all__ = ["STOP_DEADLINE_S", "STOP_TIMEOUT_EXIT", "arm"]
 
@@ -28,17 +28,13 @@ STOP_DEADLINE_S = 10.0
 STOP_TIMEOUT_EXIT = 1
 
 
-def arm(deadline_s: float = STOP_DEADLINE_S, exit_code: int = STOP_TIMEOUT_EXIT,
-        exit_now: Callable[[int], None] = os._exit) -> threading.Event:
-    """Start the watchdog; setting the returned event disarms it (for a stop that returns to a
-    caller that goes on living, e.g. a test's in-process node)."""
-    disarmed = threading.Event()
+def arm(deadline_s: float = STOP_DEADLINE_S) -> None:
+    """Start the watchdog: the process exits ``deadline_s`` from now unless it has exited by then."""
 
     def watch() -> None:
-        if disarmed.wait(deadline_s):
-            return
+        time.sleep(deadline_s)
         log.error("stop did not finish within %g s: the stack of every thread follows; exiting with status %d",
-                  deadline_s, exit_code)
+                  deadline_s, STOP_TIMEOUT_EXIT)
         for handler in logging.getLogger().handlers:
             try:
                 handler.flush()
@@ -49,7 +45,6 @@ def arm(deadline_s: float = STOP_DEADLINE_S, exit_code: int = STOP_TIMEOUT_EXIT,
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         except (OSError, ValueError):  # stderr closed: exit anyway
             pass
-        exit_now(exit_code)
+        os._exit(STOP_TIMEOUT_EXIT)
 
     threading.Thread(target=watch, name="stop-watchdog", daemon=True).start()
-    return disarmed
