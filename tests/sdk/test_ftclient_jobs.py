@@ -315,11 +315,18 @@ def test_a_replica_group_killed_in_one_job_is_notified_in_that_job_only(cluster:
         assert victim_id.startswith("victim:"), qa
         wait_for("the torchft program to say its job", lambda: "started" in output(), 30, context=output)
         assert f"started {victim_id} live-a" in output()
+        # The program's stream opens beside its Quorum call, and may be accepted after the quorum
+        # is issued: a group killed before that has no stream to close (and the leader dialled no
+        # connection to its manager yet), so nothing would tell its peers before its heartbeat ages.
+        wait_for("the torchft program's liveness stream accepted", lambda: job_view(cluster, "live-a").open_streams,
+                 10, ready=lambda n: n == 2, context=lambda: f"{cluster.tail_logs()}\n--- the torchft program ---\n"
+                                                           f"{output()}")
 
         killed = time.monotonic()
         os.killpg(victim.pid, 9)
         victim.wait(timeout=10)
-        notice = wait_for("job A's survivor notified", lambda: survivor.notices, 5, context=cluster)[0]
+        notice = wait_for("job A's survivor notified", lambda: survivor.notices, 5,
+                          context=lambda: f"{cluster.tail_logs()}\n--- the torchft program ---\n{output()}")[0]
         took = time.monotonic() - killed
         assert notice.quorum_id == qa.quorum_id and notice.replica_ids == (victim_id,), notice
         assert took < 2.0, took

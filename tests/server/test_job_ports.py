@@ -336,8 +336,12 @@ def test_auto_creation_creates_a_job_on_its_first_use_once(creating) -> None:
     leader, _ = cluster.wait_for_stable_leader(timeout=30)
     defaults = nodes.node(leader).Status(cpb.StatusRequest(), timeout=2).settings
     # First use by Quorum calls racing on every node: one job, created once.
-    got = quorums([SimulatedReplicaGroup(f"f{i}", cluster.client_addresses[i], job="fresh", quorum_timeout_s=20)
-                   for i in range(cluster.nodes)])
+    try:
+        got = quorums([SimulatedReplicaGroup(f"f{i}", cluster.client_addresses[i], job="fresh", quorum_timeout_s=20)
+                       for i in range(cluster.nodes)])
+    except grpc.aio.AioRpcError as e:
+        raise AssertionError(f"a first use's Quorum call failed: {e.code().name} {e.details()}\n"
+                             f"{cluster.tail_logs(40)}") from e
     assert set().union(*(members(q) for q in got)) == {"f0", "f1", "f2"}
     job = nodes.job(leader, "fresh")
     assert job is not None and job.version == 1 and not job.ports

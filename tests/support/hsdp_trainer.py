@@ -89,8 +89,12 @@ class HsdpExampleTrainer(TrainerProcess):
         return found
 
     def step(self) -> int:
-        recs = [r for r in self.lines() if r["rank"] == 0]
-        return recs[-1]["step"] if recs else -1
+        """The step every rank of this incarnation has printed (-1 until each printed one): the
+        ranks print their lines independently, so rank 0's alone can run one step ahead."""
+        last: dict[int, int] = {}
+        for r in self.lines():
+            last[r["rank"]] = r["step"]
+        return min(last.values()) if len(last) == self.nproc else -1
 
     def results(self) -> list[dict[str, Any] | None]:
         out: list[dict[str, Any] | None] = []
