@@ -1,7 +1,7 @@
 """Section 5, footprint: idle CPU and resident memory per node (and of torchft_lighthouse).
 
-Idle = running, leader elected, no replica group connected. CPU is measured over
-``duration_s`` after a short settling period; memory is VmRSS at the end. Resident memory under
+Idle = running, leader elected, no replica group connected (the leader quiet: it quiesces once no
+client called for ``--quiesce-after-ms``). CPU is measured over ``duration_s`` after that; memory is VmRSS at the end. Resident memory under
 load is in the quorum-rounds results (``rss_mb`` of every run).
 """
 
@@ -12,9 +12,13 @@ from pathlib import Path
 from typing import Callable
 
 from lighthouse_cluster.local.cluster import LocalCluster
+from lighthouse_cluster.server.config import DEFAULT_QUIESCE_AFTER_MS
 from .procs import CpuMeter, RustLighthouse, rss_bytes
 
 SETTLE_S = 1.0
+# An idle cluster's leader quiesces once no client called for --quiesce-after-ms (raft/quiescence.py):
+# the cluster is measured after that, as it runs idle.
+QUIESCE_S = DEFAULT_QUIESCE_AFTER_MS / 1000
 
 
 def run_footprint(duration_s: float, workdir: Path, say: Callable[[str], None]) -> dict:
@@ -23,7 +27,7 @@ def run_footprint(duration_s: float, workdir: Path, say: Callable[[str], None]) 
     try:
         cluster.start()
         leader = cluster.wait_for_leader(timeout=30)
-        time.sleep(SETTLE_S)
+        time.sleep(SETTLE_S + QUIESCE_S)
         pids = {f"{m.peer.node_id} ({'leader' if i == leader else 'follower'})": m.process.pid
                 for i, m in enumerate(cluster.members) if m.process is not None}
         meter = CpuMeter(pids).start()

@@ -42,7 +42,7 @@ from lighthouse_cluster.core.jobs import DEFAULT_JOB, JobSpec, spec_from_wire, s
 from lighthouse_cluster.core.quorum import Member, Quorum
 from lighthouse_cluster.core.torchft_wire import DecodeError, member_from_bytes
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 MIN_READABLE_VERSION = 1
 # Version 2 adds the ``set_members`` command (the replicated member table).
 MEMBERS_SCHEMA_VERSION = 2
@@ -56,6 +56,9 @@ JOBS_SCHEMA_VERSION = 4
 # Version 5 changes nothing in the log: its nodes read Raft messages encrypted with AES-256-GCM
 # (``raft/message_cipher.py``), and send them so once the cluster enables it.
 CIPHER_SCHEMA_VERSION = 5
+# Version 6 changes nothing in the log either: its nodes read a quiet leader's append_entries
+# (``raft/quiescence.py``: a longer election timeout), so a leader quiesces only once it is enabled.
+QUIESCENCE_SCHEMA_VERSION = 6
 
 
 class SchemaError(ValueError):

@@ -98,6 +98,10 @@ class AdaptiveTickSyncObj(SyncObjInternals):
             # The tick thread is already running: it picks the new poller up at its next wait.
             self.pso_poller = _DeadlinePoller(self.pso_poller, self._wait_for)
 
+    def longest_wait_s(self) -> float:
+        """The longest the tick thread waits now (override to lengthen it while nothing is due)."""
+        return self._longest_s
+
     def add_tick_deadline(self, fn: Callable[[], float | None]) -> None:
         """``fn()``, called on the tick thread before each wait: the ``monotonic()`` time of the
         next tick that ``fn``'s owner needs, or None. Register before anything is due."""
@@ -147,7 +151,7 @@ class AdaptiveTickSyncObj(SyncObjInternals):
                 log.exception("computing the tick thread's next deadline failed")
                 deadlines = [self._tick_started]  # overdue: the fixed tick
             wait = tick_wait(monotonic(), self._tick_started, deadlines, overdue_s=overdue_s,
-                             longest_s=self._longest_s)
+                             longest_s=self.longest_wait_s())
         self.tick_waits += 1
         self.last_wait = wait
         return wait

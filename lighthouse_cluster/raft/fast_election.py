@@ -134,6 +134,10 @@ class FastElectionSyncObj(IdleAckSyncObj):
             self.pso_election_deadline = (monotonic() + conf.connectionRetryTime + 2 * conf.appendEntriesPeriod
                                           + self.pso_election_timeout())
 
+    def keepalive_period_s(self) -> float:
+        """How often a follower sends its keep-alives (``connectionTimeout / 5``)."""
+        return self.conf.connectionTimeout / 5
+
     @property
     def vote_refusal_s(self) -> float:
         """How long after hearing from a leader this node grants no vote (``vote_refused``)."""
@@ -146,7 +150,7 @@ class FastElectionSyncObj(IdleAckSyncObj):
         if not self._isLeader():
             leader = self._getLeader()
             if any(node != leader and self.isNodeConnected(node) for node in self.otherNodes):
-                out.append(self._keepalive_at + self.conf.connectionTimeout / 5)
+                out.append(self._keepalive_at + self.keepalive_period_s())
         if self._deferred_votes:
             out.append(self._heard_leader_at + self._vote_refusal_s)
         return out
@@ -165,7 +169,7 @@ class FastElectionSyncObj(IdleAckSyncObj):
         self._send_handover_votes()
         if self._deferred_votes:
             self._handle_deferred_votes(now)
-        if now - self._keepalive_at < self.conf.connectionTimeout / 5 and now >= self._keepalive_at:
+        if now - self._keepalive_at < self.keepalive_period_s() and now >= self._keepalive_at:
             return
         self._keepalive_at = now
         if self._isLeader():

@@ -3,7 +3,7 @@
 pysyncobj has no API for what ``FastElectionSyncObj`` and ``RaftNode`` do (keep-alives between
 followers, an election started early, elections held back on a joining node, connects stuck in
 SYN-SENT dropped, a tick thread that sleeps until its next deadline, idle heartbeats acknowledged
-a few times a second) nor for reading its journal and snapshot files, so those reach into its
+a few times a second, a quiet leader) nor for reading its journal and snapshot files, so those reach into its
 private attributes and submodules. They do so only through this module:
 
 * ``INTERNALS``: the table of every private name used (a ``self.__x`` attribute of a class, a
@@ -78,6 +78,8 @@ ON_TICK = _syncobj("_onTick", CLASS, ("self", "timeToWait"))         # overridde
 POLLER_ATTR = _syncobj("_poller")
 PIPE_NOTIFIER_ATTR = _syncobj("_SyncObj__pipeNotifier")
 NEXT_APPEND_ENTRIES_ATTR = _syncobj("_SyncObj__newAppendEntriesTime")  # monotonic() time of a leader's next append
+# A leader's highest log index known stored on each follower (quiescence.py: none is catching up).
+MATCH_INDEX_ATTR = _syncobj("_SyncObj__raftMatchIndex")
 CHECK_COMMANDS = _syncobj("_checkCommandsToApply", CLASS, ("self",))
 # A follower's acknowledgement of an append_entries (``next_node_idx``; overridden: idle_acks.py).
 SEND_NEXT_NODE_IDX = _syncobj("_SyncObj__sendNextNodeIdx", CLASS, ("self", "node", "reset", "nextNodeIdx", "success"))
@@ -96,7 +98,7 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("pysyncobj.version", "VERSION"),
     RAFT_STATE_ATTR, VOTED_FOR_ATTR, TRANSPORT_ATTR, RAFT_LOG_ATTR, ELECTION_DEADLINE_ATTR,
     ON_MESSAGE_RECEIVED, LOG_TERM, LOG_INDEX, GENERATE_TIMEOUT, ON_TICK, IS_LEADER, GET_LEADER,
-    POLLER_ATTR, PIPE_NOTIFIER_ATTR, NEXT_APPEND_ENTRIES_ATTR, CHECK_COMMANDS, SEND_NEXT_NODE_IDX,
+    POLLER_ATTR, PIPE_NOTIFIER_ATTR, NEXT_APPEND_ENTRIES_ATTR, MATCH_INDEX_ATTR, CHECK_COMMANDS, SEND_NEXT_NODE_IDX,
     # ReplicatedState's snapshot hooks (overridden).
     Internal("pysyncobj.syncobj", "_serialize", CLASS, "SyncObjConsumer", ("self",)),
     Internal("pysyncobj.syncobj", "_deserialize", CLASS, "SyncObjConsumer", ("self", "data")),
@@ -303,6 +305,14 @@ class SyncObjInternals(SyncObj):
         method, not a property: SyncObj.__init__ reads every attribute (looking for replicated
         methods) before it sets this one."""
         return self.__dict__.get(NEXT_APPEND_ENTRIES_ATTR.name, 0.0)
+
+    def pso_send_append_entries_now(self) -> None:
+        """Make a leader send its next append_entries at its next tick."""
+        setattr(self, NEXT_APPEND_ENTRIES_ATTR.name, 0.0)
+
+    def pso_match_index(self, node: Any) -> int:
+        """A leader's highest log index known stored on ``node`` (0 when unknown)."""
+        return int(self.__dict__.get(MATCH_INDEX_ATTR.name, {}).get(node, 0))
 
     @property
     def pso_can_wake(self) -> bool:

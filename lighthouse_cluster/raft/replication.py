@@ -1,7 +1,7 @@
 """Raft replication of the quorum state machine: the API the rest of the node uses.
 
 It owns:
-* ``RaftNode``: starts the SyncObj (``FastElectionSyncObj``) with the journal and snapshot in
+* ``RaftNode``: starts the SyncObj (``QuiescentSyncObj``) with the journal and snapshot in
   the data directory, the cluster secret on the Raft port, and exposes role, term, leader and
   indexes, writes (``submit``), membership changes and leadership transfer to the rest of the node;
 * ``ReplicatedState``: a ``SyncObjConsumer`` with one replicated method whose single argument is
@@ -10,7 +10,8 @@ It owns:
 * ``Role`` and ``CommitError``: pysyncobj's states and failure codes in this project's terms.
 
 The rest of ``lighthouse_cluster.raft``: ``settings`` (``RaftSettings``, the ``SyncObjConf``),
-``dial`` (``DialNode``: ``--raft-dial``), ``fast_election`` (``FastElectionSyncObj``, built on
+``dial`` (``DialNode``: ``--raft-dial``), ``quiescence`` (``QuiescentSyncObj``: a leader with no
+clients heartbeats slowly), built on ``fast_election`` (``FastElectionSyncObj``, built on
 ``adaptive_tick``'s tick that sleeps until its next deadline and ``idle_acks``), ``journal``
 (reading a node's Raft files) and ``pysyncobj_internals`` (every private pysyncobj name used,
 checked at import). ``RaftSettings``, ``DialNode``, ``peer_nodes`` and ``FastElectionSyncObj`` are
@@ -38,6 +39,7 @@ from lighthouse_cluster.raft.fast_election import FastElectionSyncObj
 from lighthouse_cluster.raft.journal import JOURNAL_FILE, SNAPSHOT_FILE
 from lighthouse_cluster.raft.message_cipher import MessageCipher
 from lighthouse_cluster.raft.pysyncobj_internals import RAFT_STATE, TCPNode, connecting_since, monotonic
+from lighthouse_cluster.raft.quiescence import QuiescentSyncObj
 from lighthouse_cluster.raft.settings import RaftSettings, syncobj_conf
 
 __all__ = ["CommitError", "DialNode", "FastElectionSyncObj", "RaftNode", "RaftSettings", "ReplicatedState", "Role",
@@ -162,14 +164,16 @@ class RaftNode:
                             snapshot_file=dump, on_state_changed=state_changed)
         # The Raft port's encryption: AES-256-GCM once the cluster reads it (message_cipher.py).
         self.cipher = MessageCipher(secret, send_gcm=self._send_gcm) if secret else None
+        # A quiet leader (quiescence.py) only where its period is longer than the normal one.
+        quiet_after_s = settings.quiet_after_s if settings.quiet_period_s > settings.append_entries_period_s else 0.0
+        common: dict[str, Any] = dict(conf=conf, consumers=[state], longest_s=settings.idle_tick_max_s,
+                                      cipher=self.cipher, quiet_after_s=quiet_after_s,
+                                      quiet_period_s=settings.quiet_period_s, quiet_allowed=self._quiet_allowed)
         if dial:
             nodes, node_class = peer_nodes(peer_addresses, dial)
-            self._syncobj = FastElectionSyncObj(self_address, nodes, conf=conf, consumers=[state],
-                                                nodeClass=node_class, longest_s=settings.idle_tick_max_s,
-                                                cipher=self.cipher)
+            self._syncobj = QuiescentSyncObj(self_address, nodes, nodeClass=node_class, **common)
         else:
-            self._syncobj = FastElectionSyncObj(self_address, peer_addresses, conf=conf, consumers=[state],
-                                                longest_s=settings.idle_tick_max_s, cipher=self.cipher)
+            self._syncobj = QuiescentSyncObj(self_address, peer_addresses, **common)
 
         self._syncobj.pso_save_commit_index_when_changed()
         self._connect_timeout_s = conf.connectionTimeout
@@ -196,6 +200,23 @@ class RaftNode:
         it does only once every member reads it."""
         machine = self.state.machine
         return not machine.fresh and machine.schema_version >= codec.CIPHER_SCHEMA_VERSION
+
+    def _quiet_allowed(self) -> bool:
+        """On the tick thread: whether the leader may quiesce (``raft/quiescence.py``): the cluster
+        enabled ``QUIESCENCE_SCHEMA_VERSION``, which it does only once every member reads it."""
+        machine = self.state.machine
+        return not machine.fresh and machine.schema_version >= codec.QUIESCENCE_SCHEMA_VERSION
+
+    def note_client_activity(self) -> None:
+        """A client called this node (any thread): its leader stays, or wakes, out of quiescence."""
+        self._syncobj.note_client_activity()
+
+    @property
+    def quiet(self) -> bool:
+        """Whether this node's Raft heartbeats are quiet: as leader, its own; as follower, its
+        leader's last append_entries said so."""
+        syncobj = self._syncobj
+        return syncobj.quiet or syncobj.leader_quiet
 
     @property
     def messages_encrypted(self) -> dict[str, int]:

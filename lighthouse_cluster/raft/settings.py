@@ -26,6 +26,10 @@ class RaftSettings:
     tick_period_s: float = 0.01
     idle_tick_max_s: float = 0.1
     leader_fallback_s: float = 1.0
+    # A leader with no client for quiet_after_s heartbeats every quiet_period_s (quiescence.py;
+    # 0: never). Its followers' election timeouts are 4-8 such periods meanwhile.
+    quiet_after_s: float = 3.0
+    quiet_period_s: float = 0.2
     reconnect_s: float = 0.25
     compaction_min_entries: int = 2000
     compaction_min_time_s: float = 60.0

@@ -30,6 +30,10 @@ from lighthouse_cluster.core.jobs import (
 from lighthouse_cluster.core.lease import DEFAULT_LEASE_MS
 from lighthouse_cluster.core.quorum import QuorumOptions
 from lighthouse_cluster.raft.replication import RaftSettings
+
+# How long the Raft leader waits with no client before it heartbeats slowly (raft/quiescence.py).
+DEFAULT_QUIESCE_AFTER_MS = round(RaftSettings().quiet_after_s * 1000)
+MAX_QUIESCE_AFTER_MS = 3_600_000
 from lighthouse_cluster.tls import ClientTLS, ServerTLS, TLSConfigError
 
 DEFAULT_CLIENT_PORT = 29510
@@ -338,6 +342,7 @@ def build_node_config(
     watch_manager_connections: bool = True,
     jobs: Any = None,
     auto_create_jobs: bool = False,
+    quiesce_after_ms: int = DEFAULT_QUIESCE_AFTER_MS,
 ) -> NodeConfig:
     """Validate raw settings into a NodeConfig, or raise ConfigError naming the problem."""
     check_node_id(node_id)
@@ -380,6 +385,11 @@ def build_node_config(
     if election_timeout_ms is not None and election_timeout_ms < 50:
         raise ConfigError("--election-timeout-ms must be at least 50")
     raft = RaftSettings.from_election_timeout_ms(election_timeout_ms) if election_timeout_ms else RaftSettings()
+    if isinstance(quiesce_after_ms, bool) or not isinstance(quiesce_after_ms, int) or \
+            not 0 <= quiesce_after_ms <= MAX_QUIESCE_AFTER_MS:
+        raise ConfigError(f"--quiesce-after-ms must be between 0 (never) and {MAX_QUIESCE_AFTER_MS}, "
+                          f"got {quiesce_after_ms!r}")
+    raft = replace(raft, quiet_after_s=quiesce_after_ms / 1000.0)
     dial = parse_raft_dial(raft_dial, specs, node_id)
     http = normalize_address(http_bind, "--http-bind") if http_bind else None
     try:

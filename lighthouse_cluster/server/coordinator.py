@@ -74,6 +74,8 @@ COMMIT_TIMEOUT_S = 2.0
 # Rounds issued on the lease are written to the log at most this often (in the background), so
 # that every node's state (Status, the dashboard, a restart) shows steps at most this old.
 RECORD_INTERVAL_S = 1.0
+# With no requester waiting, the tick loop runs at least this often (else on the first join).
+IDLE_TICK_S = 1.0
 # After a replica is declared dead, a heartbeat (or the heartbeat a Quorum call implies) that
 # arrives within this long may have been sent before the death (a follower batches heartbeats
 # every 50 ms; calls on other connections are read in any order): it does not revive the replica.
@@ -173,6 +175,7 @@ class QuorumCoordinator:
         self._in_flight = False
         self._eval_scheduled = False
         self._tick_task: asyncio.Task[None] | None = None
+        self._joined = asyncio.Event()  # a requester registered (ends the tick loop's idle wait)
         # Cheap pre-checks so that a burst of N requests does not run N full evaluations.
         self._prev_ids: frozenset[str] = frozenset()
         self._prev_present = 0
@@ -456,6 +459,7 @@ class QuorumCoordinator:
             if self._round_started is None:
                 self._round_started = now
         self._participants[rid] = Participant(member=member, joined=now)
+        self._joined.set()
 
     # -- evaluation -------------------------------------------------------------------------
 
@@ -482,7 +486,18 @@ class QuorumCoordinator:
 
     async def _tick_loop(self, term: int) -> None:
         while self._term == term:
-            await asyncio.sleep(self.tick_s)
+            if self._participants:
+                await asyncio.sleep(self.tick_s)
+            else:
+                # Nothing to evaluate until a requester joins (heartbeats alone issue nothing; the
+                # join schedules its own evaluation): an idle job's leader ticks every IDLE_TICK_S,
+                # and once a requester joins, every tick again from then on.
+                self._joined.clear()
+                try:
+                    await asyncio.wait_for(self._joined.wait(), max(IDLE_TICK_S, self.tick_s))
+                    continue
+                except asyncio.TimeoutError:
+                    pass
             now = self._clock()
             timeout = self.options.heartbeat_timeout_ms / 1000.0
             self._healthy_at_tick = sum(1 for t in self._heartbeats.values() if now - t < timeout)

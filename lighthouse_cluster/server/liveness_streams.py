@@ -83,6 +83,8 @@ class RaftLeading(Protocol):
     @property
     def is_leader(self) -> bool: ...
 
+    def note_client_activity(self) -> None: ...
+
 
 class StreamLeadership(Protocol):
     """What the streams read from their node (``LighthouseNode``)."""
@@ -318,6 +320,7 @@ class LivenessStreams:
         if replaced is not None:
             replaced.end(grpc.StatusCode.ABORTED, f"replaced by a newer liveness stream for replica {rid}")
         self.liveness.opened(rid, watcher.stream_id, self._clock())
+        self._client_called()
         self._opened.set()
         rounds.alive(rid)
         log.debug("liveness stream %d opened for %s", watcher.stream_id, rid)
@@ -354,6 +357,7 @@ class LivenessStreams:
                     return  # replaced or expired: its handler ends it
                 self.liveness.keepalive(watcher.replica_id, watcher.stream_id, self._clock())
                 rounds.alive(watcher.replica_id)
+                self._client_called()
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 -- a broken stream is a closed one
@@ -361,6 +365,11 @@ class LivenessStreams:
             watcher.end(grpc.StatusCode.CANCELLED, f"liveness stream read failed: {e}")
             return
         watcher.end(grpc.StatusCode.OK, "the client closed its liveness stream")
+
+    def _client_called(self) -> None:
+        raft = self._node.raft
+        if raft is not None:
+            raft.note_client_activity()
 
     def _stream_ended(self, watcher: _Watcher) -> None:
         """The handler ends, however (client gone, cancelled, error, ended by this node): a

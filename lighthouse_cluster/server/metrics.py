@@ -55,6 +55,10 @@ class RaftReadings(Protocol):
     def messages_encrypted(self) -> dict[str, int]:
         """Raft messages sent encrypted, by cipher ("aes-gcm", "fernet"); empty without a secret."""
 
+    @property
+    def quiet(self) -> bool:
+        """Whether this node's Raft heartbeats are quiet (no client: ``raft/quiescence.py``)."""
+
 
 class RoundReadings(Protocol):
     """What is read from a job's coordinator on the leader (``coordinator.QuorumCoordinator``)."""
@@ -183,6 +187,9 @@ class NodeCollector(Collector):
         yield gauge("leader_known", "1 when this node knows a (connected) leader", 1 if leader else 0)
         yield gauge("serving", "1 when this node is the leader and serves quorum rounds",
                     1 if coord is not None and coord.term is not None and coord.serving else 0)
+        yield gauge("raft_quiet", "1 while the Raft leader heartbeats slowly, no client having called for "
+                    "--quiesce-after-ms (as leader: its own; as follower: its leader's)",
+                    1 if raft is not None and raft.quiet else 0)
         ready, _ = node.readiness()
         yield gauge("ready", "1 when /readyz answers 200", 1 if ready else 0)
         yield gauge("jobs", "Jobs (quorum namespaces) this node serves, the default job included",

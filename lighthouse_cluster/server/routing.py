@@ -64,6 +64,9 @@ class RaftLeadership(Protocol):
     @property
     def is_leader(self) -> bool: ...
 
+    def note_client_activity(self) -> None:
+        """A client called (the Raft leader stays, or wakes, out of quiescence)."""
+
 
 class Leadership(Protocol):
     """What the router reads from its node: Raft's leadership, the coordinator, the leader."""
@@ -139,6 +142,11 @@ class Router:
             return None
         return peer.client_address
 
+    def _client_called(self) -> None:
+        raft = self._node.raft
+        if raft is not None:
+            raft.note_client_activity()
+
     def _leading(self) -> bool:
         raft = self._node.raft
         return raft is not None and raft.is_leader
@@ -191,6 +199,7 @@ class Router:
                            job: str = DEFAULT_JOB) -> bytes:
         """Answer a Quorum call of ``job`` from the leader's coordinator, wherever it is, until
         the deadline."""
+        self._client_called()
         loop = asyncio.get_running_loop()
         deadline = None if time_remaining is None else loop.time() + time_remaining
 
@@ -280,6 +289,7 @@ class Router:
         """The leader's side of a call forwarded on a batched stream (``forwarding.QuorumForwarder``):
         what ``route_quorum`` does for a call carrying ``FORWARDED_HEADER`` (``timeout`` is that
         call's deadline), failures raised as the ``grpc.aio.AioRpcError`` it would have ended with."""
+        self._client_called()
         try:
             member = validate_requester(pb.LighthouseQuorumRequest.FromString(raw), self._max_member_bytes, raw)
         except DecodeError as e:
@@ -317,6 +327,7 @@ class Router:
     # -- heartbeats ------------------------------------------------------------------------------
 
     def route_heartbeat(self, replica_id: str, job: str = DEFAULT_JOB) -> None:
+        self._client_called()
         coord = self._leading_coordinator(job)
         if coord is not None:
             coord.heartbeat(replica_id)
@@ -338,6 +349,7 @@ class Router:
         coordinator with a term; False otherwise (the follower's batch fails FAILED_PRECONDITION).
         A batch for a job this node does not have is dropped (True: the follower is not wrong
         about who leads)."""
+        self._client_called()
         default = self._node.job_coordinator(DEFAULT_JOB)
         if default is None or default.term is None:
             return False

@@ -72,6 +72,19 @@ def test_the_liveness_timeout_reaches_the_node_config() -> None:
             build_node_config(**common, liveness_timeout_ms=bad)
 
 
+def test_the_quiesce_delay_reaches_the_raft_settings_and_bad_values_are_refused() -> None:
+    common = dict(node_id="n1", peers=PEERS, client_bind=None, raft_bind=None, data_dir=None, secret="x",
+                  insecure=False, min_replicas=1, join_timeout_ms=1, quorum_tick_ms=1, heartbeat_timeout_ms=1)
+    assert build_node_config(**common).raft.quiet_after_s == 3.0
+    assert build_node_config(**common, quiesce_after_ms=0).raft.quiet_after_s == 0.0  # never
+    assert build_node_config(**common, election_timeout_ms=300, quiesce_after_ms=1500).raft.quiet_after_s == 1.5
+    for bad in (-1, 3_600_001, True, 1.5):
+        with pytest.raises(ConfigError, match="--quiesce-after-ms must be between 0 \\(never\\) and 3600000"):
+            build_node_config(**common, quiesce_after_ms=bad)
+    res = run(serve_args("--insecure", "--quiesce-after-ms", "-5"))
+    assert res.exit_code == 2 and "--quiesce-after-ms must be between 0 (never) and 3600000, got -5" in res.output
+
+
 def test_config_file_and_env_and_flags_precedence(tmp_path: Path) -> None:
     cfg = tmp_path / "node.toml"
     cfg.write_text('node_id = "n9"\nmin_replicas = 2\npeers = %r\n' % PEERS)

@@ -153,12 +153,13 @@ def test_no_option_constructs_syncobj_exactly_as_before(monkeypatch: pytest.Monk
         def pso_save_commit_index_when_changed(self) -> None:
             pass
 
-    monkeypatch.setattr(replication, "FastElectionSyncObj", FakeSyncObj)  # RaftNode's SyncObj class
+    monkeypatch.setattr(replication, "QuiescentSyncObj", FakeSyncObj)  # RaftNode's SyncObj class
     peers = ["127.0.0.1:7002", "127.0.0.1:7003"]
     RaftNode("127.0.0.1:7001", peers, ReplicatedState(QuorumStateMachine()))
     RaftNode("127.0.0.1:7001", peers, ReplicatedState(QuorumStateMachine()), dial={})
     for args, kwargs in calls:
-        assert args == ("127.0.0.1:7001", peers) and set(kwargs) == {"conf", "consumers", "longest_s", "cipher"}
+        assert args == ("127.0.0.1:7001", peers) and set(kwargs) == {"conf", "consumers", "longest_s", "cipher",
+                                                                     "quiet_after_s", "quiet_period_s", "quiet_allowed"}
     RaftNode("127.0.0.1:7001", peers, ReplicatedState(QuorumStateMachine()), dial={"127.0.0.1:7003": "h:9"})
     args, kwargs = calls[-1]
     nodes = args[1]

@@ -87,6 +87,10 @@ class FakeRounds:
 
 class FakeRaft:
     is_leader = True
+    client_calls = 0
+
+    def note_client_activity(self) -> None:
+        self.client_calls += 1
 
 
 class FakeNode:
@@ -145,8 +149,10 @@ def test_the_first_message_is_answered_and_counts_as_alive() -> None:
         accepted = ctx.written[0].accepted
         assert (accepted.leader_id, accepted.term, accepted.liveness_timeout_ms) == ("n1", 3, 500)
         assert hub.streams.open_streams == 1 and hub.rounds.calls == [("alive", "a")]
+        assert hub.node.raft.client_calls == 1  # a client's call: the Raft leader stays awake
         ctx.send()  # a keep-alive
         await wait_for_async("the keep-alive", lambda: len(hub.rounds.calls) == 2, 1.0, interval=0.001)
+        assert hub.node.raft.client_calls == 2
         hub.streams.stop()
         assert (await hub.ended("a"))[0] == grpc.StatusCode.UNAVAILABLE
         assert hub.rounds.deaths() == []  # a node shutting down declares nobody dead

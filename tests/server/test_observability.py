@@ -11,6 +11,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from typing import Any, Callable
@@ -442,3 +443,44 @@ def test_http_bind_config() -> None:
         build_node_config(**common, http_bind="127.0.0.1:2000")
     with pytest.raises(ConfigError, match="--http-bind"):
         build_node_config(**common, http_bind="nonsense")
+
+
+def test_an_idle_cluster_goes_quiet_and_a_trainers_call_wakes_it_even_after_its_leader_died(observed) -> None:
+    """raft/quiescence.py on real nodes: with no client for --quiesce-after-ms every node reports
+    lighthouse_cluster_raft_quiet 1; a heartbeat on a follower wakes all three; a leader SIGKILLed
+    while the cluster is quiet is replaced once a trainer calls a follower, whose Quorum call is
+    answered."""
+    cluster = observed(min_replicas=1, extra_args=["--quiesce-after-ms", "500"])
+    live = list(range(cluster.nodes))
+
+    def quiet() -> list[float]:
+        return [sample(metrics(cluster, i), "lighthouse_cluster_raft_quiet") for i in live]
+
+    wait_for("every node quiet", quiet, 15.0, ready=lambda q: q == [1.0] * len(live), context=cluster,
+             retry_on=(OSError,))
+    leader, _ = cluster.wait_for_stable_leader(timeout=10)
+    follower = next(i for i in live if i != leader)
+    with grpc.insecure_channel(cluster.client_addresses[follower]) as ch:
+        pb_grpc.LighthouseServiceStub(ch).Heartbeat(pb.LighthouseHeartbeatRequest(replica_id="wakes"), timeout=5)
+    wait_for("every node awake after a heartbeat on a follower", quiet, 5.0, ready=lambda q: q == [0.0] * len(live),
+             context=cluster, retry_on=(OSError,))
+    wait_for("quiet again", quiet, 15.0, ready=lambda q: q == [1.0] * len(live), context=cluster, retry_on=(OSError,))
+
+    leader, term = cluster.wait_for_stable_leader(timeout=10)
+    cluster.kill(leader)
+    live.remove(leader)
+    killed = time.monotonic()
+
+    async def ask() -> pb.Quorum:
+        group = SimulatedReplicaGroup("after-quiet", cluster.client_addresses[live[0]], quorum_timeout_s=20)
+        try:
+            return await group.call_quorum()
+        finally:
+            await group.close()
+
+    quorum = asyncio.run(ask())
+    took = time.monotonic() - killed
+    assert [m.replica_id for m in quorum.participants] == ["after-quiet"]
+    new, new_term = cluster.wait_for_stable_leader(timeout=10)
+    assert new != leader and new_term > term
+    print(f"a Quorum call through a follower answered {took:.2f} s after the quiet leader was SIGKILLed")
