@@ -144,6 +144,16 @@ def test_fast_clock_node_keeps_quorums_safe(nemesis: clock.ClockNemesis, cluster
         rounds = [r for r in traffic.snapshot() if r.quorum_id is not None and r.started >= t]
         return all(sum(1 for r in rounds if r.replica_id == g) >= count for g in GROUPS)
 
+    def context() -> str:
+        """The nodes' logs, every node's view of the last round's reason, each group's last calls."""
+        views = [f"n{i + 1}: term {s.term}, leader {s.leader_id or '?'}, quorum {s.quorum.quorum_id}, "
+                 f"reason {s.quorum_reason!r}" if s is not None else f"n{i + 1}: no status"
+                 for i, s in enumerate(partition_test.statuses(cluster))]
+        calls = [f"{g}: " + "; ".join(f"{r.endpoint} {r.outcome} q{r.quorum_id} {r.error} {r.details[:80]}"
+                                     for r in [x for x in traffic.snapshot() if x.replica_id == g][-3:])
+                 for g in GROUPS]
+        return "\n".join([cluster.tail_logs(25), *views, *calls])
+
     try:
         t = time.monotonic()
         wait_for("every group gets quorums with n1 at 2x", lambda: ok_since(t), 15,
@@ -157,7 +167,7 @@ def test_fast_clock_node_keeps_quorums_safe(nemesis: clock.ClockNemesis, cluster
         nemesis.set_rate(slow, 0.5)
         t = time.monotonic()
         wait_for(f"quorums with n{leader + 1} at 2x, n{slow + 1} at 0.5x", lambda: ok_since(t), 20,
-                 context=lambda: cluster.tail_logs(25), interval=0.05)
+                 context=context, interval=0.05)
         time.sleep(1.0)
 
         # A slow leader and fast followers: its heartbeats (every 37.5 ms of its time, 375 ms
@@ -173,14 +183,12 @@ def test_fast_clock_node_keeps_quorums_safe(nemesis: clock.ClockNemesis, cluster
         wait_for(f"an election after slowing the leader n{leader + 1} down", new_term, 10,
                  context=lambda: cluster.tail_logs(25), interval=0.05)
         t = time.monotonic()
-        wait_for("quorums with a slow former leader", lambda: ok_since(t), 20, context=lambda: cluster.tail_logs(25),
-                 interval=0.05)
+        wait_for("quorums with a slow former leader", lambda: ok_since(t), 20, context=context, interval=0.05)
 
         nemesis.reset()
         assert nemesis.rates == [1.0, 1.0, 1.0]
         t = time.monotonic()
-        wait_for("quorums after the reset", lambda: ok_since(t), 15, context=lambda: cluster.tail_logs(25),
-                 interval=0.05)
+        wait_for("quorums after the reset", lambda: ok_since(t), 15, context=context, interval=0.05)
     finally:
         traffic.stop()
     results = traffic.snapshot()
