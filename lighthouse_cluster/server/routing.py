@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 
 # While no leader is known, a waiting call re-checks at least this often.
 REROUTE_POLL_S = 0.05
+# A call for a job that exists before this node serves it looks again this often.
+JOB_SYNC_POLL_S = 0.005
 # A Quorum call is answered this long before the caller's deadline (see Router.route_quorum).
 DEADLINE_MARGIN_S = 0.02
 TIMEOUT_MESSAGE = "Timeout expired"
@@ -178,6 +180,13 @@ class Router:
         assert self.creator is not None
         try:
             await self.creator.ensure(job)
+            if self._node.job_coordinator(job) is not None:
+                return None
+            # The job exists, but this node's registry has not built its coordinator yet (it does
+            # on this event loop: the creating call's sync, the watch loop). ``ensure`` returned
+            # without suspending, so the caller's loop would spin here, blocking the event loop
+            # (and that sync) until the call's deadline: wait a moment instead.
+            await asyncio.sleep(JOB_SYNC_POLL_S if left is None else max(0.0, min(JOB_SYNC_POLL_S, left)))
             return None
         except AdminError as e:
             if e.code in _CREATION_FINAL:

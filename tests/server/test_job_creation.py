@@ -232,3 +232,65 @@ def test_spec_differences_name_each_field() -> None:
     b = JobSpec("a", settings=replace(s, join_timeout_ms=5), ports=(("n1", 2),))
     assert spec_differences(a, b) == [f"join_timeout_ms 5 (declared {s.join_timeout_ms})",
                                       "ports n1=2 (declared *=1)", "config {} (declared {'k': 'v'})"]
+
+
+# -- routing a first use: the job exists before this node serves it -------------------------------
+
+class _LeadingRaft:
+    is_leader = True
+
+    def note_client_activity(self) -> None:
+        pass
+
+
+class _Coordinator:
+    term = 5
+
+    async def quorum(self, member: Any, timeout: float | None) -> bytes:
+        return b"answered"
+
+
+class _RouterNode:
+    def __init__(self) -> None:
+        self.raft = _LeadingRaft()
+        self.coordinators: dict[str, _Coordinator] = {}
+
+    def job_coordinator(self, job: str) -> _Coordinator | None:
+        return self.coordinators.get(job)
+
+    def leader_peer(self) -> None:
+        return None
+
+
+class _JobExists:
+    """Auto-creation that finds the job in the state machine (applied on Raft's thread) at once."""
+
+    async def ensure(self, job: str) -> None:
+        return None
+
+    def ensure_soon(self, job: str, then: Any) -> None:
+        then()
+
+
+class _Context:
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise AssertionError(f"the call ended {code.name}: {details}")
+
+
+def test_a_call_for_a_job_that_exists_before_its_coordinator_waits_for_the_registry() -> None:
+    """CI: a first-use Quorum call ended CANCELLED "Timeout expired" after its 20 s. The job had
+    been applied (Raft's thread) but the registry had not built its coordinator (it does on the
+    event loop); ``ensure`` returned without suspending, so the call's loop spun on the event loop
+    until its deadline, and the registry's sync could never run."""
+    from lighthouse_cluster.core.quorum import Member
+    from lighthouse_cluster.server.routing import Router
+
+    async def run() -> bytes:
+        node = _RouterNode()
+        router = Router(node, None, "n1", 65536)  # type: ignore[arg-type]
+        router.creator = _JobExists()
+        # The registry's sync, next on the event loop.
+        asyncio.get_running_loop().call_soon(lambda: node.coordinators.__setitem__("fresh", _Coordinator()))
+        return await router.route_quorum(Member("r0"), b"", 2.0, None, _Context(), job="fresh")  # type: ignore[arg-type]
+
+    assert asyncio.run(asyncio.wait_for(run(), 5.0)) == b"answered"
