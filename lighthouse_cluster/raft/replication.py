@@ -186,6 +186,9 @@ class RaftNode:
         if on_view_changed is not None:
             self._syncobj.addOnTickCallback(self._notice_view)
         self._conf = conf
+        self._election_max_s = settings.election_timeout_max_s
+        # While a TimeoutNow's election runs (monotonic() deadline): this leader appends nothing.
+        self._handing_over_until = 0.0
         self._held_timeouts: tuple[float, float] | None = None
         if hold_elections_until_leader and fresh:
             # pysyncobj reads the timeouts from this conf object whenever it draws a deadline.
@@ -331,6 +334,12 @@ class RaftNode:
         applied here (read on the tick thread, at that moment). Then the entry was committed by
         this leader in ``T``: a majority stored it in term ``T``, after it was submitted, and
         before any of them moved to a later term (the quorum lease rests on this)."""
+        if self._handing_over_until > monotonic() and self.is_leader:
+            # Raft thesis 3.10: a leader that sent TimeoutNow appends nothing until the election it
+            # asked for is over. An entry its target lacks and the third node stores would have
+            # that node refuse the target's vote, and this (stopping) leader win the next term.
+            callback(None, CommitError("leadership transfer in progress", unknown=False))
+            return
         payload = codec.encode_command(command, version=self.state.machine.schema_version)
 
         def done(result: Any, err: int) -> None:
@@ -402,8 +411,12 @@ class RaftNode:
                             callback: Callable[[str | None], None] | None = None) -> None:
         """Raft's TimeoutNow to ``address`` (None: the most caught-up connected follower).
         ``callback(None)`` when it was sent, ``callback(reason)`` when refused (not leader, or
-        the target is not fully caught up); on the calling thread."""
+        the target is not fully caught up); on the calling thread. Once sent, ``submit`` refuses
+        every command for the longest election timeout (the target, caught up when it was sent,
+        must stay so to win)."""
         def done(_result: Any, err: int) -> None:
+            if err == FAIL_REASON.SUCCESS:  # sent: no new entry until its election is over (submit)
+                self._handing_over_until = monotonic() + self._election_max_s
             if callback is not None:
                 callback(None if err == FAIL_REASON.SUCCESS else _FAIL_NAMES.get(err, str(err)))
 
