@@ -3,8 +3,8 @@
 pysyncobj has no API for what ``FastElectionSyncObj`` and ``RaftNode`` do (keep-alives between
 followers, an election started early, elections held back on a joining node, connects stuck in
 SYN-SENT dropped, a tick thread that sleeps until its next deadline, idle heartbeats acknowledged
-a few times a second, a quiet leader) nor for reading its journal and snapshot files, so those reach into its
-private attributes and submodules. They do so only through this module:
+a few times a second, a quiet leader) nor for reading its journal and snapshot files, so those
+reach into its private attributes and submodules. They do so only through this module:
 
 * ``INTERNALS``: the table of every private name used (a ``self.__x`` attribute of a class, a
   private method, a name in a submodule), with what the check verifies for each;

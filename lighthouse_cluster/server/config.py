@@ -30,13 +30,12 @@ from lighthouse_cluster.core.jobs import (
 from lighthouse_cluster.core.lease import DEFAULT_LEASE_MS
 from lighthouse_cluster.core.quorum import QuorumOptions
 from lighthouse_cluster.raft.replication import RaftSettings
-
-# How long the Raft leader waits with no client before it heartbeats slowly (raft/quiescence.py).
-DEFAULT_QUIESCE_AFTER_MS = round(RaftSettings().quiet_after_s * 1000)
-MAX_QUIESCE_AFTER_MS = 3_600_000
 from lighthouse_cluster.tls import ClientTLS, ServerTLS, TLSConfigError
 
 DEFAULT_CLIENT_PORT = 29510
+# How long the Raft leader waits with no client before it heartbeats slowly (raft/quiescence.py).
+DEFAULT_QUIESCE_AFTER_MS = round(RaftSettings().quiet_after_s * 1000)
+MAX_QUIESCE_AFTER_MS = 3_600_000
 # A longer lease only lengthens failovers (a new leader waits it out).
 MAX_LEASE_MS = 10_000
 MAX_MEMBER_BYTES = 64 * 1024

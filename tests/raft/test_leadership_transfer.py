@@ -8,7 +8,6 @@ before shutdown: no election followed")."""
 
 from __future__ import annotations
 
-import socket
 import threading
 from typing import Any
 
@@ -17,21 +16,18 @@ import pytest
 from support.waiting import wait_for
 from lighthouse_cluster.core.codec import ConfirmLeadership
 from lighthouse_cluster.core.state_machine import QuorumStateMachine
+from lighthouse_cluster.local.cluster import free_ports
 from lighthouse_cluster.raft.replication import CommitError, RaftNode, ReplicatedState
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_a_leader_that_sent_timeout_now_appends_nothing_and_its_target_wins() -> None:
-    addrs = [f"127.0.0.1:{_free_port()}" for _ in range(3)]
-    rafts = [RaftNode(a, [x for x in addrs if x != a], ReplicatedState(QuorumStateMachine())) for a in addrs]
+    addrs = [f"127.0.0.1:{p}" for p in free_ports(3)]
+    rafts: list[RaftNode] = []
     try:
+        for a in addrs:
+            rafts.append(RaftNode(a, [x for x in addrs if x != a], ReplicatedState(QuorumStateMachine())))
         leader = wait_for("a leader", lambda: next((r for r in rafts if r.is_leader), None), 10.0)
         term = leader.term
         wait_for("every follower caught up", lambda: all(r.last_applied == leader.commit_index for r in rafts), 10.0)

@@ -4,7 +4,6 @@ a client replaces a leader that died while quiet on its normal timeouts."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from support.waiting import wait_for
 from lighthouse_cluster.core import codec
 from lighthouse_cluster.core.codec import EnableSchema
 from lighthouse_cluster.core.state_machine import QuorumStateMachine
+from lighthouse_cluster.local.cluster import free_ports
 from lighthouse_cluster.raft.pysyncobj_internals import monotonic
 from lighthouse_cluster.raft.replication import RaftNode, RaftSettings, ReplicatedState
 
@@ -23,24 +23,26 @@ QUIET_AFTER_S = 0.5
 SETTINGS = RaftSettings(quiet_after_s=QUIET_AFTER_S)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(schema: int = codec.SCHEMA_VERSION) -> list[RaftNode]:
     """Three nodes; the leader enables ``schema`` (what a node's leader does once every member
     runs it), so the nodes know their cluster's version."""
-    addrs = [f"127.0.0.1:{_free_port()}" for _ in range(3)]
-    rafts = [RaftNode(a, [x for x in addrs if x != a], ReplicatedState(QuorumStateMachine(schema)), settings=SETTINGS)
-             for a in addrs]
-    leader = wait_for("a leader", lambda: next((r for r in rafts if r.is_leader), None), 10.0)
-    done = threading.Event()
-    errors: list[Any] = []
-    leader.submit(EnableSchema(version=schema), lambda _r, e: (errors.append(e), done.set()))
-    assert done.wait(10.0) and errors == [None], errors
-    wait_for("every node applied the schema", lambda: all(r.last_applied >= leader.commit_index for r in rafts), 10.0)
+    addrs = [f"127.0.0.1:{p}" for p in free_ports(3)]
+    rafts: list[RaftNode] = []
+    try:
+        for a in addrs:
+            rafts.append(RaftNode(a, [x for x in addrs if x != a], ReplicatedState(QuorumStateMachine(schema)),
+                                  settings=SETTINGS))
+        leader = wait_for("a leader", lambda: next((r for r in rafts if r.is_leader), None), 10.0)
+        done = threading.Event()
+        errors: list[Any] = []
+        leader.submit(EnableSchema(version=schema), lambda _r, e: (errors.append(e), done.set()))
+        assert done.wait(10.0) and errors == [None], errors
+        wait_for("every node applied the schema", lambda: all(r.last_applied >= leader.commit_index for r in rafts),
+                 10.0)
+    except BaseException:
+        for r in rafts:
+            r.destroy()
+        raise
     return rafts
 
 
