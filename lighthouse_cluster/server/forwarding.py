@@ -122,6 +122,14 @@ class QuorumForwarder:
         try:
             return await stream.request(request, timeout, job)
         except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.INTERNAL and not stream.heard:
+                # The stream failed in this process before the leader said anything: gRPC reports
+                # a message write that lost the race with the leader's "no such method" as
+                # INTERNAL, hiding the UNIMPLEMENTED. The leader withdraws whatever the stream
+                # registered when it ends, so this call goes plain; the next opens a new stream.
+                log.info("forwarding stream to %s failed before any answer (%s); forwarding this "
+                         "call by itself", leader_address, e.details())
+                return await self._forward_unary(leader_address, request, timeout, job)
             if e.code() != grpc.StatusCode.UNIMPLEMENTED or e.details() == _UNIMPLEMENTED_FORWARDED:
                 raise
             log.info("leader %s has no batched forwarding; forwarding calls one by one", leader_address)
@@ -159,6 +167,7 @@ class _ForwardStream:
         self._last_flush = 0.0
         self._outbox: asyncio.Queue[cpb.QuorumForwardUp | None] = asyncio.Queue()
         self.closed = False
+        self.heard = False  # whether the leader sent any message on this stream
         call = owner._channels.get(leader).stream_stream(
             FORWARD_QUORUMS_METHOD, request_serializer=cpb.QuorumForwardUp.SerializeToString,
             response_deserializer=cpb.QuorumForwardDown.FromString)
@@ -221,6 +230,7 @@ class _ForwardStream:
         error: grpc.aio.AioRpcError
         try:
             async for down in self._call:
+                self.heard = True
                 if down.keys:
                     response = down.response
                     for key in down.keys:
