@@ -75,6 +75,10 @@ class _DeadlinePoller:
     def poll(self, timeout: float) -> None:
         self._inner.poll(self._wait(timeout))
 
+    def poll_now(self) -> None:
+        """Handle what has arrived, without waiting."""
+        self._inner.poll(0.0)
+
 
 class AdaptiveTickSyncObj(SyncObjInternals):
     """``SyncObj`` whose tick thread sleeps until its next deadline (see the module docstring).
@@ -90,6 +94,7 @@ class AdaptiveTickSyncObj(SyncObjInternals):
         self._message_cipher = cipher  # SyncObjInternals.encryptor
         self._tick_deadline_fns: list[Callable[[], float | None]] = []
         self._tick_started = 0.0
+        self._poll_due = float("inf")  # monotonic() time at which the last wait was to end
         self._commands_left = False
         self.tick_waits = 0  # how many waits the tick thread computed (for tests and logs)
         self.last_wait = 0.0  # the last of them, in seconds
@@ -101,6 +106,25 @@ class AdaptiveTickSyncObj(SyncObjInternals):
     def longest_wait_s(self) -> float:
         """The longest the tick thread waits now (override to lengthen it while nothing is due)."""
         return self._longest_s
+
+    def tick_lateness(self, now: float) -> float:
+        """How long after its last wait was due to end ``now`` is (0.0 if not late): at a tick's
+        start, how long the tick thread could not run (no CPU, the GIL held elsewhere) or handled
+        what it read."""
+        return max(0.0, now - self._poll_due)
+
+    def socket_poller(self) -> Any:
+        """pysyncobj's own poller (beneath the deadline wrapper), where every socket is registered."""
+        poller = self.pso_poller
+        return poller._inner if isinstance(poller, _DeadlinePoller) else poller
+
+    def read_now(self) -> None:
+        """On the tick thread: handle the messages that have arrived now, without waiting."""
+        poller = self.pso_poller
+        if isinstance(poller, _DeadlinePoller):
+            poller.poll_now()
+        else:
+            poller.poll(0.0)
 
     def add_tick_deadline(self, fn: Callable[[], float | None]) -> None:
         """``fn()``, called on the tick thread before each wait: the ``monotonic()`` time of the
@@ -154,4 +178,5 @@ class AdaptiveTickSyncObj(SyncObjInternals):
                              longest_s=self.longest_wait_s())
         self.tick_waits += 1
         self.last_wait = wait
+        self._poll_due = monotonic() + wait
         return wait

@@ -81,17 +81,23 @@ NEXT_APPEND_ENTRIES_ATTR = _syncobj("_SyncObj__newAppendEntriesTime")  # monoton
 # A leader's highest log index known stored on each follower (quiescence.py: none is catching up).
 MATCH_INDEX_ATTR = _syncobj("_SyncObj__raftMatchIndex")
 CHECK_COMMANDS = _syncobj("_checkCommandsToApply", CLASS, ("self",))
+# A leader's last response from each follower (its leaderFallbackTimeout counts from it), moved on
+# after a stall of the leader's own (stall_tolerance.py).
+LAST_RESPONSE_ATTR = _syncobj("_SyncObj__lastResponseTime")
 # A follower's acknowledgement of an append_entries (``next_node_idx``; overridden: idle_acks.py).
 SEND_NEXT_NODE_IDX = _syncobj("_SyncObj__sendNextNodeIdx", CLASS, ("self", "node", "reset", "nextNodeIdx", "success"))
 IS_LEADER = _syncobj("_isLeader", CLASS, ("self",))
 GET_LEADER = _syncobj("_getLeader", CLASS, ("self",))
 # The transport's connections (node -> TcpConnection), and when a connection last read or started
-# connecting (RaftNode._expire_stuck_connects).
+# connecting (RaftNode._expire_stuck_connects; moved on after a stall: stall_tolerance.py).
 CONNECTIONS_ATTR = Internal("pysyncobj.transport", "_connections", INSTANCE, "TCPTransport")
 LAST_READ_ATTR = Internal("pysyncobj.tcp_connection", "_TcpConnection__lastReadTime", INSTANCE, "TcpConnection")
 # When the transport last dialed a peer, and whether this node is the one that dials it (the
 # adaptive tick wakes for the next re-dial, at most every connectionRetryTime).
 LAST_CONNECT_ATTEMPT_ATTR = Internal("pysyncobj.transport", "_lastConnectAttempt", INSTANCE, "TCPTransport")
+# The poller's callback of each socket (wrapped: a connection's read event counts as a read before
+# pysyncobj checks its silence; stall_tolerance.py).
+POLL_CALLBACKS_ATTR = Internal("pysyncobj.poller", "_PollPoller__descrToCallbacks", INSTANCE, "PollPoller")
 SHOULD_CONNECT = Internal("pysyncobj.transport", "_shouldConnect", CLASS, "TCPTransport", ("self", "node"))
 
 INTERNALS: tuple[Internal, ...] = (
@@ -99,10 +105,13 @@ INTERNALS: tuple[Internal, ...] = (
     RAFT_STATE_ATTR, VOTED_FOR_ATTR, TRANSPORT_ATTR, RAFT_LOG_ATTR, ELECTION_DEADLINE_ATTR,
     ON_MESSAGE_RECEIVED, LOG_TERM, LOG_INDEX, GENERATE_TIMEOUT, ON_TICK, IS_LEADER, GET_LEADER,
     POLLER_ATTR, PIPE_NOTIFIER_ATTR, NEXT_APPEND_ENTRIES_ATTR, MATCH_INDEX_ATTR, CHECK_COMMANDS, SEND_NEXT_NODE_IDX,
+    LAST_RESPONSE_ATTR,
     # ReplicatedState's snapshot hooks (overridden).
     Internal("pysyncobj.syncobj", "_serialize", CLASS, "SyncObjConsumer", ("self",)),
     Internal("pysyncobj.syncobj", "_deserialize", CLASS, "SyncObjConsumer", ("self", "data")),
-    CONNECTIONS_ATTR, LAST_READ_ATTR, LAST_CONNECT_ATTEMPT_ATTR, SHOULD_CONNECT,
+    CONNECTIONS_ATTR, LAST_READ_ATTR, LAST_CONNECT_ATTEMPT_ATTR, SHOULD_CONNECT, POLL_CALLBACKS_ATTR,
+    Internal("pysyncobj.poller", "POLL_EVENT_TYPE"),
+    Internal("pysyncobj.tcp_connection", "TcpConnection"),
     # Module-level names outside pysyncobj's public API (its package's __init__).
     Internal("pysyncobj.syncobj", "_RAFT_STATE"),
     Internal("pysyncobj.syncobj", "_COMMAND_TYPE"),
@@ -204,9 +213,10 @@ from pysyncobj.journal import FIRST_RECORD_OFFSET as JOURNAL_FIRST_RECORD_OFFSET
 from pysyncobj.journal import LAST_RECORD_OFFSET_OFFSET as JOURNAL_LAST_RECORD_OFFSET_OFFSET
 from pysyncobj.monotonic import monotonic  # pysyncobj's clock (its deadlines)
 from pysyncobj.node import TCPNode
+from pysyncobj.poller import POLL_EVENT_TYPE
 from pysyncobj.syncobj import _COMMAND_TYPE as COMMAND_TYPE  # REGULAR: a replicated call of ours
 from pysyncobj.syncobj import _RAFT_STATE as RAFT_STATE  # FOLLOWER, CANDIDATE, LEADER
-from pysyncobj.tcp_connection import CONNECTION_STATE
+from pysyncobj.tcp_connection import CONNECTION_STATE, TcpConnection
 
 # getEncryptor's PBKDF2 iterations (a literal there; tests/raft/test_message_cipher.py checks it).
 ENCRYPTOR_ITERATIONS = 100_000
@@ -215,7 +225,7 @@ __all__ = [
     "COMMAND_TYPE", "CONNECTION_STATE", "ENCRYPTOR_ITERATIONS", "ENCRYPTOR_SALT", "INTERNALS", "JOURNAL_APP_NAME",
     "JOURNAL_FIRST_RECORD_OFFSET", "JOURNAL_LAST_RECORD_OFFSET_OFFSET", "PINNED_VERSION", "RAFT_STATE", "Internal",
     "SyncObjInternals", "TCPNode", "check", "connecting_since", "message", "monotonic", "problems", "pso_pickle",
-    "resolve_host", "save_commit_index_when_changed", "use_message_compression",
+    "resolve_host", "save_commit_index_when_changed", "use_message_compression", "count_arrivals_as_reads",
 ]
 
 
@@ -225,6 +235,47 @@ def use_message_compression(codec: Any) -> None:
     from pysyncobj import tcp_connection
 
     tcp_connection.zlib = codec
+
+
+class _ArrivalsCountedAsReads(dict):  # type: ignore[type-arg]
+    """A ``PollPoller``'s socket -> callback map whose connection callbacks first count a read
+    event as a read (``count_arrivals_as_reads``)."""
+
+    def __init__(self, callbacks: dict[Any, Any]) -> None:
+        super().__init__()
+        for descr, callback in callbacks.items():
+            self[descr] = callback
+
+    def __setitem__(self, descr: Any, callback: Any) -> None:
+        super().__setitem__(descr, _counting_arrival(callback))
+
+
+def _counting_arrival(callback: Any) -> Any:
+    connection = getattr(callback, "__self__", None)
+    if not isinstance(connection, TcpConnection):
+        return callback
+    readable = POLL_EVENT_TYPE.READ
+
+    def on_event(descr: Any, event_mask: int) -> None:
+        if event_mask & readable and connection.state == CONNECTION_STATE.CONNECTED:
+            setattr(connection, LAST_READ_ATTR.name, monotonic())
+        callback(descr, event_mask)
+
+    return on_event
+
+
+def count_arrivals_as_reads(poller: Any) -> bool:
+    """Make every connection on ``poller`` (pysyncobj's ``PollPoller``) count a socket with bytes
+    waiting as read from now. pysyncobj checks a connection's silence (nothing read for
+    ``connectionTimeout``) *before* it reads, so a node whose thread stalled past that timeout
+    dropped the link on the very read that would have ended the silence. Call on the tick thread
+    (which alone changes the map). False for another poller (the select poller: left as it is)."""
+    callbacks = getattr(poller, POLL_CALLBACKS_ATTR.name, None)
+    if callbacks is None:
+        return False
+    if not isinstance(callbacks, _ArrivalsCountedAsReads):
+        setattr(poller, POLL_CALLBACKS_ATTR.name, _ArrivalsCountedAsReads(callbacks))
+    return True
 
 
 def save_commit_index_when_changed(journal: Any) -> None:
@@ -341,6 +392,18 @@ class SyncObjInternals(SyncObj):
         retry = self.conf.connectionRetryTime
         return [attempts.get(node, float("-inf")) + retry for node, conn in list(self.pso_connections.items())
                 if conn.state == CONNECTION_STATE.DISCONNECTED and should_connect(node)]
+
+    def pso_excuse_stall(self, stall_s: float, now: float) -> None:
+        """This node's tick thread did not run for ``stall_s``: its silence timers do not count
+        that time against its peers. Every connection's last read (pysyncobj drops a link that
+        read nothing for ``connectionTimeout``, and checks before it reads) and, on a leader, every
+        follower's last response (``leaderFallbackTimeout``) move on by ``stall_s``, never past ``now``."""
+        for connection in list(self.pso_connections.values()):
+            last = getattr(connection, LAST_READ_ATTR.name)
+            setattr(connection, LAST_READ_ATTR.name, min(now, last + stall_s))
+        responses = self.__dict__.get(LAST_RESPONSE_ATTR.name, {})
+        for node, last in list(responses.items()):
+            responses[node] = min(now, last + stall_s)
 
     def pso_send(self, node: Any, message: Any) -> bool:
         """Send ``message`` to ``node`` on its Raft connection; False if not connected."""

@@ -44,7 +44,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from lighthouse_cluster.raft.fast_election import FastElectionSyncObj
+from lighthouse_cluster.raft.stall_tolerance import StallTolerantSyncObj
 from lighthouse_cluster.raft.pysyncobj_internals import monotonic
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ WAKE = {"type": "lighthouse_cluster_wake"}
 WAKE_EVERY_S = 0.05
 
 
-class QuiescentSyncObj(FastElectionSyncObj):
+class QuiescentSyncObj(StallTolerantSyncObj):
     """``SyncObj`` whose leader heartbeats slowly while no client calls (module docstring).
 
     ``quiet_after_s``: how long without a client, an entry or a follower catching up before the

@@ -11,7 +11,8 @@ It owns:
 
 The rest of ``lighthouse_cluster.raft``: ``settings`` (``RaftSettings``, the ``SyncObjConf``),
 ``dial`` (``DialNode``: ``--raft-dial``), ``quiescence`` (``QuiescentSyncObj``: a leader with no
-clients heartbeats slowly), built on ``fast_election`` (``FastElectionSyncObj``, built on
+clients heartbeats slowly), built on ``stall_tolerance`` (``StallTolerantSyncObj``: a stalled tick
+thread does not depose a live leader), built on ``fast_election`` (``FastElectionSyncObj``, built on
 ``adaptive_tick``'s tick that sleeps until its next deadline and ``idle_acks``), ``journal``
 (reading a node's Raft files) and ``pysyncobj_internals`` (every private pysyncobj name used,
 checked at import). ``RaftSettings``, ``DialNode``, ``peer_nodes`` and ``FastElectionSyncObj`` are
@@ -220,6 +221,18 @@ class RaftNode:
         leader's last append_entries said so."""
         syncobj = self._syncobj
         return syncobj.quiet or syncobj.leader_quiet
+
+    @property
+    def tick_stalls(self) -> int:
+        """How many times this node's Raft tick thread stalled (``raft/stall_tolerance.py``)."""
+        return self._syncobj.stalls
+
+    @property
+    def election_patience_s(self) -> float:
+        """What the leader's append_entries add to its followers' election timeouts after its
+        recent stalls (as leader: what it asks; as follower: what its leader asked)."""
+        syncobj = self._syncobj
+        return syncobj.patience_asked_s if syncobj._isLeader() else syncobj.leader_patience_s
 
     @property
     def messages_encrypted(self) -> dict[str, int]:

@@ -59,6 +59,14 @@ class RaftReadings(Protocol):
     def quiet(self) -> bool:
         """Whether this node's Raft heartbeats are quiet (no client: ``raft/quiescence.py``)."""
 
+    @property
+    def tick_stalls(self) -> int:
+        """How many times the Raft tick thread stalled (``raft/stall_tolerance.py``)."""
+
+    @property
+    def election_patience_s(self) -> float:
+        """What the leader's heartbeats add to its followers' election timeouts after its stalls."""
+
 
 class RoundReadings(Protocol):
     """What is read from a job's coordinator on the leader (``coordinator.QuorumCoordinator``)."""
@@ -190,6 +198,13 @@ class NodeCollector(Collector):
         yield gauge("raft_quiet", "1 while the Raft leader heartbeats slowly, no client having called for "
                     "--quiesce-after-ms (as leader: its own; as follower: its leader's)",
                     1 if raft is not None and raft.quiet else 0)
+        yield gauge("raft_election_patience_seconds", "What the Raft leader's heartbeats add to its followers' "
+                    "election timeouts after its tick thread stalled (as leader: what it asks; as follower: "
+                    "what its leader asked)", raft.election_patience_s if raft is not None else 0.0)
+        stalls = CounterMetricFamily(PREFIX + "raft_tick_stalls", "Times this node's Raft tick thread ran 50 ms "
+                                     "or more late (no CPU, or the GIL held elsewhere)", labels=["node"])
+        stalls.add_metric([node_id], raft.tick_stalls if raft is not None else 0)
+        yield stalls
         ready, _ = node.readiness()
         yield gauge("ready", "1 when /readyz answers 200", 1 if ready else 0)
         yield gauge("jobs", "Jobs (quorum namespaces) this node serves, the default job included",

@@ -177,8 +177,10 @@ def test_metrics_probes_health_and_reflection_on_a_formed_cluster(observed) -> N
         assert sample(metrics(cluster, 1), "lighthouse_cluster_forwarded_quorum_calls",
                       "lighthouse_cluster_forwarded_quorum_calls_total") >= 4
     for name in ("lighthouse_cluster_commit_index", "lighthouse_cluster_last_applied",
-                 "lighthouse_cluster_rerouted_quorum_calls"):
+                 "lighthouse_cluster_rerouted_quorum_calls", "lighthouse_cluster_raft_tick_stalls",
+                 "lighthouse_cluster_raft_election_patience_seconds"):
         assert name in fam
+    assert sample(fam, "lighthouse_cluster_raft_election_patience_seconds") <= 2.0
 
     with grpc.insecure_channel(cluster.client_addresses[0]) as ch:
         responses = reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo(
