@@ -438,10 +438,10 @@ def test_quick_bench_writes_every_section(tmp_path: Path):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        # Windows of 1 s instead of the quick run's 2 s: every section still runs; the figures are
-        # checked for sense, not size, here.
+        # Windows of 1 s instead of the quick run's 2 s, and a goodput kill 4 s into a 4 s window
+        # instead of 8: every section still runs; the figures are checked for sense, not size, here.
         [sys.executable, "-m", "benchmarks", "run", "--quick", "--duration", "1", "--isolation-duration", "1",
-         "--footprint-seconds", "1", "--out", str(out)],
+         "--footprint-seconds", "1", "--goodput-kill-every", "4", "--out", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=580)
     results = out / "bench-quick.json"
     failed = ""
