@@ -31,6 +31,13 @@ def test_a_leader_that_sent_timeout_now_appends_nothing_and_its_target_wins() ->
         leader = wait_for("a leader", lambda: next((r for r in rafts if r.is_leader), None), 10.0)
         term = leader.term
         wait_for("every follower caught up", lambda: all(r.last_applied == leader.commit_index for r in rafts), 10.0)
+        # ... and the leader knows it: pysyncobj refuses a transfer (REQUEST_DENIED) while the most
+        # caught-up connected follower's acknowledged index is behind its log (an acknowledgement
+        # in flight: seen in CI).
+        syncobj = leader._syncobj
+        wait_for("the leader to know a connected follower has its whole log",
+                 lambda: any(syncobj.isNodeConnected(n) and syncobj.pso_match_index(n) == syncobj.pso_last_log()[1]
+                             for n in syncobj.otherNodes), 10.0)
         sent: list[Any] = []
         results: list[tuple[Any, Any]] = []
         done = threading.Event()
