@@ -613,13 +613,8 @@ class _Backend:
             if self._inflight == 0:
                 self.idle.set()
 
-    def release(self, *, here: bool = True) -> None:
-        """Destroy the group now if it is idle and ``here`` (a thread of the caller's own), else
-        hand it to the reaper. A finalizer passes ``here=False``: the garbage collector runs it on
-        whatever thread allocated last, possibly one of Gloo's own, whose destructor would then
-        join itself ("terminate called after throwing an instance of 'std::system_error' ...
-        Resource deadlock avoided": seen in CI)."""
-        if here and self.idle.is_set():
+    def release(self) -> None:
+        if self.idle.is_set():
             self.pg = None  # destroyed here: nothing to wait for
         else:
             _REAPER.retire(self)
@@ -890,21 +885,20 @@ class ProcessGroupGloo(QuorumConfiguredGroup):
             quorum_id,
         )
 
-    def _release_backend(self, *, here: bool = True) -> None:
+    def _release_backend(self) -> None:
         backend, self._backend = self._backend, None
         self._world_size = None
         if backend is not None:
-            backend.release(here=here)
+            backend.release()
 
     def shutdown(self) -> None:
         self._release_backend()
 
     def __del__(self) -> None:
-        # Hand the group to the reaper rather than letting the last reference to it drop in the
-        # thread the garbage collector happens to run on: possibly one of Gloo's own, whose
-        # destructor would then join itself.
+        # Hand a busy group to the reaper rather than letting the last reference to it drop in
+        # one of Gloo's own threads (whose destructor would then join itself).
         try:
-            self._release_backend(here=False)
+            self._release_backend()
         except Exception:
             pass
 

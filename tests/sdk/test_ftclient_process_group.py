@@ -516,30 +516,6 @@ print("exiting with an operation in flight", flush=True)
 """
 
 
-def test_a_group_finalized_on_another_thread_is_destroyed_by_the_reaper_not_there() -> None:
-    """CI: a worker aborted ("terminate called after throwing an instance of 'std::system_error'
-    ... Resource deadlock avoided") in ``ProcessGroupGloo.__del__``: the garbage collector ran it
-    on one of Gloo's own threads, the idle group was destroyed there, and its destructor joined
-    the thread it ran on. A finalizer now hands the group to the reaper thread, idle or not."""
-    from ftclient import process_group as pg_module
-
-    destroyed_on: list[str] = []
-    destroyed = threading.Event()
-
-    class GroupStandIn:  # records the thread its last reference dropped on
-        def __del__(self) -> None:
-            destroyed_on.append(threading.current_thread().name)
-            destroyed.set()
-
-    group = pg_module.ProcessGroupGloo()
-    group._backend = pg_module._Backend(GroupStandIn())  # type: ignore[arg-type]
-    finalizer = threading.Thread(target=group.__del__, name="gloo-worker-stand-in")
-    finalizer.start()
-    finalizer.join(5.0)
-    assert destroyed.wait(5.0)
-    assert destroyed_on == ["ftclient-pg-reaper"]
-
-
 @pytest.mark.integration
 def test_exit_with_an_operation_in_flight_does_not_abort(tmp_path: Any) -> None:
     """Without the exit hook, the operation failing while Python finalizes ran its completion
