@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from typing import Any
 
 from pysyncobj import SyncObjConf
@@ -133,6 +134,28 @@ class FastElectionSyncObj(IdleAckSyncObj):
             conf = self.conf
             self.pso_election_deadline = (monotonic() + conf.connectionRetryTime + 2 * conf.appendEntriesPeriod
                                           + self.pso_election_timeout())
+
+    def is_current_leaders_append(self, node: Any, message: Any) -> bool:
+        """Whether ``message`` from ``node`` is an append_entries of this follower's leader in its
+        current term (after pysyncobj has handled it)."""
+        return (isinstance(message, dict) and message.get("type") == "append_entries"
+                and not self._isLeader() and message.get("term") == self.raftCurrentTerm
+                and node == self._getLeader())
+
+    def mark_append_entries(self, mark: Callable[[], tuple[str, Any] | None]) -> None:
+        """Every append_entries this node sends carries ``mark()``'s ``(key, value)`` when it
+        returns one (pysyncobj, and an older node, ignore keys they do not know)."""
+        transport = self._pso_transport
+        send = transport.send
+
+        def send_marked(node: Any, message: Any) -> Any:
+            if isinstance(message, dict) and message.get("type") == "append_entries":
+                item = mark()
+                if item is not None:
+                    message = {**message, item[0]: item[1]}
+            return send(node, message)
+
+        transport.send = send_marked
 
     def keepalive_period_s(self) -> float:
         """How often a follower sends its keep-alives (``connectionTimeout / 5``)."""

@@ -86,15 +86,7 @@ class QuiescentSyncObj(StallTolerantSyncObj):
         self._wake_sent_at = float("-inf")
         super().__init__(*args, **kwargs)
         self._awake_period_s = self.conf.appendEntriesPeriod
-        transport = self._pso_transport
-        send = transport.send
-
-        def send_marked(node: Any, message: Any) -> Any:
-            if self.quiet and isinstance(message, dict) and message.get("type") == "append_entries":
-                message = {**message, QUIET_KEY: self.quiet_period_s}
-            return send(node, message)
-
-        transport.send = send_marked
+        self.mark_append_entries(lambda: (QUIET_KEY, self.quiet_period_s) if self.quiet else None)
 
     # -- waking -----------------------------------------------------------------------------------
 
@@ -146,9 +138,7 @@ class QuiescentSyncObj(StallTolerantSyncObj):
                 self._set_quiet(False)
             return
         super().on_raft_message(node, message)
-        if not isinstance(message, dict) or message.get("type") != "append_entries":
-            return
-        if self._isLeader() or message.get("term") != self.raftCurrentTerm or node != self._getLeader():
+        if not self.is_current_leaders_append(node, message):
             return
         period = message.get(QUIET_KEY)
         if not (isinstance(period, (int, float)) and period > 0):

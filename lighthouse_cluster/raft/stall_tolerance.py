@@ -88,16 +88,7 @@ class StallTolerantSyncObj(FastElectionSyncObj):
         self.leader_patience_s = 0.0  # a follower: what its leader's last append_entries asked for
         self._arrivals_counted = False
         super().__init__(*args, **kwargs)
-        transport = self._pso_transport
-        send = transport.send
-
-        def send_with_patience(node: Any, message: Any) -> Any:
-            if self.patience_asked_s > 0.0 and isinstance(message, dict) \
-                    and message.get("type") == "append_entries":
-                message = {**message, PATIENCE_KEY: self.patience_asked_s}
-            return send(node, message)
-
-        transport.send = send_with_patience
+        self.mark_append_entries(lambda: (PATIENCE_KEY, self.patience_asked_s) if self.patience_asked_s > 0.0 else None)
 
     def pso_election_timeout(self) -> float:
         """A random election timeout, as pysyncobj draws one, plus the patience the leader asked for."""
@@ -105,9 +96,7 @@ class StallTolerantSyncObj(FastElectionSyncObj):
 
     def on_raft_message(self, node: Any, message: Any) -> None:
         super().on_raft_message(node, message)
-        if not isinstance(message, dict) or message.get("type") != "append_entries":
-            return
-        if self._isLeader() or message.get("term") != self.raftCurrentTerm or node != self._getLeader():
+        if not self.is_current_leaders_append(node, message):
             return
         asked = message.get(PATIENCE_KEY)
         asked = min(float(asked), PATIENCE_CAP_S) if isinstance(asked, (int, float)) and asked > 0 else 0.0
