@@ -8,7 +8,10 @@ rules' health input (``QuorumCoordinator.declare_dead``): quorum ids, fencing an
 untouched, so a false death (a blip) costs at most one quorum change.
 
 A new stream replaces the replica's previous one; a close or expiry of a replaced stream is
-ignored (the manager reconnected: it is alive). A leader knows only the streams opened to it, so
+ignored (the manager reconnected: it is alive). A leader that itself stalled (its event loop held
+for longer than a check period) cannot tell silence from keep-alives it has not read yet: the
+stall is excused (:meth:`Liveness.excuse_stall`), as the Raft thread excuses its own stalls
+(``raft/stall_tolerance.py``), so a loaded leader does not declare live replicas dead. A leader knows only the streams opened to it, so
 a new leader declares nobody dead before each replica had the chance to reconnect: the replicas
 of the last quorum are seeded with a heartbeat at warm-up exactly as before streams existed.
 
@@ -59,6 +62,16 @@ class Liveness:
             return None
         del self._streams[replica_id]
         return Death(replica_id, STREAM_CLOSED)
+
+    def excuse_stall(self, stall_s: float, now: float) -> None:
+        """The leader could not read for ``stall_s`` up to ``now``: every stream's silence is
+        counted from ``stall_s`` later (never later than ``now``), so keep-alives that arrived
+        during the stall and are still unread do not count as missing. A replica that did die is
+        declared dead at most ``stall_s`` later."""
+        if stall_s <= 0:
+            return
+        for s in self._streams.values():
+            s.last_seen = min(now, s.last_seen + stall_s)
 
     def expire(self, now: float) -> list[Death]:
         """Deaths of every replica whose keep-alives stopped for the timeout (their streams are

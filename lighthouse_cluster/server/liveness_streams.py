@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 
 # How often the serving leader looks for streams whose keep-alives stopped.
 CHECK_PERIOD_S = 0.05
+# A check that ran this much later than its period excuses the stall (Liveness.excuse_stall): the
+# event loop was held, and keep-alives that arrived meanwhile may not be read yet.
+STALL_S = 0.05
 # With no stream open the check waits for one to open, and runs at least this often.
 IDLE_CHECK_PERIOD_S = 1.0
 # A client that opens a stream must name its replica within this long.
@@ -136,6 +139,7 @@ class LivenessStreams:
         self._term: int | None = None  # the term the open streams were accepted in
         self._task: asyncio.Task[None] | None = None
         self._opened = asyncio.Event()  # a stream opened: the check loop runs every CHECK_PERIOD_S again
+        self.stalls_excused = 0
         self.deaths: dict[str, int] = {STREAM_CLOSED_LABEL: 0, KEEPALIVE_TIMEOUT_LABEL: 0, CONNECTION_LOST_LABEL: 0}
         self.notices_sent = 0
         # replica id -> the notice it gets if it opens a stream again (declared dead as a member
@@ -191,7 +195,13 @@ class LivenessStreams:
     async def _check_loop(self) -> None:
         while True:
             if self.liveness.watching_any():
+                slept_from = self._clock()
                 await asyncio.sleep(self._check_period_s)
+                now = self._clock()
+                stall = now - slept_from - self._check_period_s
+                if stall >= STALL_S:
+                    self.stalls_excused += 1
+                    self.liveness.excuse_stall(stall, now)
             else:  # nothing can expire (leadership changes call check() themselves)
                 try:
                     await asyncio.wait_for(self._opened.wait(), IDLE_CHECK_PERIOD_S)

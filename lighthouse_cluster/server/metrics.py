@@ -153,6 +153,10 @@ class LivenessCounts(Protocol):
     def deaths(self) -> dict[str, int]:
         """Replica deaths declared on this node, by reason label."""
 
+    @property
+    def stalls_excused(self) -> int:
+        """Liveness checks that ran late (the event loop was held) and excused the stall."""
+
 
 class ConnectionCounts(Protocol):
     """The leader's watched manager connections (``manager_connections.ManagerConnections``)."""
@@ -275,6 +279,13 @@ class NodeCollector(Collector):
             for reason, count in sorted(job.liveness.deaths.items()):
                 deaths.add_metric([node_id, job.name, reason], count)
         yield deaths
+        stalls = CounterMetricFamily(
+            PREFIX + "liveness_stalls_excused", "Liveness checks of the job that ran 50 ms or more late (the "
+            "node's event loop was held: a loaded host); keep-alives unread during the stall were not counted "
+            "as missing", labels=["node", "job"])
+        for job in jobs:
+            stalls.add_metric([node_id, job.name], job.liveness.stalls_excused)
+        yield stalls
         yield gauge("manager_connections", "Connections up from the serving leader to the job's running quorum's "
                     "manager servers (members without a liveness stream)", lambda j: j.connections.connected)
 

@@ -41,6 +41,24 @@ def test_a_replaced_stream_neither_kills_nor_keeps_alive() -> None:
     assert live.expire(now=10.7) == [Death("a", "keep-alives stopped for 500 ms")]
 
 
+def test_a_stall_of_the_leader_is_excused_up_to_now_and_a_dead_replica_still_expires() -> None:
+    """The leader could not read for 0.6 s: keep-alives sent meanwhile may be unread, so silence
+    counts from 0.6 s later (never past now); a replica that is really silent still expires, at
+    most the stall later."""
+    live = Liveness(0.5)
+    live.opened("a", 1, now=10.0)
+    live.opened("b", 2, now=10.0)
+    live.keepalive("a", 1, now=10.1)
+    live.excuse_stall(0.6, now=10.7)  # a: 10.1 -> 10.7; b: 10.0 -> 10.6
+    assert live.expire(now=10.7) == []  # without the excuse, both are 0.6 s and more silent
+    live.keepalive("a", 1, now=10.75)  # the keep-alive read after the stall
+    live.excuse_stall(5.0, now=10.8)  # capped at now: no silence is counted as the future
+    assert live.expire(now=11.29) == []
+    assert live.expire(now=11.3) == [Death("a", "keep-alives stopped for 500 ms"),
+                                     Death("b", "keep-alives stopped for 500 ms")]
+    live.excuse_stall(0.0, now=12.0)  # nothing to excuse, nothing watched: no effect, no error
+
+
 def test_the_timeout_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         Liveness(0)

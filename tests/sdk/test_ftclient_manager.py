@@ -165,7 +165,11 @@ def step(r: Rank, grad: list[float] | None = None, error: Exception | None = Non
 
 @pytest.fixture
 def cluster(make_cluster: Callable[..., LocalCluster]) -> LocalCluster:
-    c = make_cluster(min_replicas=2)
+    # These tests assert exact quorums and sums. Under CI load, the managers of both groups (one
+    # pytest process) once sent no keep-alive for 500 ms: a false death that aborted a quorum and
+    # changed a sum. No test here relies on a keep-alive timeout (a killed process closes its
+    # stream: a death at once), so the timeout is generous.
+    c = make_cluster(min_replicas=2, liveness_timeout_ms=3000)
     c.wait_for_leader()
     return c
 

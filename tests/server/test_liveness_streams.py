@@ -217,6 +217,39 @@ def test_a_closed_stream_is_a_death_and_the_other_members_are_told() -> None:
     asyncio.run(main())
 
 
+def test_a_leader_whose_event_loop_stalled_reads_the_keepalives_before_it_declares_deaths() -> None:
+    """CI: a replica sending keep-alives every 100 ms was declared dead ("keep-alives stopped for
+    500 ms") on a loaded machine. When the leader's event loop is held, the check's timer and the
+    keep-alive that arrived meanwhile become due together, and the timer runs first (gRPC's
+    reads reach the loop one iteration later). The real check loop and clock, the loop blocked
+    for 0.8 s: the replica sending keep-alives stays alive; one that stopped still dies."""
+    async def main() -> None:
+        hub = Hub(timeout_ms=500)
+        hub.streams = LivenessStreams(hub.node, "n1", 0.5)  # the real clock
+        hub.streams.start()
+        hub.rounds.quorum = Quorum(4, (Member("a"), Member("b")), 1)
+        ctxs = {r: await hub.open(r) for r in ("a", "b")}
+        for _ in range(3):  # both alive, the check loop running
+            await asyncio.sleep(0.1)
+            for ctx in ctxs.values():
+                ctx.send()
+        await wait_for_async("the last keep-alives", lambda: not any(c.inbox.qsize() for c in ctxs.values()), 1.0,
+                             interval=0.001)
+        await asyncio.sleep(0.01)  # the reads that took them ran: both were last seen now
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.75, ctxs["a"].send)  # arrives during the stall, after the check's timer
+        time.sleep(0.8)  # the leader's event loop is held
+        for _ in range(3):
+            await asyncio.sleep(0.1)
+            ctxs["a"].send()
+        assert ("dead", "a", "keep-alives stopped for 500 ms") not in hub.rounds.deaths()
+        assert hub.streams.stalls_excused >= 1
+        await wait_for_async("b's death", lambda: hub.rounds.deaths(), 2.0, interval=0.01)
+        assert hub.rounds.deaths() == [("dead", "b", "keep-alives stopped for 500 ms")]
+        hub.streams.stop()
+    asyncio.run(main())
+
+
 def test_keepalives_that_stop_are_a_death_after_the_timeout() -> None:
     async def main() -> None:
         hub = Hub(timeout_ms=500)

@@ -40,7 +40,8 @@ class Coordinator:
 class Runtime:
     name: str
     coordinator: Coordinator
-    liveness: Any = field(default_factory=lambda: SimpleNamespace(open_streams=0, deaths={"stream_closed": 0}))
+    liveness: Any = field(default_factory=lambda: SimpleNamespace(open_streams=0, deaths={"stream_closed": 0},
+                                                                            stalls_excused=0))
     connections: Any = field(default_factory=lambda: SimpleNamespace(connected=0))
 
 
@@ -90,7 +91,8 @@ def two_job_node() -> tuple[Node, NodeMetrics]:
                                                heartbeats={"a": 10, "b": 20, "c": 30}))
     b = Runtime("train-b", Coordinator(term=3, serving=True, rounds_committed=1, rounds_on_lease=5,
                                        heartbeats={"x": 5, "y": 6}, waiting=[object()]),
-                liveness=SimpleNamespace(open_streams=2, deaths={"stream_closed": 1, "keepalive_timeout": 0}),
+                liveness=SimpleNamespace(open_streams=2, deaths={"stream_closed": 1, "keepalive_timeout": 0},
+                                         stalls_excused=7),
                 connections=SimpleNamespace(connected=1))
     node = Node(machine, [default, b])
     return node, NodeMetrics(node, SimpleNamespace(forwarded_quorum_calls=4, rerouted_quorum_calls=0))
@@ -110,6 +112,8 @@ def test_every_series_of_a_jobs_rounds_has_one_sample_per_job() -> None:
     assert values(fams, "lighthouse_cluster_liveness_streams") == {"default": 0, "train-b": 2}
     deaths = "lighthouse_cluster_replica_deaths"
     assert values(fams, deaths, deaths + "_total", reason="stream_closed") == {"default": 0, "train-b": 1}
+    stalls = "lighthouse_cluster_liveness_stalls_excused"
+    assert values(fams, stalls, stalls + "_total") == {"default": 0, "train-b": 7}
     assert values(fams, "lighthouse_cluster_manager_connections") == {"default": 0, "train-b": 1}
     for family in ("lighthouse_cluster_quorum_id", rounds, deaths):
         assert all(s.labels["node"] == "n1" for s in fams[family])
