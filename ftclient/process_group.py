@@ -33,6 +33,7 @@ import atexit
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -614,10 +615,22 @@ class _Backend:
                 self.idle.set()
 
     def release(self) -> None:
-        if self.idle.is_set():
+        """Destroy the group now if it is idle and this is a thread Python started; else hand
+        it to the reaper. A finalizer (``ProcessGroupGloo.__del__``) runs on whatever thread the
+        garbage collector ran on, possibly one of Gloo's own (a thread Python did not start),
+        whose destructor would then join itself: "terminate called after throwing an instance
+        of 'std::system_error' ... Resource deadlock avoided" (seen in CI). While Python
+        finalizes no new thread can start, and the group is destroyed here as before."""
+        if self.idle.is_set() and (not _on_a_foreign_thread() or sys.is_finalizing()):
             self.pg = None  # destroyed here: nothing to wait for
         else:
             _REAPER.retire(self)
+
+
+def _on_a_foreign_thread() -> bool:
+    """Whether the calling thread was started outside ``threading`` (Gloo's workers, gRPC's
+    pollers: C++ threads that call into Python), which ``threading`` represents by a dummy."""
+    return isinstance(threading.current_thread(), threading._DummyThread)
 
 
 class _Reaper:
@@ -895,8 +908,9 @@ class ProcessGroupGloo(QuorumConfiguredGroup):
         self._release_backend()
 
     def __del__(self) -> None:
-        # Hand a busy group to the reaper rather than letting the last reference to it drop in
-        # one of Gloo's own threads (whose destructor would then join itself).
+        # The garbage collector may run this on one of Gloo's own threads: _Backend.release then
+        # hands the group to the reaper (as it does a busy group) rather than letting its
+        # destructor join the thread it runs on.
         try:
             self._release_backend()
         except Exception:

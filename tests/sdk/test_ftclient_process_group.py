@@ -516,6 +516,43 @@ print("exiting with an operation in flight", flush=True)
 """
 
 
+@pytest.mark.parametrize("started_by", ["threading", "_thread"])
+def test_a_group_finalized_on_a_thread_python_did_not_start_is_destroyed_by_the_reaper(started_by: str) -> None:
+    """CI: a worker aborted ("terminate called after throwing an instance of 'std::system_error'
+    ... Resource deadlock avoided") in ``ProcessGroupGloo.__del__``: the garbage collector ran it
+    on one of Gloo's own threads, the idle group was destroyed there, and its destructor joined
+    the thread it ran on. A thread started outside ``threading`` (as Gloo's C++ workers are; here
+    ``_thread``) now hands the group to the reaper; a thread of ``threading`` still destroys an
+    idle group at once (handing every group to the reaper broke exit)."""
+    import _thread
+
+    from ftclient import process_group as pg_module
+
+    destroyed_on: list[str] = []
+    destroyed = threading.Event()
+
+    class GroupStandIn:  # records the thread its last reference dropped on
+        def __del__(self) -> None:
+            destroyed_on.append(threading.current_thread().name)
+            destroyed.set()
+
+    group = pg_module.ProcessGroupGloo()
+    group._backend = pg_module._Backend(GroupStandIn())  # type: ignore[arg-type]
+    finalized = threading.Event()
+
+    def finalize() -> None:
+        threading.current_thread().name = "finalizer"
+        group.__del__()
+        finalized.set()
+
+    if started_by == "threading":
+        threading.Thread(target=finalize).start()
+    else:
+        _thread.start_new_thread(finalize, ())
+    assert finalized.wait(5.0) and destroyed.wait(5.0)
+    assert destroyed_on == (["finalizer"] if started_by == "threading" else ["ftclient-pg-reaper"])
+
+
 @pytest.mark.integration
 def test_exit_with_an_operation_in_flight_does_not_abort(tmp_path: Any) -> None:
     """Without the exit hook, the operation failing while Python finalizes ran its completion
