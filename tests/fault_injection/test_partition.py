@@ -170,7 +170,10 @@ def test_partitioned_leader_issues_nothing(net: netns.NetnsNetwork, cluster: Loc
     def explain(msg: str) -> str:
         return f"{msg}\n(history: {history_file})\n{cluster.tail_logs(25)}"
 
-    leader = cluster.wait_for_leader(timeout=20)
+    # The leader every node follows, for a while: a start-up election can be followed by a second
+    # one (a candidate that missed the first leader deposes it with a higher term; CI), and the
+    # groups below are placed on the leader and the followers.
+    leader, _ = cluster.wait_for_stable_leader(timeout=20)
     followers = [i for i in range(cluster.nodes) if i != leader]
     addr = cluster.client_addresses
     groups = [SimulatedReplicaGroup(rid, addr[leader], quorum_timeout_s=ISO_QUORUM_TIMEOUT_S, step_time_s=STEP_TIME_S)

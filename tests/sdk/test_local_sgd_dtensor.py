@@ -290,8 +290,19 @@ def _hsdp_worker(group: int, rank: int, port: int, lighthouse: str, out_dir: str
                       use_async_quorum=False, timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout,
                       rank=rank, world_size=WORLD, store_addr="127.0.0.1", store_port=port,
                       lighthouse_addr=lighthouse, replica_id=f"hsdp_{group}", hostname="127.0.0.1")
-    if group == 1 and rank == 0:
-        (out / "joined").write_text("1")
+    if group == 1:
+        # Group 0 goes on once both ranks of group 1 are about to ask for their first quorum: a
+        # Manager that merely exists has asked nothing, and group 0 (min_replicas 1, fast quorums
+        # on its own) once finished every round before group 1's first request (CI). Group 1's
+        # request then waits at the lighthouse (join timeout) until group 0's next one.
+        start_quorum = manager.start_quorum
+
+        def first_quorum_announced(*args: Any, **kwargs: Any) -> Any:
+            (out / f"requesting{rank}").write_text("1")
+            manager.start_quorum = start_quorum  # type: ignore[method-assign]
+            return start_quorum(*args, **kwargs)
+
+        manager.start_quorum = first_quorum_announced  # type: ignore[method-assign]
     inner = torch.optim.SGD(model.parameters(), lr=LR)
     outer = torch.optim.SGD(model.parameters(), lr=1.0)
     c = torch.tensor(HSDP_C[group])
@@ -309,7 +320,8 @@ def _hsdp_worker(group: int, rank: int, port: int, lighthouse: str, out_dir: str
                 if group == 0 and s.committed and s.step == HSDP_JOIN_AT:
                     if rank == 0:
                         (out / "start1").write_text("1")
-                    _wait_file(out / "joined", "group 1's Manager")
+                    for r in range(WORLD):
+                        _wait_file(out / f"requesting{r}", f"group 1's rank {r} asking for its first quorum")
     result = {
         "records": records,
         "params": {n: p.full_tensor().tolist() for n, p in model.named_parameters()},
