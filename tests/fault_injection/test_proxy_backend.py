@@ -202,7 +202,9 @@ def test_partitioned_leader_issues_nothing_through_the_proxy(net: ProxyNetwork, 
     def explain(msg: str) -> str:
         return f"{msg}\n(history: {history_file}; proxy: {net.stats()})\n{cluster.tail_logs(25)}"
 
-    leader = cluster.wait_for_leader(timeout=20)
+    # The leader every node follows (a start-up election can be followed by a second one), as
+    # in test_partition: the groups below are placed on the leader and the followers.
+    leader, _ = cluster.wait_for_stable_leader(timeout=20)
     followers = [i for i in range(cluster.nodes) if i != leader]
     # Every Raft connection goes through the proxy: one per pair, each on the dialer's listener.
     wait_for("three proxied Raft connections",
