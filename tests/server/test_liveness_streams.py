@@ -114,10 +114,11 @@ class Clock:
 class Hub:
     """A ``LivenessStreams`` on a fake node, with helpers to open streams."""
 
-    def __init__(self, timeout_ms: int = 500) -> None:
+    def __init__(self, timeout_ms: int = 500, *, real_clock: bool = False) -> None:
         self.node = FakeNode()
         self.clock = Clock()
-        self.streams = LivenessStreams(self.node, "n1", timeout_ms / 1000, clock=self.clock)
+        self.streams = LivenessStreams(self.node, "n1", timeout_ms / 1000,
+                                       clock=time.monotonic if real_clock else self.clock)
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.contexts: dict[str, FakeContext] = {}
 
@@ -224,8 +225,7 @@ def test_a_leader_whose_event_loop_stalled_reads_the_keepalives_before_it_declar
     reads reach the loop one iteration later). The real check loop and clock, the loop blocked
     for 0.8 s: the replica sending keep-alives stays alive; one that stopped still dies."""
     async def main() -> None:
-        hub = Hub(timeout_ms=500)
-        hub.streams = LivenessStreams(hub.node, "n1", 0.5)  # the real clock
+        hub = Hub(timeout_ms=500, real_clock=True)
         hub.streams.start()
         hub.rounds.quorum = Quorum(4, (Member("a"), Member("b")), 1)
         ctxs = {r: await hub.open(r) for r in ("a", "b")}
@@ -233,9 +233,9 @@ def test_a_leader_whose_event_loop_stalled_reads_the_keepalives_before_it_declar
             await asyncio.sleep(0.1)
             for ctx in ctxs.values():
                 ctx.send()
-        await wait_for_async("the last keep-alives", lambda: not any(c.inbox.qsize() for c in ctxs.values()), 1.0,
-                             interval=0.001)
-        await asyncio.sleep(0.01)  # the reads that took them ran: both were last seen now
+        # Both accepted and 3 keep-alives each read: both were last seen now.
+        await wait_for_async("the last keep-alives read", lambda: hub.rounds.calls.count(("alive", "a")) == 4
+                             and hub.rounds.calls.count(("alive", "b")) == 4, 1.0, interval=0.001)
         loop = asyncio.get_running_loop()
         loop.call_later(0.75, ctxs["a"].send)  # arrives during the stall, after the check's timer
         time.sleep(0.8)  # the leader's event loop is held
