@@ -61,6 +61,9 @@ def bench() -> None:
                                           "section, SMALL,LARGE (default 8,256; quick 8,64).")
 @click.option("--isolation-duration", "isolation_duration_s", type=float,
               help="Seconds measured per isolation phase (default 10; quick 2).")
+@click.option("--isolation-pin-leader", is_flag=True,
+              help="In the isolation section, give the leader and job B's load generator CPU 0 and everything "
+                   "else the other CPUs (a leader with a core of its own; needs 2+ CPUs).")
 @click.option("--profile-ns", help="After the rounds section, re-run the cluster at these N with py-spy "
                                    "attached to every node and summarize the profiles (e.g. 256,1024).")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
@@ -70,7 +73,8 @@ def run(quick: bool, out_dir: Path, name: str | None, sections: str, ns: str | N
         restart_trials: int | None, sdk_steps: int | None, recovery_sizes: str | None,
         recovery_trials: int | None, footprint_s: float | None, goodput_groups: str | None,
         goodput_kills: int | None, goodput_kill_every_s: float | None, isolation_groups: str | None,
-        isolation_duration_s: float | None, profile_ns: str | None, workdir: Path | None) -> None:
+        isolation_duration_s: float | None, isolation_pin_leader: bool, profile_ns: str | None,
+        workdir: Path | None) -> None:
     """Start every system under test, measure, write <out>/<name>.{json,md,png}."""
     from . import INSTALL_HINT, missing_modules
     from .runner import run_bench
@@ -94,7 +98,8 @@ def run(quick: bool, out_dir: Path, name: str | None, sections: str, ns: str | N
                         footprint_s=footprint_s, goodput_groups=_ints(goodput_groups), goodput_kills=goodput_kills,
                         goodput_kill_every_s=goodput_kill_every_s,
                         isolation_small=iso[0] if iso else None, isolation_large=iso[1] if iso else None,
-                        isolation_duration_s=isolation_duration_s, profile_ns=_ints(profile_ns) or (), workdir=workdir,
+                        isolation_duration_s=isolation_duration_s, isolation_pin_leader=isolation_pin_leader,
+                        profile_ns=_ints(profile_ns) or (), workdir=workdir,
                         keep_workdir=workdir is not None)
     res = run_bench(opts, say=lambda s: click.echo(s))
     stem = opts.name or ("bench-quick" if quick else "bench")

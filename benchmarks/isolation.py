@@ -1,24 +1,33 @@
 """Section 7, isolation (issue 17): one job's load must not slow another job's quorums.
 
 One 3-node cluster, two jobs created through the admin API: job B (``small`` replica groups, a
-small training job) and job A (``large`` groups hammering quorums: each group asks again as soon
-as it has its answer, the rounds section's load). Every group talks to the leader and names its
-job in each call's metadata. Phases, each measured for ``duration_s``:
+small training job, on the leader's client port, naming its job in each call's metadata as
+ftclient does) and job A (``large`` groups hammering quorums: each group asks again as soon as it
+has its answer, the rounds section's load), whose groups talk to the leader too. Phases, each
+measured for ``duration_s``:
 
 1. **alone**: only job B's groups run; its round latency (last request -> last answer) and rounds/s;
-2. **beside**: job A's groups run (warmed up first), and job B's groups again, a new set;
-3. the ratio of job B's median round latency beside job A to alone (issue 17's bound: <= 2);
-4. **beside training**: job A's groups as a training job runs them, a round per step of
-   ``TRAINING_STEP_S`` (their heartbeats every 100 ms as before), and job B's groups again: what
-   a job's neighbour usually looks like, as opposed to the hammering of phase 2.
+2. **beside, one port**: job A's groups on the same client port as job B (selecting their job by
+   name): both jobs' calls go through one gRPC server;
+3. **beside, own port**: job A on its own job port (as unchanged torchft trainers select a job),
+   served on the node's event loop (the default); issue 17's bound (<= 2x alone) is on this phase;
+4. **beside, port process** (full runs): the same on a second cluster whose nodes run
+   ``--job-port-processes`` (job A's port served by a process of its own, which forwards its calls
+   to the leader as a follower would), with job B measured alone there first;
+5. **beside training**: job A on its own port as a training job runs it, a round per step of
+   ``TRAINING_STEP_S`` (heartbeats every 100 ms as before): what a neighbour usually looks like.
 
 Both jobs use the rounds section's settings (min_replicas = the job's group count, so every round
-is the job's full set and, after the first, a fast quorum). What the figure does not separate:
-on a 2-core machine job A's load generator competes with the nodes for the CPU as well.
+is the job's full set and, after the first, a fast quorum). What the figures do not separate on a
+2-core machine: job A's load generator competes with the nodes for the CPU. ``pin_leader``
+(``--isolation-pin-leader``) gives the leader and job B's load generator CPU 0 and everything else
+(followers, port processes, job A's load generator) the other CPUs: a leader with a core of its own,
+as on a machine where the trainers are elsewhere.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -26,12 +35,12 @@ from typing import Any, Callable
 
 import grpc
 
-from lighthouse_cluster.local.cluster import LocalCluster
+from lighthouse_cluster.local.cluster import LocalCluster, free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.server.admin import token_metadata
 from .loadgen import LoadGenerator, LoadSpec, analyze_rounds
-from .procs import CpuMeter, load_snapshot
+from .procs import CpuMeter, descendants, load_snapshot, pin_process
 from .rounds import HEARTBEAT_TIMEOUT_MS, JOIN_TIMEOUT_MS, QUORUM_TICK_MS, stable_leader, workers_for
 
 TOKEN = "isolation-bench"
@@ -40,11 +49,13 @@ SMALL_JOB, LARGE_JOB = "job-b", "job-a"
 TRAINING_STEP_S = 1.0  # phase 4: job A asks for a quorum once per training step of this long
 
 
-def add_job(address: str, name: str, groups: int) -> None:
+def add_job(address: str, name: str, groups: int, ports: list[int] | None = None) -> None:
     stub = cpb_grpc.LighthouseAdminStub(grpc.insecure_channel(address))
-    stub.AddJob(cpb.AddJobRequest(name=name, settings=cpb.JobSettingsUpdate(
-        min_replicas=groups, join_timeout_ms=JOIN_TIMEOUT_MS, quorum_tick_ms=QUORUM_TICK_MS,
-        heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)), metadata=token_metadata(TOKEN), timeout=10)
+    stub.AddJob(cpb.AddJobRequest(
+        name=name, ports=[cpb.JobPort(node_id=f"n{i + 1}", port=p) for i, p in enumerate(ports or [])],
+        settings=cpb.JobSettingsUpdate(min_replicas=groups, join_timeout_ms=JOIN_TIMEOUT_MS,
+                                       quorum_tick_ms=QUORUM_TICK_MS, heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)),
+        metadata=token_metadata(TOKEN), timeout=10)
 
 
 def _measure(spec: LoadSpec, workers: int, duration_s: float, warmup_timeout_s: float,
@@ -69,80 +80,154 @@ def _measure(spec: LoadSpec, workers: int, duration_s: float, warmup_timeout_s: 
     return out
 
 
+class _Cpus:
+    """With ``pin`` (and 2+ CPUs): CPU 0 for the leader and job B's load generator, the others for
+    everything else. Processes inherit this process's CPUs, so it switches before starting each."""
+
+    def __init__(self, pin: bool) -> None:
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self.on = pin and len(cpus) >= 2
+        self.all = set(cpus)
+        self.first, self.rest = ({cpus[0]}, set(cpus[1:])) if self.on else (set(), set())
+
+    def _set(self, cpus: set[int]) -> None:
+        if self.on:
+            os.sched_setaffinity(0, cpus)
+
+    def for_measured(self) -> None:
+        self._set(self.first)
+
+    def for_others(self) -> None:
+        self._set(self.rest)
+
+    def pin_leader(self, pid: int) -> None:
+        if self.on:
+            pin_process(pid, self.first)
+
+    def pin_others(self, pid: int) -> None:
+        if self.on:
+            pin_process(pid, self.rest)
+
+    def reset(self) -> None:
+        self._set(self.all)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(b / a, 3) if a and b else None
+
+
+class _Cluster:
+    """One cluster of the section, its leader, the jobs' addresses and the pids to measure."""
+
+    def __init__(self, workdir: Path, cpus: _Cpus, small: int, large: int, port_processes: bool) -> None:
+        root = Path(tempfile.mkdtemp(prefix="cluster-isolation-", dir=workdir))
+        cpus.for_others()  # followers, port processes and the leader until it is known
+        self.cluster = LocalCluster(root=root, nodes=3, min_replicas=1, admin_token=TOKEN,
+                                    extra_args=["--job-port-processes"] if port_processes else [])
+        self.cluster.start()
+        leader = stable_leader(self.cluster)
+        self.address = self.cluster.client_addresses[leader]
+        self.pids = {("leader" if i == leader else f"follower{i + 1}"): m.process.pid
+                     for i, m in enumerate(self.cluster.members) if m.process is not None}
+        cpus.pin_leader(self.pids["leader"])
+        ports = free_ports(3, "127.0.0.1")
+        add_job(self.address, SMALL_JOB, small)
+        add_job(self.address, LARGE_JOB, large, ports)
+        self.large_port_address = f"127.0.0.1:{ports[leader]}"
+        wait_listening(self.address, LARGE_JOB, ports[leader])
+        for n, pid in enumerate(descendants(self.pids["leader"])):  # the leader's port process
+            self.pids[f"leader's port process{'' if n == 0 else n + 1}"] = pid
+            cpus.pin_others(pid)
+
+    def stop(self) -> None:
+        self.cluster.stop_all()
+
+
+def wait_listening(address: str, job: str, port: int, timeout: float = 30.0) -> None:
+    stub = cpb_grpc.LighthouseClusterStub(grpc.insecure_channel(address))
+    deadline = time.monotonic() + timeout
+    while stub.GetJob(cpb.JobRequest(name=job), timeout=5).listening_port != port:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"job {job}: port {port} not listening within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
 def run_isolation(small: int, large: int, duration_s: float, workdir: Path, say: Callable[[str], None],
-                  workers: int = 2, warmup_timeout_s: float = 60.0, with_training: bool = True) -> dict:
-    root = Path(tempfile.mkdtemp(prefix="cluster-isolation-", dir=workdir))
-    cluster = LocalCluster(root=root, nodes=3, min_replicas=1, admin_token=TOKEN)
+                  workers: int = 2, warmup_timeout_s: float = 60.0, with_training: bool = True,
+                  with_port_processes: bool = True, pin_leader: bool = False) -> dict:
+    cpus = _Cpus(pin_leader)
     res: dict[str, Any] = {"config": {"small": small, "large": large, "duration_s": duration_s, "bound": BOUND,
                                       "join_timeout_ms": JOIN_TIMEOUT_MS, "quorum_tick_ms": QUORUM_TICK_MS,
                                       "heartbeat_timeout_ms": HEARTBEAT_TIMEOUT_MS,
-                                      "training_step_s": TRAINING_STEP_S}}
-    background: LoadGenerator | None = None
+                                      "training_step_s": TRAINING_STEP_S, "pin_leader": cpus.on}}
+    bad = 0
+
+    def measure_b(c: _Cluster, prefix: str) -> dict:
+        cpus.for_measured()
+        try:
+            return _measure(LoadSpec(groups=small, endpoints=(c.address,), prefix=prefix, job=SMALL_JOB),
+                            1, duration_s, warmup_timeout_s, c.pids)
+        finally:
+            cpus.for_others()
+
+    def beside(c: _Cluster, phase: str, endpoint: str, step_time_s: float = 0.0) -> None:
+        nonlocal bad
+        cpus.for_others()
+        background = LoadGenerator(LoadSpec(groups=large, endpoints=(endpoint,), prefix=phase, job=LARGE_JOB,
+                                            step_time_s=step_time_s), workers_for(large, workers))
+        try:
+            background.start(timeout=60)
+            if not background.wait_rounds(2, warmup_timeout_s + 2 * step_time_s):
+                raise RuntimeError(f"job A (N={large}, {phase}): fewer than 2 rounds within {warmup_timeout_s:.0f} s")
+            a0, ta0 = background.min_ok(), time.monotonic()
+            r = res[phase] = measure_b(c, phase)
+            r["large_rounds_per_s"] = round((background.min_ok() - a0) / (time.monotonic() - ta0), 2)
+        finally:
+            records = background.stop(timeout=10)
+        bad += sum(rec["validation"]["bad"] for rec in records)
+        say(f"  isolation job B (N={small}) {phase.replace('_', ' ')} (job A {r['large_rounds_per_s']} rounds/s): "
+            f"p50 {r['latency_ms']['p50']} ms, {r['rounds_per_s']} rounds/s")
+
+    clusters: list[_Cluster] = []
     try:
-        cluster.start()
-        leader = stable_leader(cluster)
-        address = cluster.client_addresses[leader]
-        pids = {("leader" if i == leader else f"follower{i + 1}"): m.process.pid
-                for i, m in enumerate(cluster.members) if m.process is not None}
-        add_job(address, SMALL_JOB, small)
-        add_job(address, LARGE_JOB, large)
+        c = _Cluster(workdir, cpus, small, large, port_processes=False)
+        clusters.append(c)
         res["load_start"] = load_snapshot()
-        alone = _measure(LoadSpec(groups=small, endpoints=(address,), prefix="alone", job=SMALL_JOB),
-                         1, duration_s, warmup_timeout_s, pids)
-        res["alone"] = alone
+        res["alone"] = alone = measure_b(c, "alone")
         say(f"  isolation job B (N={small}) alone: p50 {alone['latency_ms']['p50']} ms, "
             f"{alone['rounds_per_s']} rounds/s")
-        background = LoadGenerator(LoadSpec(groups=large, endpoints=(address,), prefix="large", job=LARGE_JOB),
-                                   workers_for(large, workers))
-        background.start(timeout=60)
-        if not background.wait_rounds(2, warmup_timeout_s):
-            raise RuntimeError(f"job A (N={large}): fewer than 2 rounds within {warmup_timeout_s:.0f} s")
-        a0, ta0 = background.min_ok(), time.monotonic()
-        beside = _measure(LoadSpec(groups=small, endpoints=(address,), prefix="beside", job=SMALL_JOB),
-                          1, duration_s, warmup_timeout_s, pids)
-        res["beside"] = beside
-        res["large_rounds_per_s"] = round((background.min_ok() - a0) / (time.monotonic() - ta0), 2)
-        records = background.stop()
-        background = None
-        bad = sum(r["validation"]["bad"] for r in records)
-        training: dict[str, Any] | None = None
+        beside(c, "beside", c.address)
+        beside(c, "beside_own_port", c.large_port_address)
         if with_training:
-            background = LoadGenerator(LoadSpec(groups=large, endpoints=(address,), prefix="training",
-                                                job=LARGE_JOB, step_time_s=TRAINING_STEP_S),
-                                       workers_for(large, workers))
-            background.start(timeout=60)
-            if not background.wait_rounds(2, warmup_timeout_s + 2 * TRAINING_STEP_S):
-                raise RuntimeError(f"job A training (N={large}): fewer than 2 rounds within {warmup_timeout_s:.0f} s")
-            training = _measure(LoadSpec(groups=small, endpoints=(address,), prefix="training-b", job=SMALL_JOB),
-                                1, duration_s, warmup_timeout_s, pids)
-            bad += sum(r["validation"]["bad"] for r in background.stop())
-            background = None
-            res["beside_training"] = training
-            say(f"  isolation job B (N={small}) beside job A training (a round per {TRAINING_STEP_S:g} s step): "
-                f"p50 {training['latency_ms']['p50']} ms, {training['rounds_per_s']} rounds/s")
+            beside(c, "beside_training", c.large_port_address, TRAINING_STEP_S)
+        c.stop()
+        if with_port_processes:
+            c = _Cluster(workdir, cpus, small, large, port_processes=True)
+            clusters.append(c)
+            res["alone_port_processes"] = measure_b(c, "alone_port_processes")
+            beside(c, "beside_port_process", c.large_port_address)
+            c.stop()
         res["large_validation_bad"] = bad
         res["load_end"] = load_snapshot()
     finally:
-        if background is not None:
-            try:
-                background.stop(timeout=10)
-            except Exception:  # noqa: BLE001 -- the cluster is being torn down anyway
-                pass
-        cluster.stop_all()
-    p50a, p50b = alone["latency_ms"]["p50"], beside["latency_ms"]["p50"]
-    res["ratio_p50"] = round(p50b / p50a, 3) if p50a and p50b else None
-    p99a, p99b = alone["latency_ms"]["p99"], beside["latency_ms"]["p99"]
-    res["ratio_p99"] = round(p99b / p99a, 3) if p99a and p99b else None
-    training = res.get("beside_training")
-    if training is not None:
-        p50t = training["latency_ms"]["p50"]
-        res["ratio_p50_training"] = round(p50t / p50a, 3) if p50a and p50t else None
-    phases = [alone, beside] + ([training] if training is not None else [])
+        for c in clusters:
+            c.stop()
+        cpus.reset()
+    p50 = lambda phase: (res.get(phase) or {}).get("latency_ms", {}).get("p50")  # noqa: E731
+    p99 = lambda phase: (res.get(phase) or {}).get("latency_ms", {}).get("p99")  # noqa: E731
+    res["large_rounds_per_s"] = res["beside"]["large_rounds_per_s"]
+    res["ratio_p50_one_port"] = _ratio(p50("alone"), p50("beside"))
+    res["ratio_p50"] = _ratio(p50("alone"), p50("beside_own_port"))
+    res["ratio_p99"] = _ratio(p99("alone"), p99("beside_own_port"))
+    res["ratio_p50_training"] = _ratio(p50("alone"), p50("beside_training"))
+    res["ratio_p50_port_process"] = _ratio(p50("alone_port_processes"), p50("beside_port_process"))
+    phases = [res[k] for k in ("alone", "beside", "beside_own_port", "beside_training", "alone_port_processes",
+                               "beside_port_process") if k in res]
     errors = sum(r["errors_total"] for r in phases)
-    incomplete = res["large_validation_bad"] + sum(r["validation"]["bad"] for r in phases)
+    incomplete = bad + sum(r["validation"]["bad"] for r in phases)
     if errors or incomplete:
         res["error"] = f"{errors} failed calls, {incomplete} quorums without every group of their job"
-    say(f"  isolation job B (N={small}) beside job A (N={large}, {res['large_rounds_per_s']} rounds/s): "
-        f"p50 {p50b} ms, {beside['rounds_per_s']} rounds/s; ratio p50 {res['ratio_p50']} (bound {BOUND}), "
-        f"p99 {res['ratio_p99']}")
+    say(f"  isolation job B (N={small}) beside job A (N={large}): p50 ratio own port {res['ratio_p50']} "
+        f"(bound {BOUND}), one port {res['ratio_p50_one_port']}, port process {res['ratio_p50_port_process']}, "
+        f"training {res['ratio_p50_training']}")
     return res

@@ -69,6 +69,15 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def pin_process(pid: int, cpus: set[int]) -> None:
+    """Run every thread of ``pid`` on ``cpus`` (Linux; threads it starts later inherit them)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            pass  # the thread ended
+
+
 def cpu_seconds(pid: int, with_children: bool = False) -> float | None:
     """CPU seconds used so far by ``pid`` (all its threads), plus its live descendants if asked."""
     st = _read_stat(pid)

@@ -58,6 +58,7 @@ class BenchOptions:
     isolation_small: int | None = None
     isolation_large: int | None = None
     isolation_duration_s: float | None = None
+    isolation_pin_leader: bool = False
     profile_ns: tuple[int, ...] = ()
     workdir: Path | None = None
     keep_workdir: bool = False
@@ -201,8 +202,10 @@ def _run_section(section: str, opts: BenchOptions, workdir: Path, say: Callable[
     if section == "isolation":
         from .isolation import run_isolation
 
+        # Quick runs leave out the second cluster (port processes): the CI suite's time.
         out = run_isolation(opts.isolation_small, opts.isolation_large, opts.isolation_duration_s, workdir, say,
-                            workers=opts.workers)
+                            workers=opts.workers, with_port_processes=not opts.quick,
+                            pin_leader=opts.isolation_pin_leader)
         if "error" in out:
             out["errors"] = [out.pop("error")]
         return out

@@ -206,6 +206,11 @@ def main() -> None:
               envvar=ENV + "AUTO_CREATE_JOBS",
               help="The leader creates a job nobody added on its first use (a Quorum call, heartbeat or Watch "
                    "naming it) with the settings `jobs add` would give it. Off: such calls fail NOT_FOUND.")
+@click.option("--job-port-processes/--no-job-port-processes", "job_port_processes", default=False,
+              show_default=True, envvar=ENV + "JOB_PORT_PROCESSES",
+              help="Serve each job's own client port from a process of its own, which forwards the job's calls to "
+                   "the leader as a follower does: a job's load then stays off this node's event loop, which "
+                   "other jobs' rounds share (one Python process more per job port).")
 @click.option("--event-loop", type=click.Choice(LOOPS), default=DEFAULT_LOOP, show_default=True,
               envvar=ENV + "EVENT_LOOP", help="asyncio event loop of the node (uvloop: faster; asyncio: the standard one).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
@@ -222,7 +227,7 @@ def serve(ctx: click.Context, node_id: str, peers: tuple[str, ...], client_bind:
           tls_client_ca: str | None, tls_ca: str | None, join: bool, min_replicas: int, join_timeout_ms: int,
           quorum_tick_ms: int, heartbeat_timeout_ms: int, election_timeout_ms: int | None, quiesce_after_ms: int,
           quorum_lease_ms: int, liveness_timeout_ms: int, watch_manager_connections: bool, auto_create_jobs: bool,
-          event_loop: str, log_level: str, log_format: str, schema_version: int) -> None:
+          job_port_processes: bool, event_loop: str, log_level: str, log_format: str, schema_version: int) -> None:
     """Run one lighthouse node in the foreground (SIGTERM hands leadership over, then exits)."""
     from lighthouse_cluster.local.supervise import die_with_parent_from_env
     from lighthouse_cluster.server.logs import configure_logging
@@ -247,7 +252,8 @@ def serve(ctx: click.Context, node_id: str, peers: tuple[str, ...], client_bind:
             admin_token=admin_token, tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca, tls_ca=tls_ca,
             join=join, quorum_lease_ms=quorum_lease_ms, schema_version=schema_version,
             liveness_timeout_ms=liveness_timeout_ms, watch_manager_connections=watch_manager_connections,
-            jobs=ctx.meta.get(DECLARED_JOBS), auto_create_jobs=auto_create_jobs, quiesce_after_ms=quiesce_after_ms)
+            jobs=ctx.meta.get(DECLARED_JOBS), auto_create_jobs=auto_create_jobs, quiesce_after_ms=quiesce_after_ms,
+            job_port_processes=job_port_processes)
     except ConfigError as e:
         _exit_config_error(e)
     configure_logging(log_level, log_format, node_id)

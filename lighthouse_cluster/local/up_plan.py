@@ -7,7 +7,7 @@ No processes, sockets or clocks here: ``cli.up`` (the shell) and ``supervise`` f
   given and reached at 127.0.0.1).
 * :func:`agreed_leader` and :class:`Stable`: the leader ``up`` names is the one every running
   node names, in the same term, while it serves, and it has stayed so for a moment.
-* :class:`RestartBackoff`: how long ``up`` waits before restarting a node that exited.
+* :class:`RestartBackoff` (``core/restarts.py``): how long ``up`` waits before restarting a node that exited.
 * :func:`plan_jobs` turns ``--job NAME[=PORT]`` into the jobs ``up`` creates once the cluster
   is up (node i serves the job on PORT + i: the nodes share one host), and :func:`job_banner`
   says what a torchft and an ftclient trainer set to train as that job.
@@ -15,11 +15,11 @@ No processes, sockets or clocks here: ``cli.up`` (the shell) and ``supervise`` f
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
 from lighthouse_cluster.core.jobs import DEFAULT_JOB, JobError, check_job_name
+from lighthouse_cluster.core.restarts import RestartBackoff, describe_exit  # noqa: F401 -- used by up and supervise
 from lighthouse_cluster.server.config import ConfigError, parse_host_port
 
 WILDCARD_HOSTS = ("[::]", "::", "0.0.0.0")
@@ -181,36 +181,6 @@ class Stable:
         if value is None or value != self.value:
             self.value, self.since = value, now
         return value is not None and self.since is not None and now - self.since >= self.hold_s
-
-
-@dataclass
-class RestartBackoff:
-    """Bounded exponential backoff per node: ``initial_s``, then doubling up to ``max_s`` while
-    the node keeps exiting within ``healthy_after_s`` of its start; a node that ran longer
-    starts over at ``initial_s``."""
-
-    initial_s: float = 0.5
-    factor: float = 2.0
-    max_s: float = 10.0
-    healthy_after_s: float = 5.0
-    failures: dict[str, int] = field(default_factory=dict)
-
-    def next_delay(self, node: str, ran_for_s: float) -> float:
-        if ran_for_s >= self.healthy_after_s:
-            self.failures[node] = 0
-        n = self.failures.get(node, 0)
-        self.failures[node] = n + 1
-        return min(self.max_s, self.initial_s * self.factor ** n)
-
-
-def describe_exit(code: int) -> str:
-    """A process's exit status as ``up`` prints it: ``-9 (SIGKILL)``, ``1``."""
-    if code < 0:
-        try:
-            return f"{code} ({signal.Signals(-code).name})"
-        except ValueError:
-            pass
-    return str(code)
 
 
 # -- --job -----------------------------------------------------------------------------------------

@@ -164,6 +164,9 @@ class NodeConfig:
     # --auto-create-jobs: the leader creates an unknown job on its first use (a Quorum call, a
     # heartbeat, a Watch naming it) with new_job_settings; off: unknown jobs are NOT_FOUND.
     auto_create_jobs: bool = False
+    # --job-port-processes: each job port is served by a process of its own (job_port_process.py)
+    # rather than on this node's event loop.
+    job_port_processes: bool = False
 
     @property
     def new_job_settings(self) -> JobSettings:
@@ -342,6 +345,7 @@ def build_node_config(
     jobs: Any = None,
     auto_create_jobs: bool = False,
     quiesce_after_ms: int = DEFAULT_QUIESCE_AFTER_MS,
+    job_port_processes: bool = False,
 ) -> NodeConfig:
     """Validate raw settings into a NodeConfig, or raise ConfigError naming the problem."""
     check_node_id(node_id)
@@ -426,6 +430,7 @@ def build_node_config(
         join=join,
         schema_version=schema_version,
         auto_create_jobs=bool(auto_create_jobs),
+        job_port_processes=bool(job_port_processes),
     )
     if jobs is None:
         return config

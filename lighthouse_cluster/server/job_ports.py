@@ -8,6 +8,13 @@ address, with the client port's TLS and server options. It serves, for that job 
 Watch), and gRPC health (the node's readiness). A call's ``x-lighthouse-job`` metadata is
 ignored there: the port is the job.
 
+With ``--job-port-processes`` (``processes``), each job port is served by a process of its own
+instead (``job_port_process.py``: the job's calls reach the leader as a follower's do, and their
+gRPC work leaves the node's event loop); ``JobPorts`` starts it, reads whether it listens, starts
+it again when it exits (after ``RESTART_S``, doubling while it keeps exiting) and stops it with
+SIGTERM (SIGKILL after ``STOP_GRACE_S`` + 1 s). A job's ``max_member_bytes`` is then checked by
+its coordinator on the leader (the process checks the node's hard limit).
+
 ``JobPorts`` keeps the servers in step with the replicated job table: ``sync()`` (the node's
 watch loop, every tick; it only looks at the table when its version moved) works out which port
 each job wants and wakes a task of its own that binds, moves and stops servers, so the watch loop
@@ -22,10 +29,11 @@ touches another job's port. ``close()`` stops every server when the node stops.
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
 import os
-import socket
+import signal
+import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -37,6 +45,8 @@ from lighthouse_cluster.core.state_machine import QuorumStateMachine
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.proto import torchft_pb2 as pb
+from lighthouse_cluster.core.restarts import RestartBackoff, describe_exit
+from lighthouse_cluster.server.bind_check import bind_error, start_listening  # noqa: F401 -- bind_error: re-exported
 from lighthouse_cluster.server.config import parse_host_port
 from lighthouse_cluster.server.grpc_services import (
     ClusterServiceAdapter,
@@ -47,7 +57,8 @@ from lighthouse_cluster.server.grpc_services import (
     QuorumRouting,
     WatchStreams,
 )
-from lighthouse_cluster.tls import ServerTLS
+from lighthouse_cluster.server.job_port_process import EXIT_CANNOT_BIND, PortSpec
+from lighthouse_cluster.tls import ClientTLS, ServerTLS
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +66,22 @@ log = logging.getLogger(__name__)
 RETRY_S = 2.0
 # A stopped job port's calls get this long to end before they are cancelled.
 STOP_GRACE_S = 1.0
+# A job port process that exited is started again after this long (doubling, up to RETRY_S,
+# while it keeps exiting within a few seconds of its start).
+RESTART_S = 0.2
+# A job port process that has not said whether it listens after this long is killed.
+START_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class PortProcesses:
+    """How this node starts its job port processes (``--job-port-processes``)."""
+
+    node_address: str  # the node's own client address, which the processes dial
+    client_tls: ClientTLS | None
+    max_member_bytes: int  # the node's hard limit (each job's own is checked by its coordinator)
+    log_level: str = "info"
+    log_format: str = "text"
 
 
 @dataclass(eq=False)
@@ -66,9 +93,15 @@ class _JobServer:
     max_member_bytes: int
     server: grpc.aio.Server | None = None
     lighthouse: LighthouseServiceAdapter | None = None
+    process: asyncio.subprocess.Process | None = None  # with --job-port-processes
+    started_at: float = 0.0
     error: str = ""
     next_try: float = 0.0
     logged: str = ""  # the last error logged (each is logged once)
+
+    @property
+    def listening(self) -> bool:
+        return self.server is not None or self.process is not None
 
 
 class JobPorts:
@@ -77,8 +110,11 @@ class JobPorts:
     def __init__(self, node_id: str, client_bind: str, tls: ServerTLS | None, options: Sequence[tuple[str, Any]],
                  machine: QuorumStateMachine, router: QuorumRouting, heartbeats: HeartbeatBatchSink,
                  node: NodeStatusSource, watch: Callable[[str], WatchStreams | None], jobs: JobViews,
-                 health_servicer: health.aio.HealthServicer) -> None:
+                 health_servicer: health.aio.HealthServicer, processes: PortProcesses | None = None) -> None:
         self._node_id = node_id
+        self._processes = processes
+        self._backoff = RestartBackoff(initial_s=RESTART_S, max_s=RETRY_S)
+        self.process_starts = 0  # job port processes started (tests, logs)
         self._host = parse_host_port(client_bind, "client bind address", allow_zero=True)[0]
         self._tls = tls
         self._options = list(options)
@@ -124,7 +160,12 @@ class JobPorts:
         js = self._servers.get(job)
         if js is None or js.port != self._wanted.get(job, (None,))[0]:
             return 0, ""
-        return (js.port, "") if js.server is not None else (0, js.error)
+        return (js.port, "") if js.listening else (0, js.error)
+
+    def pid(self, job: str) -> int | None:
+        """The process serving ``job``'s port (``--job-port-processes``), if one does."""
+        js = self._servers.get(job)
+        return None if js is None or js.process is None else js.process.pid
 
     async def close(self, grace_s: float = 0.2) -> None:
         """Stop every job port (the node stops; its calls get ``grace_s``, as the client port's)."""
@@ -151,7 +192,7 @@ class JobPorts:
                 await self._apply()
             except Exception:  # noqa: BLE001 -- a job port never takes the node down
                 log.exception("job ports: unexpected error; trying again in %.0f s", RETRY_S)
-            waiting = [js.next_try for js in self._servers.values() if js.server is None]
+            waiting = [js.next_try for js in self._servers.values() if not js.listening]
             timeout = max(0.05, min(waiting) - loop.time()) if waiting else None
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
@@ -164,7 +205,7 @@ class JobPorts:
             want = wanted.get(name)
             if want is None or want[0] != js.port:
                 del self._servers[name]
-                if js.server is not None:
+                if js.listening:
                     self._stop(js, "the job was removed" if want is None else f"it moved to port {want[0]}")
                 if want is None:
                     log.info("job %s: no port on this node any more", name)
@@ -179,8 +220,11 @@ class JobPorts:
             js.max_member_bytes = max_member_bytes
             if js.lighthouse is not None:
                 js.lighthouse.max_member_bytes = max_member_bytes
-            if js.server is None and now >= js.next_try:
-                await self._bind(js)
+            if not js.listening and now >= js.next_try:
+                if self._processes is not None:
+                    await self._start_process(js, self._processes)
+                else:
+                    await self._bind(js)
 
     async def _bind(self, js: _JobServer) -> None:
         address = f"{self._host}:{js.port}"
@@ -197,19 +241,9 @@ class JobPorts:
              health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME),
             server)
-        try:
-            if self._tls is not None:
-                server.add_secure_port(address, self._tls.credentials())
-            else:
-                server.add_insecure_port(address)
-            await server.start()
-        except Exception as e:  # noqa: BLE001 -- RuntimeError from gRPC's bind; anything else alike
-            await server.stop(None)
-            js.error = f"cannot listen on {address}: {bind_error(self._host, js.port) or str(e) or type(e).__name__}"
-            js.next_try = asyncio.get_running_loop().time() + RETRY_S
-            if js.error != js.logged:
-                js.logged = js.error
-                log.warning("job %s: %s; trying again every %.0f s", js.job, js.error, RETRY_S)
+        error = await start_listening(server, self._host, js.port, self._tls)
+        if error is not None:
+            self._failed(js, error, RETRY_S)
             return
         js.server, js.lighthouse = server, lighthouse
         was = js.logged
@@ -217,7 +251,68 @@ class JobPorts:
         log.info("job %s: serving torchft.LighthouseService on %s%s%s", js.job, address,
                  "" if self._tls is None else " with TLS", f" (was: {was})" if was else "")
 
+    def _failed(self, js: _JobServer, error: str, retry_in: float) -> None:
+        js.error = error
+        js.next_try = asyncio.get_running_loop().time() + retry_in
+        if js.error != js.logged:
+            js.logged = js.error
+            log.warning("job %s: %s; trying again in %.1f s", js.job, js.error, retry_in)
+
+    async def _start_process(self, js: _JobServer, how: PortProcesses) -> None:
+        spec = PortSpec(job=js.job, host=self._host, port=js.port, node_id=self._node_id,
+                        node_address=how.node_address, max_member_bytes=how.max_member_bytes,
+                        parent_pid=os.getpid(), server_tls=self._tls, client_tls=how.client_tls,
+                        log_level=how.log_level, log_format=how.log_format, server_options=tuple(self._options))
+        # From the event loop's thread (the node's main thread): Linux's parent-death signal is
+        # tied to the thread that started the process.
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "lighthouse_cluster.server.job_port_process",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        self.process_starts += 1
+        started = time.monotonic()
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(spec.encode())
+            await proc.stdin.drain()
+            proc.stdin.close()
+            line = (await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S)).decode(errors="replace").strip()
+        except (asyncio.TimeoutError, ConnectionError) as e:
+            line = f"error its process did not start ({type(e).__name__})"
+        if not line.startswith("listening"):
+            if proc.returncode is None:
+                proc.kill()
+            rc = await proc.wait()
+            why = line[len("error "):] if line.startswith("error ") else \
+                f"its process exited ({describe_exit(rc)}) before it listened"
+            self._failed(js, why, RETRY_S if rc == EXIT_CANNOT_BIND else self._backoff.next_delay(js.job, 0.0))
+            return
+        js.process, js.started_at = proc, started
+        was = js.logged
+        js.error = js.logged = ""
+        log.info("job %s: port %d served by process %d%s", js.job, js.port, proc.pid, f" (was: {was})" if was else "")
+        asyncio.get_running_loop().create_task(self._watch_process(js, proc))
+
+    async def _watch_process(self, js: _JobServer, proc: asyncio.subprocess.Process) -> None:
+        """Until ``proc`` exits: its stdout is drained; an exit this node did not ask for is
+        reported (``port_error``) and the process started again after the backoff."""
+        assert proc.stdout is not None
+        while await proc.stdout.read(4096):
+            pass
+        rc = await proc.wait()
+        if js.process is not proc or self._servers.get(js.job) is not js:
+            return  # stopped by this node (the job moved, was removed, or the node stops)
+        js.process = None
+        delay = self._backoff.next_delay(js.job, time.monotonic() - js.started_at)
+        self._failed(js, f"its port process {proc.pid} exited ({describe_exit(rc)})", delay)
+        self._wake.set()
+
     def _stop(self, js: _JobServer, why: str, grace_s: float = STOP_GRACE_S) -> None:
+        proc, js.process = js.process, None
+        if proc is not None:
+            log.info("job %s: closing port %d (%s): stopping process %d", js.job, js.port, why, proc.pid)
+            task = asyncio.get_running_loop().create_task(_stop_process(proc, grace_s))
+            self._stopping.add(task)
+            task.add_done_callback(self._stopping.discard)
         server, js.server, js.lighthouse = js.server, None, None
         if server is None:
             return
@@ -227,21 +322,15 @@ class JobPorts:
         task.add_done_callback(self._stopping.discard)
 
 
-def bind_error(host: str, port: int) -> str | None:
-    """Why a TCP listener cannot bind ``host:port`` now (``"Address already in use"``,
-    ``"Permission denied"``), or None when it can: gRPC's own bind error does not say."""
-    bare = host.strip("[]")
+async def _stop_process(proc: asyncio.subprocess.Process, grace_s: float) -> None:
+    """SIGTERM (its calls get ``grace_s``), then SIGKILL if it has not exited a second later."""
+    if proc.returncode is not None:
+        return
     try:
-        infos = socket.getaddrinfo(bare or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as e:
-        return f"cannot resolve {host!r}: {e.strerror}"
-    family, _, _, _, address = infos[0]
-    try:
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6 and bare == "::":
-                s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            s.bind(address)
-    except OSError as e:
-        return e.strerror or os.strerror(e.errno or errno.EIO)
-    return None
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(proc.wait(), grace_s + 1.0)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+    except ProcessLookupError:
+        pass

@@ -41,7 +41,7 @@ from lighthouse_cluster.server.config import NodeConfig, PeerSpec
 from lighthouse_cluster.server.coordinator import QuorumCoordinator
 from lighthouse_cluster.server.job_admin import JobAdmin
 from lighthouse_cluster.server.job_creation import JobCreator, WatchOfNewJob
-from lighthouse_cluster.server.job_ports import JobPorts
+from lighthouse_cluster.server.job_ports import JobPorts, PortProcesses
 from lighthouse_cluster.server.job_registry import JobRegistry, JobRuntime
 from lighthouse_cluster.server.leader_term import LeaderTerm
 from lighthouse_cluster.server.event_loop import running_loop_name
@@ -94,6 +94,18 @@ SERVER_OPTIONS = [
 ]
 
 
+def port_processes(config: NodeConfig) -> PortProcesses | None:
+    """How this node starts its job port processes (``--job-port-processes``); None: in process."""
+    if not config.job_port_processes:
+        return None
+    root = logging.getLogger()
+    json_logs = any(type(h.formatter).__name__ == "JsonFormatter" for h in root.handlers)
+    return PortProcesses(node_address=config.self_peer.client_address, client_tls=config.peer_tls,
+                         max_member_bytes=config.max_member_bytes,
+                         log_level=logging.getLevelName(root.getEffectiveLevel()).lower(),
+                         log_format="json" if json_logs else "text")
+
+
 class LighthouseNode:
     """A lighthouse-cluster node; ``await start()``, then ``await wait_closed()``."""
 
@@ -134,7 +146,8 @@ class LighthouseNode:
         self.job_admin = JobAdmin(config.node_id, self.machine, self.jobs, self.admin.require_leader,
                                   self.admin.commit)
         self.job_ports = JobPorts(config.node_id, config.client_bind, config.tls, SERVER_OPTIONS, self.machine,
-                                  self.router, self.router, self, self.watch_streams, self.job_admin, self.health)
+                                  self.router, self.router, self, self.watch_streams, self.job_admin, self.health,
+                                  processes=port_processes(config))
         self.job_admin.ports = self.job_ports  # each job's listening_port / port_error
         self.creator = JobCreator(config.jobs, config.auto_create_jobs, self.job_admin, self.machine,
                                   self.serving_term)

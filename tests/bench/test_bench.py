@@ -244,26 +244,39 @@ def _goodput_section() -> dict:
 
 
 def test_isolation_target_and_table():
-    iso = {"config": {"small": 8, "large": 256, "duration_s": 10.0, "bound": 2.0},
-           "alone": {"rounds_per_s": 300.0, "latency_ms": {"p50": 3.0, "p99": 6.0},
-                     "lighthouse_cpu": {"per_process_pct": {"leader": 60.0}}},
-           "beside": {"rounds_per_s": 120.0, "latency_ms": {"p50": 7.5, "p99": 30.0},
-                      "lighthouse_cpu": {"per_process_pct": {"leader": 100.0}}},
-           "large_rounds_per_s": 6.5, "ratio_p50": 2.5, "ratio_p99": 5.0}
+    def phase(rps, p50, p99, cpu, a_rps=None, port_cpu=None):
+        per = {"leader": cpu} | ({} if port_cpu is None else {"leader's port process": port_cpu})
+        return {"rounds_per_s": rps, "latency_ms": {"p50": p50, "p99": p99}, "large_rounds_per_s": a_rps,
+                "lighthouse_cpu": {"per_process_pct": per}}
+    iso = {"config": {"small": 8, "large": 256, "duration_s": 10.0, "bound": 2.0, "training_step_s": 1.0},
+           "alone": phase(300.0, 3.0, 6.0, 60.0),
+           "beside": phase(120.0, 7.5, 30.0, 100.0, 6.5),
+           "beside_own_port": phase(200.0, 4.5, 12.0, 100.0, 5.0),
+           "ratio_p50": 1.5, "ratio_p99": 2.0, "ratio_p50_one_port": 2.5}
     res = {"mode": "full", "sections": {"isolation": iso}}
-    target = next(t for t in evaluate_targets(res) if t["name"].startswith("isolation"))
-    assert target["value"] == 2.5 and target["met"] is False
-    assert target["name"] == "isolation: job B (N=8) round latency p50 beside job A (N=256) / alone"
+    targets = [t for t in evaluate_targets(res) if t["name"].startswith("isolation")]
+    assert len(targets) == 1
+    assert targets[0]["value"] == 1.5 and targets[0]["met"] is True
+    assert targets[0]["name"] == "isolation: job B (N=8) round latency p50 beside job A (N=256, its own port) / alone"
     text = markdown(res)
-    assert "| beside job A hammering | 120.0 | 7.50 ms | 30.00 ms | 100% |" in text
-    assert "Ratio beside / alone: p50 2.50, p99 5.00 (bound 2.0 on p50)" in text
-    iso["config"]["training_step_s"] = 1.0
-    iso["beside_training"] = {"rounds_per_s": 250.0, "latency_ms": {"p50": 3.6, "p99": 9.0},
-                              "lighthouse_cpu": {"per_process_pct": {"leader": 80.0}}}
+    assert "| beside job A hammering, one port (job by name) | 120.0 | 7.50 ms | 30.00 ms | 100% | 6.50 |" in text
+    assert "| beside job A hammering, its own port | 200.0 | 4.50 ms | 12.00 ms | 100% | 5.00 |" in text
+    assert "Ratio beside / alone at the median: own port 1.50, one port 2.50 (bound 2.0" in text
+    iso["beside_training"] = phase(250.0, 3.6, 9.0, 80.0, 0.9)
     iso["ratio_p50_training"] = 1.2
+    iso["alone_port_processes"] = phase(280.0, 3.2, 7.0, 58.0)
+    iso["beside_port_process"] = phase(150.0, 8.0, 20.0, 50.0, 3.0, port_cpu=70.0)
+    iso["ratio_p50_port_process"] = 2.5
+    iso["config"]["pin_leader"] = True
     text = markdown(res)
-    assert "| beside job A training (a round per 1 s step) | 250.0 | 3.60 ms | 9.00 ms | 80% |" in text
-    assert "Beside job A training: p50 ratio 1.20." in text
+    assert "| beside job A training on its own port (a round per 1 s step) | 250.0 | 3.60 ms | 9.00 ms | 80% | 0.90 |" \
+        in text
+    assert "| beside job A hammering, its own port served by a port process | 150.0 | 8.00 ms | 20.00 ms | " \
+           "50% (+ port process 70%) | 3.00 |" in text
+    assert "training on its own port 1.20, port process 2.50" in text and "run on CPU 0" in text
+    targets = {t["name"]: t for t in evaluate_targets(res) if t["name"].startswith("isolation")}
+    port = targets["isolation: the same, job A's port served by a port process, leader pinned to a core"]
+    assert port["value"] == 2.5 and port["met"] is False
 
 
 def test_goodput_targets_and_table():
@@ -522,9 +535,11 @@ def test_quick_bench_writes_every_section(tmp_path: Path):
     # 7. isolation: job B measured alone and beside job A, every round with every group of its job
     iso = sections["isolation"]
     assert not iso.get("errors"), iso.get("errors")
-    for phase in ("alone", "beside", "beside_training"):
+    for phase in ("alone", "beside", "beside_own_port", "beside_training"):
         assert iso[phase]["rounds"] > 0 and iso[phase]["validation"]["bad"] == 0, iso[phase]
-    assert iso["large_rounds_per_s"] > 0 and iso["ratio_p50"] > 0 and iso["ratio_p50_training"] > 0, iso
+        assert phase == "alone" or iso[phase]["large_rounds_per_s"] > 0, iso[phase]
+    assert "beside_port_process" not in iso, "quick runs leave the port-process cluster out"
+    assert iso["ratio_p50"] > 0 and iso["ratio_p50_one_port"] > 0 and iso["ratio_p50_training"] > 0, iso
 
     assert res["targets"], "targets are evaluated"
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
+import signal
 import socket
 from pathlib import Path
 from typing import Any, Iterator
@@ -98,9 +100,14 @@ def started(root: Path, **kwargs: Any) -> Iterator[tuple[LocalCluster, Nodes]]:
         cluster.stop_all()
 
 
-@pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, Nodes]]:
-    with started(tmp_path_factory.mktemp("job-ports")) as both:
+# Job ports on the node's event loop (the default), and each in a process of its own.
+SERVED = {"in-node": [], "port-processes": ["--job-port-processes"]}
+
+
+@pytest.fixture(scope="module", params=sorted(SERVED))
+def shared(request: pytest.FixtureRequest,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, Nodes]]:
+    with started(tmp_path_factory.mktemp("job-ports"), extra_args=SERVED[request.param]) as both:
         yield both
 
 
@@ -388,13 +395,79 @@ async def watch_first_event(address: str, job: str) -> cpb.WatchEvent:
         return event
 
 
-def test_a_job_port_has_the_client_ports_tls(tmp_path: Path) -> None:
-    """A TLS node serves a declared job's port (``port = P``: every node) with TLS too."""
+def port_process_of(node_pid: int, job: str) -> int | None:
+    """The pid of the process serving ``job``'s port for the node ``node_pid``, if one runs."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == node_pid and b"lighthouse_cluster.server.job_port_process" in cmdline:
+            return int(entry.name)
+    return None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_port_processes_restart_die_with_their_node_and_carry_calls_across_a_leader_kill(tmp_path: Path) -> None:
+    """``--job-port-processes``: a port process SIGKILLed is started again; the leader SIGKILLed
+    takes its port processes with it (the port is free) and the other nodes' ports carry the
+    job's rounds to the new leader, under higher quorum ids; a Watch stream passes through."""
+    with started(tmp_path, extra_args=["--job-port-processes"]) as (cluster, nodes):
+        ports = free_ports(3, HOST)
+        nodes.admin().AddJob(cpb.AddJobRequest(name="own", ports=per_node(ports), settings=cpb.JobSettingsUpdate(
+            min_replicas=2, join_timeout_ms=500)), metadata=AUTH, timeout=10)
+        wait_listening(nodes, "own", ports)
+        leader, _ = cluster.wait_for_stable_leader(timeout=30)
+        follower = follower_of(cluster)
+        pids = [port_process_of(m.process.pid, "own") for m in cluster.members]
+        assert all(pids), pids
+        first = quorums([SimulatedReplicaGroup("p0", f"{HOST}:{ports[leader]}", quorum_timeout_s=20),
+                         SimulatedReplicaGroup("p1", f"{HOST}:{ports[follower]}", quorum_timeout_s=20)])
+        assert all(members(q) == {"p0", "p1"} for q in first), first
+        # A liveness stream through the leader's port is the port's job's (its metadata ignored).
+        event = asyncio.run(watch_first_event(f"{HOST}:{ports[leader]}", "some-other-job"))
+        assert event.HasField("accepted"), event
+
+        os.kill(pids[follower], signal.SIGKILL)
+        node_pid = cluster.members[follower].process.pid
+        restarted = wait_for("the follower's port process started again",
+                             lambda: port_process_of(node_pid, "own"), 15,
+                             ready=lambda pid: pid is not None and pid != pids[follower], context=cluster)
+        wait_listening(nodes, "own", ports)
+        assert f"its port process {pids[follower]} exited (-9 (SIGKILL))" in \
+            cluster.members[follower].log_path.read_text()
+
+        cluster.kill(leader)
+        wait_for("the dead leader's port process gone", lambda: not pid_alive(pids[leader]), 10, context=cluster)
+        wait_for("the dead leader's port free", lambda: can_bind(HOST, ports[leader]), 10, context=cluster)
+        others = [i for i in range(cluster.nodes) if i != leader]
+        # New groups (new members: a new quorum id, committed by the new leader).
+        after = quorums([SimulatedReplicaGroup(f"q{i}", f"{HOST}:{ports[i]}", quorum_timeout_s=30) for i in others])
+        assert all(members(q) == {f"q{i}" for i in others} for q in after), after
+        assert min(q.quorum_id for q in after) > first[0].quorum_id
+        assert port_process_of(node_pid, "own") == restarted
+
+
+@pytest.mark.parametrize("served", sorted(SERVED))
+def test_a_job_port_has_the_client_ports_tls(tmp_path: Path, served: str) -> None:
+    """A TLS node serves a declared job's port (``port = P``: every node) with TLS too (a port
+    process gets the node's certificate and dials its node with TLS)."""
     pki = generate_pki(tmp_path / "pki")
     (port,) = free_ports(1, HOST)
     config = tmp_path / "jobs.toml"
     config.write_text(f'[[jobs]]\nname = "secure"\nport = {port}\n')
-    cluster = LocalCluster(root=tmp_path / "cluster", nodes=1, pki=pki, extra_args=["--config", str(config)])
+    cluster = LocalCluster(root=tmp_path / "cluster", nodes=1, pki=pki,
+                           extra_args=["--config", str(config)] + SERVED[served])
     tls = pki.client_tls(with_cert=False)
     with cluster:
         address = f"{HOST}:{port}"

@@ -1,6 +1,7 @@
 """torchft's own Rust LighthouseClient selects a job by port (#17): an unchanged torchft trainer
 pointed at a follower's port of a job gets that job's quorums, heartbeats there count for that
-job, and the default job on the client port stays apart (its own quorum ids and members)."""
+job, and the default job on the client port stays apart (its own quorum ids and members). Both
+with the job port on the node's event loop and served by a port process (``--job-port-processes``)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ TOKEN = "torchft-job-port"
 CALL_TIMEOUT_S = 20.0
 
 
-def test_torchfts_client_gets_quorums_from_a_followers_job_port(tmp_path) -> None:
+@pytest.mark.parametrize("extra_args", [[], ["--job-port-processes"]], ids=["in-node", "port-processes"])
+def test_torchfts_client_gets_quorums_from_a_followers_job_port(tmp_path, extra_args: list[str]) -> None:
     ports = free_ports(3)
     with LocalCluster(tmp_path, min_replicas=1, join_timeout_ms=1_000, heartbeat_timeout_ms=1_000,
-                      admin_token=TOKEN) as cluster, replica_set() as replica:
+                      admin_token=TOKEN, extra_args=extra_args) as cluster, replica_set() as replica:
         leader, _ = cluster.wait_for_stable_leader(timeout=60)
         follower = next(i for i in range(cluster.nodes) if i != leader)
         with grpc.insecure_channel(cluster.client_addresses[leader]) as ch:
