@@ -318,9 +318,16 @@ class QuorumStateMachine:
         # A job created again: its old self issued ids up to the floor, so the floor itself is
         # taken too (a commit computed from the old job's state may carry it).
         reissued_floor = job.quorum is None and job.id_floor > 0 and q.quorum_id <= job.id_floor
-        if cmd.expected_quorum_id != current or q.quorum_id < current or same_id_other_members or reissued_floor:
+        # Ids start at 1 (torchft's first quorum is 1; no writer computes 0): a quorum id 0 would
+        # be indistinguishable from "none yet", so a job removed after committing it and created
+        # again could commit 0 once more with other members.
+        below_first = q.quorum_id < 1
+        if cmd.expected_quorum_id != current or q.quorum_id < current or same_id_other_members or reissued_floor \
+                or below_first:
             self.rejected_commits += 1
-            if cmd.expected_quorum_id != current:
+            if below_first:
+                reason = f"quorum id {q.quorum_id}: quorum ids start at 1"
+            elif cmd.expected_quorum_id != current:
                 reason = f"stale: computed from quorum id {cmd.expected_quorum_id}, the current one is {current}"
             elif q.quorum_id < current:
                 reason = f"quorum id {q.quorum_id} would go back from {current}"

@@ -216,30 +216,22 @@ class PassThrough:
         return call
 
     def _unary_stream(self, path: str) -> Any:
-        async def call(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-            upstream = self._channel.unary_stream(path)(raw, timeout=context.time_remaining(),
-                                                        metadata=self._metadata(context))
-            async for item in self._relay(upstream, context):
-                yield item
-        return call
+        return self._streaming(self._channel.unary_stream(path))
 
     def _stream_stream(self, path: str) -> Any:
-        async def call(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-            upstream = self._channel.stream_stream(path)(requests, timeout=context.time_remaining(),
-                                                         metadata=self._metadata(context))
-            async for item in self._relay(upstream, context):
-                yield item
-        return call
+        return self._streaming(self._channel.stream_stream(path))
 
-    @staticmethod
-    async def _relay(upstream: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
-        try:
-            async for item in upstream:
-                yield item
-        except grpc.aio.AioRpcError as e:
-            await context.abort(e.code(), e.details() or "")
-        finally:
-            upstream.cancel()  # the caller went away: so does the node's side
+    def _streaming(self, method: Any) -> Any:
+        async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+            upstream = method(request, timeout=context.time_remaining(), metadata=self._metadata(context))
+            try:
+                async for item in upstream:
+                    yield item
+            except grpc.aio.AioRpcError as e:
+                await context.abort(e.code(), e.details() or "")
+            finally:
+                upstream.cancel()  # the caller went away (a trainer died): so does the node's side
+        return call
 
 
 class JobPortProcess:

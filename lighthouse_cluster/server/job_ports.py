@@ -114,7 +114,7 @@ class JobPorts:
         self._node_id = node_id
         self._processes = processes
         self._backoff = RestartBackoff(initial_s=RESTART_S, max_s=RETRY_S)
-        self.process_starts = 0  # job port processes started (tests, logs)
+        self._watching: set[asyncio.Task[None]] = set()  # one per running port process
         self._host = parse_host_port(client_bind, "client bind address", allow_zero=True)[0]
         self._tls = tls
         self._options = list(options)
@@ -161,11 +161,6 @@ class JobPorts:
         if js is None or js.port != self._wanted.get(job, (None,))[0]:
             return 0, ""
         return (js.port, "") if js.listening else (0, js.error)
-
-    def pid(self, job: str) -> int | None:
-        """The process serving ``job``'s port (``--job-port-processes``), if one does."""
-        js = self._servers.get(job)
-        return None if js is None or js.process is None else js.process.pid
 
     async def close(self, grace_s: float = 0.2) -> None:
         """Stop every job port (the node stops; its calls get ``grace_s``, as the client port's)."""
@@ -265,10 +260,13 @@ class JobPorts:
                         log_level=how.log_level, log_format=how.log_format, server_options=tuple(self._options))
         # From the event loop's thread (the node's main thread): Linux's parent-death signal is
         # tied to the thread that started the process.
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "lighthouse_cluster.server.job_port_process",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
-        self.process_starts += 1
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "lighthouse_cluster.server.job_port_process",
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        except OSError as e:  # no memory, too many processes
+            self._failed(js, f"cannot start its port process: {e.strerror or e}", RETRY_S)
+            return
         started = time.monotonic()
         assert proc.stdin is not None and proc.stdout is not None
         try:
@@ -278,6 +276,9 @@ class JobPorts:
             line = (await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S)).decode(errors="replace").strip()
         except (asyncio.TimeoutError, ConnectionError) as e:
             line = f"error its process did not start ({type(e).__name__})"
+        except BaseException:  # cancelled: the node stops
+            proc.kill()
+            raise
         if not line.startswith("listening"):
             if proc.returncode is None:
                 proc.kill()
@@ -290,7 +291,9 @@ class JobPorts:
         was = js.logged
         js.error = js.logged = ""
         log.info("job %s: port %d served by process %d%s", js.job, js.port, proc.pid, f" (was: {was})" if was else "")
-        asyncio.get_running_loop().create_task(self._watch_process(js, proc))
+        task = asyncio.get_running_loop().create_task(self._watch_process(js, proc))
+        self._watching.add(task)
+        task.add_done_callback(self._watching.discard)
 
     async def _watch_process(self, js: _JobServer, proc: asyncio.subprocess.Process) -> None:
         """Until ``proc`` exits: its stdout is drained; an exit this node did not ask for is

@@ -540,6 +540,9 @@ def test_quick_bench_writes_every_section(tmp_path: Path):
         assert phase == "alone" or iso[phase]["large_rounds_per_s"] > 0, iso[phase]
     assert "beside_port_process" not in iso, "quick runs leave the port-process cluster out"
     assert iso["ratio_p50"] > 0 and iso["ratio_p50_one_port"] > 0 and iso["ratio_p50_training"] > 0, iso
+    # Issue 17's test with a generous bound (the benchmark's is 2x at N=256): beside a job hammering
+    # on its own port, job B's rounds are not starved (measured 1.7-2.4x at N=256, less at 64).
+    assert iso["ratio_p50"] <= 10.0, f"job B's round latency beside job A on its own port: {iso['ratio_p50']}x alone"
 
     assert res["targets"], "targets are evaluated"
 

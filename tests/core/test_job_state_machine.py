@@ -254,6 +254,18 @@ def test_a_job_created_again_never_commits_its_last_id_again(members: tuple[str,
     assert sm.job("train").quorum is None and sm.job("train").quorum_id == 7
 
 
+@pytest.mark.parametrize("name", [DEFAULT_JOB, "train"])
+def test_quorum_id_0_is_never_committed(name: str) -> None:
+    """Ids start at 1 (torchft's first quorum; no writer computes 0). Accepted, a quorum id 0 was
+    "no quorum yet" to a job removed and created again, which then took 0 with other members."""
+    sm = machine_with("train")
+    (zero,) = apply(sm, commit(0, q(0, "a"), name))
+    assert not zero.applied and zero.reason == "quorum id 0: quorum ids start at 1"
+    assert sm.job(name).quorum is None
+    (first,) = apply(sm, commit(0, q(1, "a"), name))
+    assert first.applied and sm.job(name).quorum_id == 1
+
+
 def test_the_coordinator_of_a_job_created_again_issues_floor_plus_one() -> None:
     from lighthouse_cluster.server.coordinator import QuorumCoordinator
 
@@ -428,6 +440,10 @@ def last_ids(sm: QuorumStateMachine) -> dict[str, int]:
 # (random search rarely draws it; the fix of 'reissued_floor' in the state machine).
 @example([("put", "a", 0, 1), ("commit", "a", 0, 1, {0}, 1), ("remove", "a", 0), ("put", "a", 0, 1),
           ("commit", "a", 0, 0, {1}, 1)])
+# The same through quorum id 0 (found by CI's random search): id 0 committed, the job removed and
+# created again, then id 0 again with other members. Quorum ids now start at 1.
+@example([("put", "a", 0, 1), ("commit", DEFAULT_JOB, 0, 0, {0}, 1), ("commit", "a", 0, 0, {0}, 1),
+          ("remove", "a", 0), ("put", "a", 0, 1), ("commit", "a", 0, 0, {0, 1}, 1)])
 def test_any_interleaving_over_three_jobs_is_deterministic_and_ids_never_go_back(steps: list[tuple]) -> None:
     # One removed job kept by name: evictions happen all the time.
     a, b = QuorumStateMachine(max_retired=1), QuorumStateMachine(max_retired=1)
