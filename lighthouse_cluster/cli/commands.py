@@ -388,6 +388,8 @@ def _kept_log_dir() -> Path:
               help="Once the cluster is up, create job NAME (repeat); with =PORT, node i serves it on its own "
                    "client port PORT + i (torchft trainers select the job by it). Without --admin-token, a "
                    "token is generated for the run (its file is printed).")
+@click.option("--job-port-processes", is_flag=True,
+              help="Serve each job's port from a process of its own (the nodes' --job-port-processes).")
 @click.option("--demo", is_flag=True, help="Also run simulated replica groups and SIGKILL the leader every 8 s.")
 @click.option("--demo-replicas", type=click.IntRange(1, 1024), default=3, show_default=True)
 @click.option("--demo-kill-every", type=click.FloatRange(min=0.5), default=8.0, hidden=True,
@@ -397,8 +399,8 @@ def _kept_log_dir() -> Path:
 def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data_dir: Path | None,
        log_dir: Path | None, no_restart: bool, min_replicas: int, join_timeout_ms: int, quorum_tick_ms: int,
        heartbeat_timeout_ms: int, tls: bool, mtls: bool, admin_token: str | None, quorum_lease_ms: int,
-       liveness_timeout_ms: int, jobs: tuple[str, ...], demo: bool, demo_replicas: int, demo_kill_every: float,
-       log_level: str) -> None:
+       liveness_timeout_ms: int, jobs: tuple[str, ...], job_port_processes: bool, demo: bool, demo_replicas: int,
+       demo_kill_every: float, log_level: str) -> None:
     """Run a local N-node cluster on this host in the foreground.
 
     Ctrl-C, SIGTERM, SIGHUP (a closed terminal) or a closed stdout stops every node; if `up`
@@ -457,7 +459,8 @@ def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data
                            pki=pki, mutual_tls=mtls, admin_token=admin_token, quorum_lease_ms=quorum_lease_ms,
                            liveness_timeout_ms=liveness_timeout_ms, log_dir=logs, raft_bind_host=plan.raft.bind_host,
                            http_bind_host=plan.http.bind_host,
-                           http_host=plan.http.reach_host, die_with_parent=True)
+                           http_host=plan.http.reach_host, die_with_parent=True,
+                           extra_args=["--job-port-processes"] if job_port_processes else [])
     # Nodes are started only from this (the main) thread: their parent-death signal is tied to it.
     supervisor = NodeSupervisor(cluster, say=out.say, restart=not no_restart, guardian=guardian)
     stop = threading.Event()

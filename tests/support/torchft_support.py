@@ -218,7 +218,10 @@ def torchft_lighthouse(flags: Flags) -> Iterator[TorchftTarget]:
 def lighthouse_cluster(root: Path, flags: Flags, nodes: int = 3) -> Iterator[ClusterTarget]:
     with LocalCluster(root, nodes=nodes, min_replicas=flags.min_replicas, join_timeout_ms=flags.join_timeout_ms,
                       quorum_tick_ms=flags.quorum_tick_ms, heartbeat_timeout_ms=flags.heartbeat_timeout_ms) as cluster:
-        leader = cluster.wait_for_leader(timeout=20.0)
+        # The leader every node follows: three nodes started at once sometimes elect one that a
+        # start-up candidate (which missed it) deposes a moment later, and the tests place groups
+        # by the leader (the same race as test_partition's).
+        leader, _ = cluster.wait_for_stable_leader(timeout=30.0)
         yield ClusterTarget(cluster, flags, leader)
 
 
