@@ -26,6 +26,10 @@ KEEPALIVE = {"type": "lighthouse_cluster_keepalive"}
 # A key of a request_vote: the candidate stands because its leader handed leadership over to it
 # (Raft's TimeoutNow), so voters answer it at once (see ``vote_refused``). pysyncobj ignores it.
 HANDOVER_KEY = "lighthouse_cluster_handover"
+# A key of a request_vote sent to a leader of an older term in answer to its append_entries: Raft's
+# "reply with the higher term", which pysyncobj leaves out (see ``FastElectionSyncObj``). Only a
+# leader acts on it (it steps down, without a vote); an older node takes it as a vote request.
+DEPOSE_KEY = "lighthouse_cluster_depose"
 
 
 def vote_refused(now: float, heard_leader_at: float, window_s: float, *, handover: bool) -> bool:
@@ -101,6 +105,17 @@ class FastElectionSyncObj(IdleAckSyncObj):
     In a failover the first candidate (at least ``raftMinTimeout`` after the leader's last
     append_entries) asks followers that heard that same append_entries at about the same time, so
     a put-off request is handled a few milliseconds later, not one election timeout later.
+
+    **A stale leader hears of the higher term** (Raft: a node answers an append_entries of an older
+    term with its own term, and the sender steps down). pysyncobj ignores such an append_entries
+    without a word, so a node that stood for election while the others kept their leader (cut off
+    for a moment, or its clock slow: the clock nemesis) stayed at its higher term, a candidate
+    knowing no leader, until one of its own vote requests happened to reach the leader; its
+    clients' calls waited meanwhile (seen in CI: 20 s). Here it answers the leader's append_entries
+    with a request_vote of its term marked ``DEPOSE_KEY`` (at most once per ``raftMinTimeout`` per
+    sender); the leader steps down to that term without voting, as for any higher-term vote
+    request above, and the next election includes the node. It disturbs nothing more than that
+    node's own next vote request would have.
     """
 
     def __init__(self, *args: Any, vote_refusal_s: float | None = None, **kwargs: Any) -> None:
@@ -125,6 +140,8 @@ class FastElectionSyncObj(IdleAckSyncObj):
         self._deferred_votes: dict[Any, tuple[float, dict[str, Any]]] = {}  # node -> (received at, request)
         self._handover_pending: int | None = None  # the term of the leader that sent us TimeoutNow
         self._handover_sent: int | None = None
+        self.stale_leaders_told = 0  # DEPOSE_KEY requests sent (for logs and tests)
+        self._told_at: dict[Any, float] = {}  # stale leader -> when this node last told it
         super().__init__(*args, **kwargs)
         if self.raftCurrentTerm > 0 and self.otherNodes:
             # A restarted member (its journal has a term): give the live leader time to re-dial
@@ -246,23 +263,48 @@ class FastElectionSyncObj(IdleAckSyncObj):
         self.votes_put_off += 1
         if self._isLeader():
             if message.get("term", -1) > self.raftCurrentTerm:
-                # The higher term deposes this leader (pysyncobj's handling), but a log "behind"
-                # everything keeps pysyncobj from granting the vote.
-                self.pso_handle_message(node, {**message, "last_log_term": -1, "last_log_index": -1})
-                self._heard_leader_at = monotonic()
-                # As a vote would: its election deadline dates from before it led, so without this
-                # it stood at its next tick (after a handover: a second election, a term above).
-                self.pso_election_deadline = monotonic() + self.pso_election_timeout()
+                self._step_down_without_vote(node, message)
             return True
         held = self._deferred_votes.get(node)
         if held is None or held[1].get("term", -1) <= message.get("term", -1):
             self._deferred_votes[node] = (now, message)
         return True
 
+    def _step_down_without_vote(self, node: Any, message: dict[str, Any]) -> None:
+        """This leader takes the higher term of ``message`` (a request_vote) and steps down, without
+        granting the vote."""
+        # The higher term deposes this leader (pysyncobj's handling), but a log "behind"
+        # everything keeps pysyncobj from granting the vote.
+        self.pso_handle_message(node, {"type": "request_vote", "term": message["term"], "last_log_term": -1,
+                                       "last_log_index": -1})
+        self._heard_leader_at = monotonic()
+        # As a vote would: its election deadline dates from before it led, so without this
+        # it stood at its next tick (after a handover: a second election, a term above).
+        self.pso_election_deadline = monotonic() + self.pso_election_timeout()
+
+    def _tell_stale_leader(self, node: Any, term: int) -> None:
+        """``node`` sent an append_entries of ``term``, older than ours: tell it our term."""
+        now = monotonic()
+        if now - self._told_at.get(node, float("-inf")) < self.conf.raftMinTimeout:
+            return
+        self._told_at[node] = now
+        last_term, last_index = self.pso_last_log()
+        if self.pso_send(node, {"type": "request_vote", "term": self.raftCurrentTerm, "last_log_term": last_term,
+                                "last_log_index": last_index, DEPOSE_KEY: True}):
+            self.stale_leaders_told += 1
+            log.info("%s leads term %d, older than ours (%d): told it our term",
+                     getattr(node, "address", node), term, self.raftCurrentTerm)
+
     def on_raft_message(self, node: Any, message: Any) -> None:
         if message == KEEPALIVE:
             return  # reading it was the point
         kind = message.get("type") if isinstance(message, dict) else None
+        if kind == "request_vote" and message.get(DEPOSE_KEY):
+            if self._isLeader() and message.get("term", -1) > self.raftCurrentTerm:
+                self._step_down_without_vote(node, message)
+            return  # no vote request: a node that is no leader has nothing to do with it
+        if kind == "append_entries" and message.get("term", -1) < self.raftCurrentTerm and self.selfNode is not None:
+            self._tell_stale_leader(node, message.get("term", -1))
         if kind == "append_entries" and message.get("term", -1) >= self.raftCurrentTerm:
             self._heard_leader_at = monotonic()
         elif kind == "timeout_now" and message.get("term", -1) >= self.raftCurrentTerm \

@@ -16,7 +16,7 @@ from pysyncobj import SyncObjConf
 
 from support.raft_counter import Counter
 from support.waiting import wait_for
-from lighthouse_cluster.raft.fast_election import FastElectionSyncObj
+from lighthouse_cluster.raft.fast_election import HANDOVER_KEY, FastElectionSyncObj
 from lighthouse_cluster.raft.pysyncobj_internals import CONNECTION_STATE, RAFT_STATE, pso_pickle
 from lighthouse_cluster.raft.pysyncobj_internals import monotonic as raft_monotonic
 
@@ -180,6 +180,32 @@ def test_a_leader_takes_a_higher_term_from_a_vote_request_but_gives_no_vote(node
     wait_for("one leader again, known to every node",
              lambda: sum(n._isLeader() for n in nodes) == 1 and all(n._getLeader() is not None for n in nodes), 5.0,
              interval=0.01)
+
+
+@pytest.mark.timeout(60)
+def test_a_node_at_a_higher_term_tells_the_leader_whose_append_entries_it_gets(
+        nodes: list[FastElectionSyncObj]) -> None:
+    """Raft's "reply with the higher term": a node that reached a higher term without its vote
+    requests reaching the leader (here: it granted a vote in that term, then never stands itself)
+    answers the leader's next append_entries, and the leader steps down to that term without
+    voting. pysyncobj alone ignores the append_entries and nothing changes (the CI failure of the
+    clock nemesis's slow-former-leader phase: 20 s with one node a candidate at term 7)."""
+    leader = _caught_up(nodes)
+    follower, other = (n for n in nodes if n is not leader)
+    term = leader.raftCurrentTerm
+    my_term, my_index = follower.pso_last_log()
+    follower.on_raft_message(other.selfNode, {**vote_request(term + 5, my_term, my_index), HANDOVER_KEY: True})
+    follower.pso_election_deadline = raft_monotonic() + 3600.0  # it never stands by itself
+    assert follower.raftCurrentTerm == term + 5 and leader.raftCurrentTerm == term
+    wait_for("the leader to take the follower's term", lambda: leader.raftCurrentTerm, 5.0,
+             ready=lambda t: t >= term + 5, interval=0.005)
+    assert follower.stale_leaders_told >= 1
+    assert leader.pso_voted_for != follower.selfNode.id  # told, not asked: no vote
+    follower.pso_election_deadline = raft_monotonic()  # it may stand again
+    wait_for("one leader again, known to every node",
+             lambda: sum(n._isLeader() for n in nodes) == 1 and all(n._getLeader() is not None for n in nodes), 5.0,
+             interval=0.01)
+    assert min(n.raftCurrentTerm for n in nodes) >= term + 5
 
 
 @pytest.mark.timeout(60)
