@@ -124,6 +124,13 @@ class _Cluster:
         cpus.for_others()  # followers, port processes and the leader until it is known
         self.cluster = LocalCluster(root=root, nodes=3, min_replicas=1, admin_token=TOKEN,
                                     extra_args=["--job-port-processes"] if port_processes else [])
+        try:
+            self._start(cpus, small, large)
+        except BaseException:
+            self.cluster.stop_all()  # the caller never holds a cluster that failed to set up
+            raise
+
+    def _start(self, cpus: _Cpus, small: int, large: int) -> None:
         self.cluster.start()
         leader = stable_leader(self.cluster)
         self.address = self.cluster.client_addresses[leader]

@@ -411,7 +411,8 @@ def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data
     from lighthouse_cluster.cli.output import console as output_console
     from lighthouse_cluster.local.cluster import LocalCluster, can_bind, free_ports
     from lighthouse_cluster.local.supervise import Guardian, NodeSupervisor
-    from lighthouse_cluster.local.up_plan import describe_exit, plan_addresses, plan_jobs
+    from lighthouse_cluster.core.restarts import describe_exit
+    from lighthouse_cluster.local.up_plan import plan_addresses, plan_jobs
 
     console = output_console(raise_broken_pipe=True)  # a closed stdout stops up through its own cleanup
     if nodes % 2 == 0:

@@ -31,27 +31,15 @@ from pathlib import Path
 from typing import IO, Callable
 
 from lighthouse_cluster.local.cluster import PARENT_PID_ENV, LocalCluster
-from lighthouse_cluster.local.up_plan import RestartBackoff, describe_exit
-
-_PR_SET_PDEATHSIG = 1
-
+from lighthouse_cluster.core.restarts import RestartBackoff, describe_exit
+from lighthouse_cluster.server.parent_death import die_with_parent
 
 def die_with_parent_from_env() -> None:
     """In a process started with ``LIGHTHOUSE_CLUSTER_PARENT_PID``: be SIGKILLed when that parent
     (the thread that started this process) exits; exit now if it already has."""
     value = os.environ.pop(PARENT_PID_ENV, None)
-    if not value:
-        return
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
-            sys.stderr.write(f"warning: prctl(PR_SET_PDEATHSIG) failed: {os.strerror(ctypes.get_errno())}\n")
-    if str(os.getppid()) != value:
-        sys.stderr.write(f"error: the process that started this node ({value}) is gone; exiting\n")
-        sys.stderr.flush()
-        os._exit(1)
+    if value:
+        die_with_parent(int(value), "node")
 
 
 # The guardian: reads "+PID" / "-PID" / "rm PATH" lines; at EOF (its owner closed the pipe or

@@ -7,7 +7,6 @@ No processes, sockets or clocks here: ``cli.up`` (the shell) and ``supervise`` f
   given and reached at 127.0.0.1).
 * :func:`agreed_leader` and :class:`Stable`: the leader ``up`` names is the one every running
   node names, in the same term, while it serves, and it has stayed so for a moment.
-* :class:`RestartBackoff` (``core/restarts.py``): how long ``up`` waits before restarting a node that exited.
 * :func:`plan_jobs` turns ``--job NAME[=PORT]`` into the jobs ``up`` creates once the cluster
   is up (node i serves the job on PORT + i: the nodes share one host), and :func:`job_banner`
   says what a torchft and an ftclient trainer set to train as that job.
@@ -15,11 +14,10 @@ No processes, sockets or clocks here: ``cli.up`` (the shell) and ``supervise`` f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
 from lighthouse_cluster.core.jobs import DEFAULT_JOB, JobError, check_job_name
-from lighthouse_cluster.core.restarts import RestartBackoff, describe_exit  # noqa: F401 -- used by up and supervise
 from lighthouse_cluster.server.config import ConfigError, parse_host_port
 
 WILDCARD_HOSTS = ("[::]", "::", "0.0.0.0")

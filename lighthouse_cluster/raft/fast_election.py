@@ -263,19 +263,19 @@ class FastElectionSyncObj(IdleAckSyncObj):
         self.votes_put_off += 1
         if self._isLeader():
             if message.get("term", -1) > self.raftCurrentTerm:
-                self._step_down_without_vote(node, message)
+                self._step_down_without_vote(node, message["term"])
             return True
         held = self._deferred_votes.get(node)
         if held is None or held[1].get("term", -1) <= message.get("term", -1):
             self._deferred_votes[node] = (now, message)
         return True
 
-    def _step_down_without_vote(self, node: Any, message: dict[str, Any]) -> None:
-        """This leader takes the higher term of ``message`` (a request_vote) and steps down, without
-        granting the vote."""
+    def _step_down_without_vote(self, node: Any, term: int) -> None:
+        """This leader takes ``node``'s higher ``term`` (from its request_vote) and steps down,
+        without granting the vote."""
         # The higher term deposes this leader (pysyncobj's handling), but a log "behind"
         # everything keeps pysyncobj from granting the vote.
-        self.pso_handle_message(node, {"type": "request_vote", "term": message["term"], "last_log_term": -1,
+        self.pso_handle_message(node, {"type": "request_vote", "term": term, "last_log_term": -1,
                                        "last_log_index": -1})
         self._heard_leader_at = monotonic()
         # As a vote would: its election deadline dates from before it led, so without this
@@ -301,7 +301,7 @@ class FastElectionSyncObj(IdleAckSyncObj):
         kind = message.get("type") if isinstance(message, dict) else None
         if kind == "request_vote" and message.get(DEPOSE_KEY):
             if self._isLeader() and message.get("term", -1) > self.raftCurrentTerm:
-                self._step_down_without_vote(node, message)
+                self._step_down_without_vote(node, message["term"])
             return  # no vote request: a node that is no leader has nothing to do with it
         if kind == "append_entries" and message.get("term", -1) < self.raftCurrentTerm and self.selfNode is not None:
             self._tell_stale_leader(node, message.get("term", -1))

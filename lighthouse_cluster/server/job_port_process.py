@@ -50,6 +50,7 @@ from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.server.bind_check import start_listening
 from lighthouse_cluster.server.forwarding import CHANNEL_OPTIONS, PeerChannels
 from lighthouse_cluster.server.grpc_services import LighthouseServiceAdapter
+from lighthouse_cluster.server.parent_death import die_with_parent
 from lighthouse_cluster.server.routing import Router
 from lighthouse_cluster.tls import ClientTLS, ServerTLS, aio_channel
 
@@ -64,7 +65,6 @@ IDLE_AFTER_S = 2.0
 # A stopping port's calls get this long to end.
 STOP_GRACE_S = 1.0
 EXIT_CANNOT_BIND = 3
-_PR_SET_PDEATHSIG = 1
 # Metadata a pass-through call does not copy: gRPC's own, and the job (the port's is set).
 _NOT_COPIED = {"user-agent", "content-type", "te", "grpc-accept-encoding", "grpc-encoding", "grpc-timeout",
                JOB_HEADER}
@@ -198,19 +198,15 @@ class PassThrough:
         return out
 
     def _unary_unary(self, path: str) -> Any:
-        async def call(raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
-            try:
-                return await self._channel.unary_unary(path)(raw, timeout=context.time_remaining(),
-                                                             metadata=self._metadata(context))
-            except grpc.aio.AioRpcError as e:
-                await context.abort(e.code(), e.details() or "")
-        return call
+        return self._single(self._channel.unary_unary(path))
 
     def _stream_unary(self, path: str) -> Any:
-        async def call(requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> bytes:
+        return self._single(self._channel.stream_unary(path))
+
+    def _single(self, method: Any) -> Any:
+        async def call(request: Any, context: grpc.aio.ServicerContext) -> bytes:
             try:
-                return await self._channel.stream_unary(path)(requests, timeout=context.time_remaining(),
-                                                              metadata=self._metadata(context))
+                return await method(request, timeout=context.time_remaining(), metadata=self._metadata(context))
             except grpc.aio.AioRpcError as e:
                 await context.abort(e.code(), e.details() or "")
         return call
@@ -296,7 +292,7 @@ class JobPortProcess:
         loop.add_signal_handler(signal.SIGINT, self._stop.set)
         self.router.start()
         poll = loop.create_task(self._poll_leader())
-        log.info("job %s: serving torchft.LighthouseService on %s in process %d%s", spec.job, address, os.getpid(),
+        log.debug("job %s: serving torchft.LighthouseService on %s in process %d%s", spec.job, address, os.getpid(),
                  "" if spec.server_tls is None else " with TLS")
         sys.stdout.write(f"listening {spec.port}\n")
         sys.stdout.flush()
@@ -311,23 +307,12 @@ class JobPortProcess:
         return 0
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL this process when its parent (the node) goes; exit if it already has."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-
 def main() -> None:
     from lighthouse_cluster.server.event_loop import run
     from lighthouse_cluster.server.logs import configure_logging
 
     spec = PortSpec.decode(sys.stdin.buffer.read())
-    die_with_parent(spec.parent_pid)
+    die_with_parent(spec.parent_pid, f"job port process of {spec.identity}")
     configure_logging(spec.log_level, spec.log_format, spec.identity)
     sys.exit(run(serve(spec)))
 

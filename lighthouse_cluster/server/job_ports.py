@@ -46,7 +46,7 @@ from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.core.restarts import RestartBackoff, describe_exit
-from lighthouse_cluster.server.bind_check import bind_error, start_listening  # noqa: F401 -- bind_error: re-exported
+from lighthouse_cluster.server.bind_check import start_listening
 from lighthouse_cluster.server.config import parse_host_port
 from lighthouse_cluster.server.grpc_services import (
     ClusterServiceAdapter,

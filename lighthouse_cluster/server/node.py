@@ -42,6 +42,7 @@ from lighthouse_cluster.server.coordinator import QuorumCoordinator
 from lighthouse_cluster.server.job_admin import JobAdmin
 from lighthouse_cluster.server.job_creation import JobCreator, WatchOfNewJob
 from lighthouse_cluster.server.job_ports import JobPorts, PortProcesses
+from lighthouse_cluster.server.logs import JsonFormatter
 from lighthouse_cluster.server.job_registry import JobRegistry, JobRuntime
 from lighthouse_cluster.server.leader_term import LeaderTerm
 from lighthouse_cluster.server.event_loop import running_loop_name
@@ -99,7 +100,7 @@ def port_processes(config: NodeConfig) -> PortProcesses | None:
     if not config.job_port_processes:
         return None
     root = logging.getLogger()
-    json_logs = any(type(h.formatter).__name__ == "JsonFormatter" for h in root.handlers)
+    json_logs = any(isinstance(h.formatter, JsonFormatter) for h in root.handlers)
     return PortProcesses(node_address=config.self_peer.client_address, client_tls=config.peer_tls,
                          max_member_bytes=config.max_member_bytes,
                          log_level=logging.getLevelName(root.getEffectiveLevel()).lower(),

@@ -15,6 +15,7 @@ from typing import Callable
 import pytest
 
 from support.cluster import cli
+from support.pids import job_port_processes
 from support.waiting import wait_for
 from lighthouse_cluster.local.cluster import free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
@@ -219,34 +220,6 @@ def test_up_with_mutual_tls_and_an_admin_token(tmp_path: Path) -> None:
         assert res.returncode == 0, res.stderr
 
 
-def _port_processes_under(pid: int) -> list[int]:
-    """The job port processes among ``pid``'s descendants."""
-    parent: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-
-    def under(p: int) -> bool:
-        while p in parent and p > 1:
-            p = parent[p]
-            if p == pid:
-                return True
-        return False
-
-    out = []
-    for p in parent:
-        try:
-            cmdline = Path(f"/proc/{p}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"lighthouse_cluster.server.job_port_process" in cmdline and under(p):
-            out.append(p)
-    return out
-
-
 def test_up_job_creates_the_jobs_and_prints_what_trainers_set(tmp_path: Path) -> None:
     """`up --job NAME=PORT --job NAME --job-port-processes`: the jobs exist once `up` printed its
     banner, node i serves the first on PORT + i (from a port process of its own), and the banner
@@ -277,7 +250,7 @@ def test_up_job_creates_the_jobs_and_prints_what_trainers_set(tmp_path: Path) ->
         assert jobs["train-a"]["ports"] == [{"node_id": f"n{i + 1}", "port": port + i} for i in range(3)]
         assert jobs["train-b"]["ports"] == [] and jobs["train-a"]["settings"]["join_timeout_ms"] == 60000
         # One port process per node for train-a (train-b has no port), each under `up`.
-        wait_for("train-a's port processes", lambda: len(_port_processes_under(_proc.pid)), 20,
+        wait_for("train-a's port processes", lambda: len(job_port_processes(_proc.pid)), 20,
                  ready=lambda n: n == 3)
         # The printed token is the cluster's: the job commands work with it.
         res = cli("jobs", "set", "train-b", "--config", "k=v", "-o", "json",

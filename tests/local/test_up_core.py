@@ -9,8 +9,9 @@ import pytest
 from lighthouse_cluster.server.config import ConfigError
 from lighthouse_cluster.local.demo import kill_line
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
-from lighthouse_cluster.local.up_plan import (RestartBackoff, Stable, UpJob, agreed_leader, describe_exit,
-                                        job_banner, parse_host_or_host_port, plan_addresses, plan_jobs)
+from lighthouse_cluster.core.restarts import RestartBackoff, describe_exit
+from lighthouse_cluster.local.up_plan import (Stable, UpJob, agreed_leader, job_banner,
+                                              parse_host_or_host_port, plan_addresses, plan_jobs)
 
 
 def picker():

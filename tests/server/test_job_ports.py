@@ -41,6 +41,7 @@ from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
 from lighthouse_cluster.server.admin import token_metadata
 from lighthouse_cluster.tls import channel as tls_channel
 from lighthouse_cluster.tls import generate_pki
+from support.pids import job_port_processes, pid_running
 from support.waiting import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -405,27 +406,11 @@ async def watch_first_event(address: str, job: str) -> cpb.WatchEvent:
         return event
 
 
-def port_process_of(node_pid: int, job: str) -> int | None:
-    """The pid of the process serving ``job``'s port for the node ``node_pid``, if one runs."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == node_pid and b"lighthouse_cluster.server.job_port_process" in cmdline:
-            return int(entry.name)
-    return None
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+def port_process_of(node_pid: int) -> int | None:
+    """The pid of the process serving the (one) job port of the node ``node_pid``, if one runs."""
+    found = job_port_processes(node_pid)
+    assert len(found) <= 1, found
+    return found[0] if found else None
 
 
 def test_port_processes_restart_die_with_their_node_and_carry_calls_across_a_leader_kill(tmp_path: Path) -> None:
@@ -440,7 +425,7 @@ def test_port_processes_restart_die_with_their_node_and_carry_calls_across_a_lea
         wait_listening(nodes, "own", ports)
         leader, _ = cluster.wait_for_stable_leader(timeout=30)
         follower = follower_of(cluster)
-        pids = [port_process_of(m.process.pid, "own") for m in cluster.members]
+        pids = [port_process_of(m.process.pid) for m in cluster.members]
         assert all(pids), pids
         first = quorums([SimulatedReplicaGroup("p0", f"{HOST}:{ports[leader]}", quorum_timeout_s=20),
                          SimulatedReplicaGroup("p1", f"{HOST}:{ports[follower]}", quorum_timeout_s=20)])
@@ -466,21 +451,21 @@ def test_port_processes_restart_die_with_their_node_and_carry_calls_across_a_lea
         os.kill(pids[follower], signal.SIGKILL)
         node_pid = cluster.members[follower].process.pid
         restarted = wait_for("the follower's port process started again",
-                             lambda: port_process_of(node_pid, "own"), 15,
+                             lambda: port_process_of(node_pid), 15,
                              ready=lambda pid: pid is not None and pid != pids[follower], context=cluster)
         wait_listening(nodes, "own", ports)
         assert f"its port process {pids[follower]} exited (-9 (SIGKILL))" in \
             cluster.members[follower].log_path.read_text()
 
         cluster.kill(leader)
-        wait_for("the dead leader's port process gone", lambda: not pid_alive(pids[leader]), 10, context=cluster)
+        wait_for("the dead leader's port process gone", lambda: not pid_running(pids[leader]), 10, context=cluster)
         wait_for("the dead leader's port free", lambda: can_bind(HOST, ports[leader]), 10, context=cluster)
         others = [i for i in range(cluster.nodes) if i != leader]
         # New groups (new members: a new quorum id, committed by the new leader).
         after = quorums([SimulatedReplicaGroup(f"q{i}", f"{HOST}:{ports[i]}", quorum_timeout_s=30) for i in others])
         assert all(members(q) == {f"q{i}" for i in others} for q in after), after
         assert min(q.quorum_id for q in after) > first[0].quorum_id
-        assert port_process_of(node_pid, "own") == restarted
+        assert port_process_of(node_pid) == restarted
 
 
 @pytest.mark.parametrize("served", sorted(SERVED))
