@@ -11,11 +11,15 @@ measured for ``duration_s``:
    name): both jobs' calls go through one gRPC server;
 3. **beside, own port**: job A on its own job port (as unchanged torchft trainers select a job),
    served on the node's event loop (the default); issue 17's bound (<= 2x alone) is on this phase;
-4. **beside, port process** (full runs): the same on a second cluster whose nodes run
-   ``--job-port-processes`` (job A's port served by a process of its own, which forwards its calls
-   to the leader as a follower would), with job B measured alone there first;
+4. **beside, another cluster** (full runs): job A on a second 3-node cluster of its own, which
+   shares no process with job B's: the control. What job B loses there is the host's (CPU and
+   scheduler shared with job A's nodes and load generator), not the cluster's: the floor of the
+   phases above on this host;
 5. **beside training**: job A on its own port as a training job runs it, a round per step of
-   ``TRAINING_STEP_S`` (heartbeats every 100 ms as before): what a neighbour usually looks like.
+   ``TRAINING_STEP_S`` (heartbeats every 100 ms as before): what a neighbour usually looks like;
+6. **beside, port process** (full runs): job A on its own port on another cluster whose nodes run
+   ``--job-port-processes`` (job A's port served by a process of its own, which forwards its calls
+   to the leader as a follower would), with job B measured alone there first.
 
 Both jobs use the rounds section's settings (min_replicas = the job's group count, so every round
 is the job's full set and, after the first, a fast quorum). What the figures do not separate on a
@@ -119,13 +123,14 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 class _Cluster:
     """One cluster of the section, its leader, the jobs' addresses and the pids to measure."""
 
-    def __init__(self, workdir: Path, cpus: _Cpus, small: int, large: int, port_processes: bool) -> None:
+    def __init__(self, workdir: Path, cpus: _Cpus, small: int, large: int, port_processes: bool,
+                 pin: bool = True) -> None:
         root = Path(tempfile.mkdtemp(prefix="cluster-isolation-", dir=workdir))
         cpus.for_others()  # followers, port processes and the leader until it is known
         self.cluster = LocalCluster(root=root, nodes=3, min_replicas=1, admin_token=TOKEN,
                                     extra_args=["--job-port-processes"] if port_processes else [])
         try:
-            self._start(cpus, small, large)
+            self._start(cpus if pin else _Cpus(False), small, large)
         except BaseException:
             self.cluster.stop_all()  # the caller never holds a cluster that failed to set up
             raise
@@ -161,7 +166,8 @@ def wait_listening(address: str, job: str, port: int, timeout: float = 30.0) -> 
 
 def run_isolation(small: int, large: int, duration_s: float, workdir: Path, say: Callable[[str], None],
                   workers: int = 2, warmup_timeout_s: float = 60.0, with_training: bool = True,
-                  with_port_processes: bool = True, pin_leader: bool = False) -> dict:
+                  with_port_processes: bool = True, with_other_cluster: bool = True,
+                  pin_leader: bool = False) -> dict:
     cpus = _Cpus(pin_leader)
     res: dict[str, Any] = {"config": {"small": small, "large": large, "duration_s": duration_s, "bound": BOUND,
                                       "join_timeout_ms": JOIN_TIMEOUT_MS, "quorum_tick_ms": QUORUM_TICK_MS,
@@ -205,6 +211,12 @@ def run_isolation(small: int, large: int, duration_s: float, workdir: Path, say:
             f"{alone['rounds_per_s']} rounds/s")
         beside(c, "beside", c.address)
         beside(c, "beside_own_port", c.large_port_address)
+        if with_other_cluster:
+            # The control: job A on a cluster of its own (its nodes on the CPUs of "everything else").
+            other = _Cluster(workdir, cpus, small, large, port_processes=False, pin=False)
+            clusters.append(other)
+            beside(c, "beside_other_cluster", other.address)
+            other.stop()
         if with_training:
             beside(c, "beside_training", c.large_port_address, TRAINING_STEP_S)
         c.stop()
@@ -228,13 +240,15 @@ def run_isolation(small: int, large: int, duration_s: float, workdir: Path, say:
     res["ratio_p99"] = _ratio(p99("alone"), p99("beside_own_port"))
     res["ratio_p50_training"] = _ratio(p50("alone"), p50("beside_training"))
     res["ratio_p50_port_process"] = _ratio(p50("alone_port_processes"), p50("beside_port_process"))
-    phases = [res[k] for k in ("alone", "beside", "beside_own_port", "beside_training", "alone_port_processes",
-                               "beside_port_process") if k in res]
+    res["ratio_p50_other_cluster"] = _ratio(p50("alone"), p50("beside_other_cluster"))
+    phases = [res[k] for k in ("alone", "beside", "beside_own_port", "beside_other_cluster", "beside_training",
+                               "alone_port_processes", "beside_port_process") if k in res]
     errors = sum(r["errors_total"] for r in phases)
     incomplete = bad + sum(r["validation"]["bad"] for r in phases)
     if errors or incomplete:
         res["error"] = f"{errors} failed calls, {incomplete} quorums without every group of their job"
     say(f"  isolation job B (N={small}) beside job A (N={large}): p50 ratio own port {res['ratio_p50']} "
         f"(bound {BOUND}), one port {res['ratio_p50_one_port']}, port process {res['ratio_p50_port_process']}, "
-        f"training {res['ratio_p50_training']}")
+        f"training {res['ratio_p50_training']}, a cluster of its own (the control) "
+        f"{res['ratio_p50_other_cluster']}")
     return res

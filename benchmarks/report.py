@@ -338,6 +338,7 @@ ISOLATION_PHASES = (
     ("alone", "alone"),
     ("beside", "beside job A hammering, one port (job by name)"),
     ("beside_own_port", "beside job A hammering, its own port"),
+    ("beside_other_cluster", "beside job A hammering on a cluster of its own (the control: no process shared)"),
     ("beside_training", "beside job A training on its own port (a round per {step} s step)"),
     ("alone_port_processes", "alone (nodes with --job-port-processes)"),
     ("beside_port_process", "beside job A hammering, its own port served by a port process"),
@@ -367,7 +368,8 @@ def _md_isolation(s: dict) -> list[str]:
                    f"{_fmt(lat.get('p50'), 2, ' ms')} | {_fmt(lat.get('p99'), 2, ' ms')} | {cpu} | "
                    f"{_fmt(r.get('large_rounds_per_s'), 2)} |")
     ratios = [("own port", "ratio_p50"), ("one port", "ratio_p50_one_port"),
-              ("training on its own port", "ratio_p50_training"), ("port process", "ratio_p50_port_process")]
+              ("training on its own port", "ratio_p50_training"), ("port process", "ratio_p50_port_process"),
+              ("a cluster of its own (the control)", "ratio_p50_other_cluster")]
     shown = [f"{label} {_fmt(s[key], 2)}" for label, key in ratios if s.get(key) is not None]
     out += ["", f"Ratio beside / alone at the median: {', '.join(shown)} (bound {c.get('bound')}, on job A's own "
                 f"port); p99 own port {_fmt(s.get('ratio_p99'), 2)}.", ""]
@@ -396,6 +398,16 @@ def plot(res: dict, path: Path) -> str:
         # A goodput-only run: its two panels alone.
         fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
         _plot_goodput(axes, goodput)
+        fig.suptitle(title, fontsize=10)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return "matplotlib"
+    iso = sec.get("isolation", {})
+    if iso.get("alone") and not any(k in sec for k in ("rounds", "failover", "sdk", "goodput")):
+        # An isolation-only run: job B's latency per phase, against the bound.
+        fig, ax = plt.subplots(1, 1, figsize=(11, 5))
+        _plot_isolation(ax, iso)
         fig.suptitle(title, fontsize=10)
         fig.tight_layout()
         fig.savefig(path, dpi=100)
@@ -525,6 +537,41 @@ def _plot_scaling(axes: Any, rounds: list[dict], colors: dict[str, str]) -> None
         ax.set_title(f"Scaling: {label}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
+
+
+def isolation_bars(iso: dict) -> list[tuple[str, float, float]]:
+    """(label, job B's p50 beside job A / alone, that p50 in ms) for each measured phase beside
+    job A; the port-process phase against its own cluster's alone."""
+    out = []
+    for phase, label in ISOLATION_PHASES:
+        if not phase.startswith("beside"):
+            continue
+        alone = iso.get("alone_port_processes" if phase == "beside_port_process" else "alone") or {}
+        a, b = alone.get("latency_ms", {}).get("p50"), (iso.get(phase) or {}).get("latency_ms", {}).get("p50")
+        if a and b:
+            step = iso.get("config", {}).get("training_step_s")
+            out.append((label.removeprefix("beside ").format(step=_fmt(step, 0)), b / a, b))
+    return out
+
+
+def _plot_isolation(ax: Any, iso: dict) -> None:
+    bars = isolation_bars(iso)
+    bound = iso.get("config", {}).get("bound", 2.0)
+    ys = list(range(len(bars)))[::-1]
+    ax.barh(ys, [r for _, r, _ in bars], color=["tab:green" if r <= bound else "tab:red" for _, r, _ in bars])
+    for y, (_, r, ms) in zip(ys, bars):
+        ax.text(r * 1.05, y, f"{r:.2f}x ({ms:.1f} ms)", va="center", fontsize=8)
+    ax.set_yticks(ys, [label for label, _, _ in bars], fontsize=8)
+    ax.axvline(1.0, color="k", linewidth=0.8)
+    ax.axvline(bound, color="tab:red", linestyle="--", label=f"bound {bound:g}x")
+    ax.set_xscale("log")
+    ax.set_xlim(0.8, max([r for _, r, _ in bars] + [bound]) * 2.5)
+    ax.set_xlabel("job B's round latency p50 beside job A / alone")
+    pinned = " (leader pinned to CPU 0)" if iso.get("config", {}).get("pin_leader") else ""
+    c = iso.get("config", {})
+    ax.set_title(f"Isolation: job B (N={c.get('small')}) beside job A (N={c.get('large')}){pinned}")
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="x", which="both", alpha=0.3)
 
 
 def _plot_goodput(axes: Any, runs: list[dict]) -> None:

@@ -202,9 +202,9 @@ def _run_section(section: str, opts: BenchOptions, workdir: Path, say: Callable[
     if section == "isolation":
         from .isolation import run_isolation
 
-        # Quick runs leave out the second cluster (port processes): the CI suite's time.
+        # Quick runs leave out the other clusters (port processes, the control): the CI suite's time.
         out = run_isolation(opts.isolation_small, opts.isolation_large, opts.isolation_duration_s, workdir, say,
-                            workers=opts.workers, with_port_processes=not opts.quick,
+                            workers=opts.workers, with_port_processes=not opts.quick, with_other_cluster=not opts.quick,
                             pin_leader=opts.isolation_pin_leader)
         if "error" in out:
             out["errors"] = [out.pop("error")]

@@ -26,8 +26,10 @@ from lighthouse_cluster import __version__
 from lighthouse_cluster.core.codec import SCHEMA_VERSION
 from lighthouse_cluster.core.lease import DEFAULT_LEASE_MS
 from lighthouse_cluster.server.config import (
+    DEFAULT_JOB_PORT_PROCESS_NICE,
     DEFAULT_LIVENESS_TIMEOUT_MS,
     DEFAULT_QUIESCE_AFTER_MS,
+    MAX_JOB_PORT_PROCESS_NICE,
     MAX_LEASE_MS,
     MAX_LIVENESS_TIMEOUT_MS,
     MIN_LIVENESS_TIMEOUT_MS,
@@ -211,6 +213,11 @@ def main() -> None:
               help="Serve each job's own client port from a process of its own, which forwards the job's calls to "
                    "the leader as a follower does: a job's load then stays off this node's event loop, which "
                    "other jobs' rounds share (one Python process more per job port).")
+@click.option("--job-port-process-nice", "job_port_process_nice", type=int, default=DEFAULT_JOB_PORT_PROCESS_NICE,
+              show_default=True, envvar=ENV + "JOB_PORT_PROCESS_NICE",
+              help=f"With --job-port-processes: the port processes run this many steps of CPU priority (nice) "
+                   f"below the node, so where they share cores the node's Raft and rounds go first. "
+                   f"0-{MAX_JOB_PORT_PROCESS_NICE}; 0: the node's priority.")
 @click.option("--event-loop", type=click.Choice(LOOPS), default=DEFAULT_LOOP, show_default=True,
               envvar=ENV + "EVENT_LOOP", help="asyncio event loop of the node (uvloop: faster; asyncio: the standard one).")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
@@ -227,7 +234,7 @@ def serve(ctx: click.Context, node_id: str, peers: tuple[str, ...], client_bind:
           tls_client_ca: str | None, tls_ca: str | None, join: bool, min_replicas: int, join_timeout_ms: int,
           quorum_tick_ms: int, heartbeat_timeout_ms: int, election_timeout_ms: int | None, quiesce_after_ms: int,
           quorum_lease_ms: int, liveness_timeout_ms: int, watch_manager_connections: bool, auto_create_jobs: bool,
-          job_port_processes: bool, event_loop: str, log_level: str, log_format: str, schema_version: int) -> None:
+          job_port_processes: bool, job_port_process_nice: int, event_loop: str, log_level: str, log_format: str, schema_version: int) -> None:
     """Run one lighthouse node in the foreground (SIGTERM hands leadership over, then exits)."""
     from lighthouse_cluster.local.supervise import die_with_parent_from_env
     from lighthouse_cluster.server.logs import configure_logging
@@ -253,7 +260,7 @@ def serve(ctx: click.Context, node_id: str, peers: tuple[str, ...], client_bind:
             join=join, quorum_lease_ms=quorum_lease_ms, schema_version=schema_version,
             liveness_timeout_ms=liveness_timeout_ms, watch_manager_connections=watch_manager_connections,
             jobs=ctx.meta.get(DECLARED_JOBS), auto_create_jobs=auto_create_jobs, quiesce_after_ms=quiesce_after_ms,
-            job_port_processes=job_port_processes)
+            job_port_processes=job_port_processes, job_port_process_nice=job_port_process_nice)
     except ConfigError as e:
         _exit_config_error(e)
     configure_logging(log_level, log_format, node_id)

@@ -36,6 +36,10 @@ DEFAULT_CLIENT_PORT = 29510
 # How long the Raft leader waits with no client before it heartbeats slowly (raft/quiescence.py).
 DEFAULT_QUIESCE_AFTER_MS = round(RaftSettings().quiet_after_s * 1000)
 MAX_QUIESCE_AFTER_MS = 3_600_000
+# --job-port-process-nice: a job port process runs this many steps of CPU priority below its node
+# (job_port_process.lower_priority); 19 is the lowest priority Linux has.
+DEFAULT_JOB_PORT_PROCESS_NICE = 10
+MAX_JOB_PORT_PROCESS_NICE = 19
 # A longer lease only lengthens failovers (a new leader waits it out).
 MAX_LEASE_MS = 10_000
 MAX_MEMBER_BYTES = 64 * 1024
@@ -167,6 +171,8 @@ class NodeConfig:
     # --job-port-processes: each job port is served by a process of its own (job_port_process.py)
     # rather than on this node's event loop.
     job_port_processes: bool = False
+    # --job-port-process-nice: steps of CPU priority the port processes run below this node.
+    job_port_process_nice: int = DEFAULT_JOB_PORT_PROCESS_NICE
 
     @property
     def new_job_settings(self) -> JobSettings:
@@ -346,6 +352,7 @@ def build_node_config(
     auto_create_jobs: bool = False,
     quiesce_after_ms: int = DEFAULT_QUIESCE_AFTER_MS,
     job_port_processes: bool = False,
+    job_port_process_nice: int = DEFAULT_JOB_PORT_PROCESS_NICE,
 ) -> NodeConfig:
     """Validate raw settings into a NodeConfig, or raise ConfigError naming the problem."""
     check_node_id(node_id)
@@ -393,6 +400,10 @@ def build_node_config(
         raise ConfigError(f"--quiesce-after-ms must be between 0 (never) and {MAX_QUIESCE_AFTER_MS}, "
                           f"got {quiesce_after_ms!r}")
     raft = replace(raft, quiet_after_s=quiesce_after_ms / 1000.0)
+    if isinstance(job_port_process_nice, bool) or not isinstance(job_port_process_nice, int) or \
+            not 0 <= job_port_process_nice <= MAX_JOB_PORT_PROCESS_NICE:
+        raise ConfigError(f"--job-port-process-nice must be between 0 (the node's priority) and "
+                          f"{MAX_JOB_PORT_PROCESS_NICE}, got {job_port_process_nice!r}")
     dial = parse_raft_dial(raft_dial, specs, node_id)
     http = normalize_address(http_bind, "--http-bind") if http_bind else None
     try:
@@ -431,6 +442,7 @@ def build_node_config(
         schema_version=schema_version,
         auto_create_jobs=bool(auto_create_jobs),
         job_port_processes=bool(job_port_processes),
+        job_port_process_nice=job_port_process_nice,
     )
     if jobs is None:
         return config

@@ -86,6 +86,7 @@ class PortSpec:
     log_level: str = "info"
     log_format: str = "text"
     server_options: tuple[tuple[str, Any], ...] = ()
+    nice: int = 0  # how many steps of CPU priority below its node the process runs (os.nice)
 
     def encode(self) -> bytes:
         st, ct = self.server_tls, self.client_tls
@@ -95,7 +96,7 @@ class PortSpec:
             "parent_pid": self.parent_pid, "log_level": self.log_level, "log_format": self.log_format,
             "server_tls": None if st is None else [st.cert_chain, st.private_key, st.client_ca],
             "client_tls": None if ct is None else [ct.root_ca, ct.client_cert, ct.client_key],
-            "server_options": [list(o) for o in self.server_options],
+            "server_options": [list(o) for o in self.server_options], "nice": self.nice,
         })
 
     @classmethod
@@ -107,7 +108,7 @@ class PortSpec:
                    parent_pid=d["parent_pid"], log_level=d["log_level"], log_format=d["log_format"],
                    server_tls=None if st is None else ServerTLS(st[0], st[1], st[2]),
                    client_tls=None if ct is None else ClientTLS(ct[0], ct[1], ct[2]),
-                   server_options=tuple(tuple(o) for o in d["server_options"]))
+                   server_options=tuple(tuple(o) for o in d["server_options"]), nice=d.get("nice", 0))
 
     @property
     def identity(self) -> str:
@@ -313,8 +314,21 @@ def main() -> None:
 
     spec = PortSpec.decode(sys.stdin.buffer.read())
     die_with_parent(spec.parent_pid, f"job port process of {spec.identity}")
+    lower_priority(spec.nice)
     configure_logging(spec.log_level, spec.log_format, spec.identity)
     sys.exit(run(serve(spec)))
+
+
+def lower_priority(steps: int) -> None:
+    """Run ``steps`` of CPU priority below the node (a child starts at its parent's niceness).
+
+    Where the node and its port processes share cores, the kernel then runs the node first: its
+    Raft thread and the event loop that every job's rounds pass through (a port process only takes
+    calls in and hands them on). A busy job's intake yields to the cluster's own work instead of
+    slowing every job's rounds and the leader's heartbeats; with cores to spare it changes nothing.
+    """
+    if steps > 0:
+        os.nice(steps)
 
 
 async def serve(spec: PortSpec) -> int:

@@ -82,6 +82,7 @@ class PortProcesses:
     max_member_bytes: int  # the node's hard limit (each job's own is checked by its coordinator)
     log_level: str = "info"
     log_format: str = "text"
+    nice: int = 0  # steps of CPU priority below the node (--job-port-process-nice)
 
 
 @dataclass(eq=False)
@@ -257,7 +258,8 @@ class JobPorts:
         spec = PortSpec(job=js.job, host=self._host, port=js.port, node_id=self._node_id,
                         node_address=how.node_address, max_member_bytes=how.max_member_bytes,
                         parent_pid=os.getpid(), server_tls=self._tls, client_tls=how.client_tls,
-                        log_level=how.log_level, log_format=how.log_format, server_options=tuple(self._options))
+                        log_level=how.log_level, log_format=how.log_format, server_options=tuple(self._options),
+                        nice=how.nice)
         # From the event loop's thread (the node's main thread): Linux's parent-death signal is
         # tied to the thread that started the process.
         try:

@@ -104,7 +104,7 @@ def port_processes(config: NodeConfig) -> PortProcesses | None:
     return PortProcesses(node_address=config.self_peer.client_address, client_tls=config.peer_tls,
                          max_member_bytes=config.max_member_bytes,
                          log_level=logging.getLevelName(root.getEffectiveLevel()).lower(),
-                         log_format="json" if json_logs else "text")
+                         log_format="json" if json_logs else "text", nice=config.job_port_process_nice)
 
 
 class LighthouseNode:

@@ -21,7 +21,7 @@ import pytest
 from benchmarks import INSTALL_HINT, skip_reason
 from benchmarks.loadgen import analyze_rounds, first_answers_after
 from benchmarks.profile import top_functions
-from benchmarks.report import _plain_png, evaluate_targets, markdown
+from benchmarks.report import _plain_png, evaluate_targets, isolation_bars, markdown
 from benchmarks.rounds import summarize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -267,8 +267,13 @@ def test_isolation_target_and_table():
     iso["alone_port_processes"] = phase(280.0, 3.2, 7.0, 58.0)
     iso["beside_port_process"] = phase(150.0, 8.0, 20.0, 50.0, 3.0, port_cpu=70.0)
     iso["ratio_p50_port_process"] = 2.5
+    iso["beside_other_cluster"] = phase(220.0, 4.2, 10.0, 70.0, 5.5)
+    iso["ratio_p50_other_cluster"] = 1.4
     iso["config"]["pin_leader"] = True
     text = markdown(res)
+    assert "| beside job A hammering on a cluster of its own (the control: no process shared) | 220.0 | " \
+           "4.20 ms | 10.00 ms | 70% | 5.50 |" in text
+    assert "port process 2.50, a cluster of its own (the control) 1.40 (bound 2.0" in text
     assert "| beside job A training on its own port (a round per 1 s step) | 250.0 | 3.60 ms | 9.00 ms | 80% | 0.90 |" \
         in text
     assert "| beside job A hammering, its own port served by a port process | 150.0 | 8.00 ms | 20.00 ms | " \
@@ -277,6 +282,12 @@ def test_isolation_target_and_table():
     targets = {t["name"]: t for t in evaluate_targets(res) if t["name"].startswith("isolation")}
     port = targets["isolation: the same, job A's port served by a port process, leader pinned to a core"]
     assert port["value"] == 2.5 and port["met"] is False
+    # The plot's bars: each phase beside job A against its own cluster's alone.
+    bars = {label: (round(ratio, 3), ms) for label, ratio, ms in isolation_bars(iso)}
+    assert bars["job A hammering, its own port"] == (1.5, 4.5)
+    assert bars["job A hammering, its own port served by a port process"] == (2.5, 8.0)  # 8.0 / 3.2
+    assert bars["job A training on its own port (a round per 1 s step)"] == (1.2, 3.6)
+    assert len(bars) == 5
 
 
 def test_goodput_targets_and_table():

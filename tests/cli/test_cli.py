@@ -85,6 +85,24 @@ def test_the_quiesce_delay_reaches_the_raft_settings_and_bad_values_are_refused(
     assert res.exit_code == 2 and "--quiesce-after-ms must be between 0 (never) and 3600000, got -5" in res.output
 
 
+def test_the_port_process_priority_reaches_the_port_processes_and_bad_values_are_refused() -> None:
+    from lighthouse_cluster.server.node import port_processes
+
+    common = dict(node_id="n1", peers=PEERS, client_bind=None, raft_bind=None, data_dir=None, secret="x",
+                  insecure=False, min_replicas=1, join_timeout_ms=1, quorum_tick_ms=1, heartbeat_timeout_ms=1,
+                  job_port_processes=True)
+    assert port_processes(build_node_config(**common)).nice == 10  # the default: below the node
+    assert port_processes(build_node_config(**common, job_port_process_nice=0)).nice == 0
+    assert port_processes(build_node_config(**common, job_port_process_nice=19)).nice == 19
+    for bad in (-1, 20, True, 2.5):
+        with pytest.raises(ConfigError, match="--job-port-process-nice must be between 0 \\(the node's priority\\) "
+                                              "and 19"):
+            build_node_config(**common, job_port_process_nice=bad)
+    res = run(serve_args("--insecure", "--job-port-process-nice", "20"))
+    assert res.exit_code == 2 and "--job-port-process-nice must be between 0 (the node's priority) and 19, got 20" \
+        in res.output
+
+
 def test_config_file_and_env_and_flags_precedence(tmp_path: Path) -> None:
     cfg = tmp_path / "node.toml"
     cfg.write_text('node_id = "n9"\nmin_replicas = 2\npeers = %r\n' % PEERS)

@@ -19,7 +19,7 @@ from lighthouse_cluster.tls import ClientTLS, ServerTLS
 def spec(**changes: object) -> PortSpec:
     base = dict(job="train-a", host="[::]", port=29511, node_id="n2", node_address="10.0.0.2:29510",
                 max_member_bytes=65536, parent_pid=4242, log_level="debug", log_format="json",
-                server_options=(("grpc.so_reuseport", 0), ("grpc.max_send_message_length", 1 << 26)))
+                server_options=(("grpc.so_reuseport", 0), ("grpc.max_send_message_length", 1 << 26)), nice=7)
     base.update(changes)
     return PortSpec(**base)  # type: ignore[arg-type]
 

@@ -413,12 +413,18 @@ def port_process_of(node_pid: int) -> int | None:
     return found[0] if found else None
 
 
+def niceness_below_node(port_pid: int, node_pid: int) -> int:
+    return os.getpriority(os.PRIO_PROCESS, port_pid) - os.getpriority(os.PRIO_PROCESS, node_pid)
+
+
 def test_port_processes_restart_die_with_their_node_and_carry_calls_across_a_leader_kill(tmp_path: Path) -> None:
-    """``--job-port-processes``: a port process SIGKILLed is started again; the leader SIGKILLed
+    """``--job-port-processes``: port processes run ``--job-port-process-nice`` steps of CPU
+    priority below their node; a port process SIGKILLed is started again; the leader SIGKILLed
     takes its port processes with it (the port is free) and the other nodes' ports carry the
     job's rounds to the new leader, under higher quorum ids; a liveness stream passes through, and
     its end reaches the leader at once (a 10 s liveness timeout: no timeout ends it)."""
-    with started(tmp_path, extra_args=["--job-port-processes"], liveness_timeout_ms=10_000) as (cluster, nodes):
+    with started(tmp_path, extra_args=["--job-port-processes", "--job-port-process-nice", "7"],
+                 liveness_timeout_ms=10_000) as (cluster, nodes):
         ports = free_ports(3, HOST)
         nodes.admin().AddJob(cpb.AddJobRequest(name="own", ports=per_node(ports), settings=cpb.JobSettingsUpdate(
             min_replicas=2, join_timeout_ms=500)), metadata=AUTH, timeout=10)
@@ -427,6 +433,7 @@ def test_port_processes_restart_die_with_their_node_and_carry_calls_across_a_lea
         follower = follower_of(cluster)
         pids = [port_process_of(m.process.pid) for m in cluster.members]
         assert all(pids), pids
+        assert [niceness_below_node(p, m.process.pid) for p, m in zip(pids, cluster.members)] == [7, 7, 7]
         first = quorums([SimulatedReplicaGroup("p0", f"{HOST}:{ports[leader]}", quorum_timeout_s=20),
                          SimulatedReplicaGroup("p1", f"{HOST}:{ports[follower]}", quorum_timeout_s=20)])
         assert all(members(q) == {"p0", "p1"} for q in first), first
@@ -454,6 +461,7 @@ def test_port_processes_restart_die_with_their_node_and_carry_calls_across_a_lea
                              lambda: port_process_of(node_pid), 15,
                              ready=lambda pid: pid is not None and pid != pids[follower], context=cluster)
         wait_listening(nodes, "own", ports)
+        assert niceness_below_node(restarted, node_pid) == 7
         assert f"its port process {pids[follower]} exited (-9 (SIGKILL))" in \
             cluster.members[follower].log_path.read_text()
 
