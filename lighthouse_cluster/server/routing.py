@@ -277,8 +277,16 @@ class Router:
 
     async def _forward_while_leader(self, leader: str, raw: bytes, timeout: float | None,
                                     job: str = DEFAULT_JOB) -> bytes | None:
-        """Forward to ``leader``; give up (None) as soon as Raft names another leader, since a
-        deposed leader can commit nothing and would only fail the call after stepping down."""
+        """Forward to ``leader``; give up (None) as soon as Raft names another leader or this node
+        leads, since a deposed leader can commit nothing and would only fail the call after stepping
+        down.
+
+        A leader merely *unknown* is no reason to: that is also this node's Raft link to the leader
+        dropping and coming back within the term (a reset connection, a tick stall under load;
+        benchmarks F15), and withdrawing then would take the call out of the round the leader is
+        collecting, only to send it again a moment later. The call stays with the leader, which
+        answers it, or fails it when it steps down; a dead leader ends the stream; its deadline
+        bounds the wait."""
         forward = asyncio.ensure_future(self.forwarder.forward(leader, raw, timeout, job))
         changed: asyncio.Future[Any] | None = None
         try:
@@ -287,7 +295,8 @@ class Router:
                 done, _ = await asyncio.wait({forward, changed}, return_when=asyncio.FIRST_COMPLETED)
                 if forward in done:
                     return forward.result()
-                if self.remote_leader_address() != leader:
+                now = self.remote_leader_address()
+                if (now is not None and now != leader) or self._leading():
                     return None
         finally:
             for fut in (forward, changed):
