@@ -234,7 +234,8 @@ def serve(ctx: click.Context, node_id: str, peers: tuple[str, ...], client_bind:
           tls_client_ca: str | None, tls_ca: str | None, join: bool, min_replicas: int, join_timeout_ms: int,
           quorum_tick_ms: int, heartbeat_timeout_ms: int, election_timeout_ms: int | None, quiesce_after_ms: int,
           quorum_lease_ms: int, liveness_timeout_ms: int, watch_manager_connections: bool, auto_create_jobs: bool,
-          job_port_processes: bool, job_port_process_nice: int, event_loop: str, log_level: str, log_format: str, schema_version: int) -> None:
+          job_port_processes: bool, job_port_process_nice: int, event_loop: str, log_level: str, log_format: str,
+          schema_version: int) -> None:
     """Run one lighthouse node in the foreground (SIGTERM hands leadership over, then exits)."""
     from lighthouse_cluster.local.supervise import die_with_parent_from_env
     from lighthouse_cluster.server.logs import configure_logging

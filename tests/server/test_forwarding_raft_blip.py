@@ -90,14 +90,29 @@ def test_calls_forwarded_by_a_follower_stay_at_the_leader_while_its_raft_link_bl
                 assert forwarded == 2, cluster.tail_logs()
                 lost = lambda: cluster.members[follower].log_path.read_text().count("leader unknown")  # noqa: E731
                 lost_before = lost()
-                cut = await asyncio.to_thread(cut_raft_link, pid(follower), raft_port(cluster, follower),
-                                              pid(leader), raft_port(cluster, leader))
-                assert cut >= 1, "no Raft connection between the follower and the leader to cut"
-                # The follower saw the link go (its log says so) and has it back, in the same term.
-                await asyncio.to_thread(
-                    wait_for, "the follower to lose the leader and find it again",
-                    lambda: lost() > lost_before and (st := cluster.status(follower)) is not None and st.leader_id == before.node.id
-                    and all(p.connected for p in st.peers), 10, context=cluster)
+
+                def found() -> bool:
+                    st = cluster.status(follower)
+                    return st is not None and st.leader_id == before.node.id and all(p.connected for p in st.peers)
+
+                # The follower must see the link gone (its log says "leader unknown"); one whose
+                # link came back before its event loop looked saw nothing, so it is cut again.
+                for _ in range(5):
+                    await asyncio.to_thread(wait_for, "the follower connected to the leader", found, 10,
+                                            context=cluster)
+                    cut = await asyncio.to_thread(cut_raft_link, pid(follower), raft_port(cluster, follower),
+                                                  pid(leader), raft_port(cluster, leader))
+                    assert cut >= 1, "no Raft connection between the follower and the leader to cut"
+                    try:
+                        await asyncio.to_thread(wait_for, "the follower to lose the leader", lost, 2,
+                                                ready=lambda n: n > lost_before)
+                        break
+                    except AssertionError:
+                        continue
+                else:
+                    raise AssertionError(f"the follower never saw its Raft link go\n{cluster.tail_logs()}")
+                # It has the link back, in the same term.
+                await asyncio.to_thread(wait_for, "the follower to find the leader again", found, 10, context=cluster)
                 assert [cluster.status(i).term for i in range(3)] == [before.term] * 3, "an election took place"
                 # The calls stayed where they were: nothing withdrawn, nothing sent twice.
                 assert pending_at_leader() == {"g0", "g1"}
