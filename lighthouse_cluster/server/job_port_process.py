@@ -314,8 +314,8 @@ def main() -> None:
 
     spec = PortSpec.decode(sys.stdin.buffer.read())
     die_with_parent(spec.parent_pid, f"job port process of {spec.identity}")
-    lower_priority(spec.nice)
     configure_logging(spec.log_level, spec.log_format, spec.identity)
+    lower_priority(spec.nice)
     sys.exit(run(serve(spec)))
 
 
@@ -328,7 +328,10 @@ def lower_priority(steps: int) -> None:
     slowing every job's rounds and the leader's heartbeats; with cores to spare it changes nothing.
     """
     if steps > 0:
-        os.nice(steps)
+        try:
+            os.nice(steps)
+        except OSError as e:  # a sandbox that forbids even lowering one's own priority: serve anyway
+            log.warning("cannot lower this process's CPU priority by %d: %s", steps, e)
 
 
 async def serve(spec: PortSpec) -> int:

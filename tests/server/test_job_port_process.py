@@ -54,3 +54,19 @@ def test_the_leader_is_asked_often_only_while_calls_come() -> None:
     assert not activity.woken.is_set()
     activity.last_call -= 10.0
     assert activity.poll_interval() == IDLE_LEADER_POLL_S
+
+
+def test_a_port_process_that_may_not_lower_its_priority_says_so_and_serves(monkeypatch, caplog) -> None:
+    from lighthouse_cluster.server import job_port_process
+
+    def refused(steps: int) -> int:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(job_port_process.os, "nice", refused)
+    with caplog.at_level("WARNING", logger=job_port_process.__name__):
+        job_port_process.lower_priority(10)  # no exception
+    assert "cannot lower this process's CPU priority by 10: [Errno 1] Operation not permitted" in caplog.text
+    calls: list[int] = []
+    monkeypatch.setattr(job_port_process.os, "nice", calls.append)
+    job_port_process.lower_priority(0)
+    assert calls == []  # 0: the node's own priority, nothing to do
