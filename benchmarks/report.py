@@ -70,11 +70,11 @@ def evaluate_targets(res: dict) -> list[dict]:
         bound = c.get("bound", 2.0)
         pinned = ", leader pinned to a core" if c.get("pin_leader") else ""
         out.append({"name": f"isolation: job B (N={c.get('small')}) round latency p50 beside job A "
-                            f"(N={c.get('large')}, its own port) / alone{pinned}", "target": f"<= {bound:g}x",
+                            f"(N={c.get('large')}, its own port, in the node) / alone{pinned}", "target": f"<= {bound:g}x",
                     "value": iso["ratio_p50"], "met": iso["ratio_p50"] <= bound})
         r = iso.get("ratio_p50_port_process")
         if r is not None:
-            out.append({"name": f"isolation: the same, job A's port served by a port process{pinned}",
+            out.append({"name": f"isolation: the same, job A's port served by a port process (--job-port-processes){pinned}",
                         "target": f"<= {bound:g}x", "value": r, "met": r <= bound})
     return out
 

@@ -257,7 +257,7 @@ def test_isolation_target_and_table():
     targets = [t for t in evaluate_targets(res) if t["name"].startswith("isolation")]
     assert len(targets) == 1
     assert targets[0]["value"] == 1.5 and targets[0]["met"] is True
-    assert targets[0]["name"] == "isolation: job B (N=8) round latency p50 beside job A (N=256, its own port) / alone"
+    assert targets[0]["name"] == "isolation: job B (N=8) round latency p50 beside job A (N=256, its own port, in the node) / alone"
     text = markdown(res)
     assert "| beside job A hammering, one port (job by name) | 120.0 | 7.50 ms | 30.00 ms | 100% | 6.50 |" in text
     assert "| beside job A hammering, its own port | 200.0 | 4.50 ms | 12.00 ms | 100% | 5.00 |" in text
@@ -280,7 +280,8 @@ def test_isolation_target_and_table():
            "50% (+ port process 70%) | 3.00 |" in text
     assert "training on its own port 1.20, port process 2.50" in text and "run on CPU 0" in text
     targets = {t["name"]: t for t in evaluate_targets(res) if t["name"].startswith("isolation")}
-    port = targets["isolation: the same, job A's port served by a port process, leader pinned to a core"]
+    port = targets["isolation: the same, job A's port served by a port process (--job-port-processes), "
+                   "leader pinned to a core"]
     assert port["value"] == 2.5 and port["met"] is False
     # The plot's bars: each phase beside job A against its own cluster's alone.
     bars = {label: (round(ratio, 3), ms) for label, ratio, ms in isolation_bars(iso)}
