@@ -52,6 +52,12 @@ CONNECT_TIMEOUT_S = 5.0
 # them all in one pass of the event loop (a ~250 ms stall, just as its first answers go out); the
 # rest follow at the next checks (2048 in ~0.8 s).
 MAX_NEW_WATCHES_PER_CHECK = 128
+# At most this many first dials in flight: a dial not yet settled keeps gRPC reconnecting every
+# 50-200 ms, and while the event loop is too busy to see its answer (a new leader of thousands of
+# members) each such channel held ~7 file descriptors. Uncapped, a new leader of 4096 members went
+# from 2,000 to 20,000 descriptors in 8 s, and then Raft could open neither a socket nor its
+# journal (benchmarks/README.md, F15). Watches whose connection is up hold one socket each.
+MAX_DIALS_IN_FLIGHT = 128
 # No traffic is ever sent: the channel must not close itself for being idle.
 CHANNEL_OPTIONS = [
     ("grpc.client_idle_timeout_ms", 2**31 - 1),
@@ -104,6 +110,7 @@ class ManagerConnections:
         self._idle = True  # the last check found nothing to watch
         self._wake = asyncio.Event()
         self.connected = 0  # watches whose connection is up
+        self._dialing: set[asyncio.Task[None]] = set()  # watches whose first dial is not answered yet
         self.declared = 0
 
     def start(self) -> None:
@@ -118,6 +125,11 @@ class ManagerConnections:
     @property
     def watched(self) -> int:
         return len(self._watches)
+
+    @property
+    def dialing(self) -> int:
+        """Watches whose first dial has not been answered yet (at most ``MAX_DIALS_IN_FLIGHT``)."""
+        return len(self._dialing)
 
     def _close_all(self) -> None:
         for _, task in self._watches.values():
@@ -167,26 +179,30 @@ class ManagerConnections:
         for rid in [r for r, (target, _) in self._watches.items() if wanted.get(r) != target]:
             self._watches.pop(rid)[1].cancel()
         self._settled = {r: t for r, t in self._settled.items() if r in members}
-        started = 0
+        room = min(MAX_NEW_WATCHES_PER_CHECK, MAX_DIALS_IN_FLIGHT - self.dialing)
         for rid, target in wanted.items():
             if rid not in self._watches:
-                if started >= MAX_NEW_WATCHES_PER_CHECK:
+                if room <= 0:
                     self._checked = (None, float("-inf"))  # the rest at the next check
                     break
                 task = asyncio.get_running_loop().create_task(self._watch(rid, target))
+                self._dialing.add(task)  # until its first dial is answered, or it ends (even unstarted)
+                task.add_done_callback(self._dialing.discard)
                 self._watches[rid] = (target, task)
-                started += 1
+                room -= 1
 
     async def _watch(self, rid: str, target: str) -> None:
-        channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        channel: grpc.aio.Channel | None = None
         up = False
         try:
+            channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
             # A first dial that is refused (TRANSIENT_FAILURE) settles the member at once, as one
             # that is not up within the connect timeout does: redialing every 50-200 ms until then
             # cost 2048 members ~7 s of CPU in a new leader's first 5 s (benchmarks/README.md, F15).
-            if not await self._until(channel, {grpc.ChannelConnectivity.READY, grpc.ChannelConnectivity.TRANSIENT_FAILURE},
-                                     self._connect_timeout_s) \
-                    or channel.get_state() is not grpc.ChannelConnectivity.READY:
+            reached = await self._until(channel, {grpc.ChannelConnectivity.READY,
+                                                  grpc.ChannelConnectivity.TRANSIENT_FAILURE}, self._connect_timeout_s)
+            self._dialing.discard(asyncio.current_task())  # type: ignore[arg-type]
+            if not reached or channel.get_state() is not grpc.ChannelConnectivity.READY:
                 log.debug("manager server of %s at %s not reachable: heartbeat timeout only", rid, target)
                 self._settle(rid, target)
                 return
@@ -215,7 +231,8 @@ class ManagerConnections:
         finally:
             if up:
                 self.connected -= 1
-            await channel.close()
+            if channel is not None:
+                await channel.close()
 
     def _settle(self, rid: str, target: str) -> None:
         self._settled[rid] = target

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import grpc
 import pytest
 
+from lighthouse_cluster.local.cluster import free_ports
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
 from lighthouse_cluster.server.manager_connections import ManagerConnections, manager_target
@@ -96,6 +97,7 @@ def test_a_large_quorum_is_dialed_a_bounded_number_of_members_per_check() -> Non
         watch = ManagerConnections(members, lambda rid, why: None, lambda rid: False, grace_s=0.5)
 
         async def fake_watch(rid: str, target: str) -> None:
+            watch._dialing.discard(asyncio.current_task())  # its first dial answered at once
             await asyncio.Event().wait()
 
         watch._watch = fake_watch  # type: ignore[method-assign]
@@ -105,9 +107,79 @@ def test_a_large_quorum_is_dialed_a_bounded_number_of_members_per_check() -> Non
         for _ in range(4):
             watch.reconcile()
             seen.append(watch.watched)
+            await asyncio.sleep(0)  # the new watches run (their dials answered)
         assert seen == [K, 2 * K, n, n]
         watch.stop()
     asyncio.run(main())
+
+
+def test_first_dials_in_flight_are_capped_and_the_rest_start_as_they_are_answered() -> None:
+    from lighthouse_cluster.server.manager_connections import MAX_DIALS_IN_FLIGHT as D
+
+    async def main() -> None:
+        members = Members()
+        watch = ManagerConnections(members, lambda rid, why: None, lambda rid: False, grace_s=0.5)
+        answered = asyncio.Event()
+
+        async def slow_dial(rid: str, target: str) -> None:
+            await answered.wait()  # a dial whose answer the busy loop has not seen yet
+            watch._dialing.discard(asyncio.current_task())
+            await asyncio.Event().wait()
+
+        watch._watch = slow_dial  # type: ignore[method-assign]
+        members.running = {f"r{i}": f"http://127.0.0.1:{1000 + i}" for i in range(3 * D)}
+        for _ in range(5):
+            watch.reconcile()
+            await asyncio.sleep(0)
+        assert (watch.watched, watch.dialing) == (D, D)
+        answered.set()
+        await asyncio.sleep(0)
+        assert watch.dialing == 0
+        watch.reconcile()
+        assert (watch.watched, watch.dialing) == (2 * D, D)
+        # Watches cancelled before they ever ran leave no dial counted.
+        members.running = {}
+        watch.reconcile()
+        for _ in range(3):  # the cancelled tasks end, then their done callbacks run
+            await asyncio.sleep(0)
+        assert (watch.watched, watch.dialing) == (0, 0)
+        watch.stop()
+    asyncio.run(main())
+
+
+def test_a_new_leader_of_thousands_of_unreachable_members_keeps_its_file_descriptors() -> None:
+    """F15: a new leader of 4096 members on a loop too busy to see its dials answered went from
+    2,000 to 20,000 file descriptors in 8 s (each unanswered dial keeps gRPC reconnecting), and
+    Raft then failed to open a socket or its journal. Real dials to refused ports, the loop held
+    50 ms of every turn: the descriptors stay bounded by the dials in flight (before the cap:
+    3,000-8,000 within 5 s here, or the test process's own limit)."""
+    n = 4096
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async def main() -> tuple[int, int]:
+        members = Members()
+        # Ports bound and released: nothing listens, the kernel refuses each dial.
+        members.running = {f"r{i}": f"http://127.0.0.1:{p}" for i, p in enumerate(free_ports(n, "127.0.0.1"))}
+        watch = ManagerConnections(members, lambda rid, why: None, lambda rid: False, grace_s=0.5)
+        base, peak = open_fds(), 0
+        watch.start()
+        watch.wake()
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and len(watch._settled) < n:
+            time.sleep(0.05)  # the loop busy with other work
+            await asyncio.sleep(0)
+            peak = max(peak, open_fds() - base)
+        settled = len(watch._settled)
+        watch.stop()
+        return peak, settled
+
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("counting file descriptors needs /proc")
+    peak, settled = asyncio.run(main())
+    assert peak < 1500, f"{peak} file descriptors open for {n} unreachable manager servers"
+    assert settled > n // 8, f"only {settled} of {n} members settled in 5 s"
 
 
 def test_a_refused_manager_address_is_given_up_at_once_not_redialed_until_the_connect_timeout() -> None:
