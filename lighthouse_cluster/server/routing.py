@@ -97,6 +97,11 @@ class JobAutoCreation(Protocol):
 _CREATION_FINAL = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND)
 
 
+def _retrieve(task: "asyncio.Future[Any]") -> None:
+    if not task.cancelled():
+        task.exception()
+
+
 class Router:
     """Routes Quorum calls and heartbeats to the leader's coordinator (see the module docstring).
 
@@ -288,6 +293,9 @@ class Router:
         answers it, or fails it when it steps down; a dead leader ends the stream; its deadline
         bounds the wait."""
         forward = asyncio.ensure_future(self.forwarder.forward(leader, raw, timeout, job))
+        # A forward given up on may still end in an error (its answer raced the cancel): seen here,
+        # not logged as "Task exception was never retrieved".
+        forward.add_done_callback(_retrieve)
         changed: asyncio.Future[Any] | None = None
         try:
             while True:

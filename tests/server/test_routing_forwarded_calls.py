@@ -1,0 +1,88 @@
+"""When a follower (or a job port process) gives up a call it forwarded: ``routing.Router.
+_forward_while_leader``, with a stand-in forwarder and no processes.
+
+The behaviour on real nodes (a Raft link reset with ``ss -K``) is in
+``test_forwarding_raft_blip.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from typing import Any
+
+import grpc
+
+from lighthouse_cluster.server.forwarding import PeerChannels, forward_error
+from lighthouse_cluster.server.job_port_process import LeaderAddress, NodeView
+from lighthouse_cluster.server.routing import Router
+
+OLD, NEW = LeaderAddress("n1", "10.0.0.1:29510"), LeaderAddress("n3", "10.0.0.3:29510")
+
+
+class RacingForwarder:
+    """A forward that waits for its answer and, cancelled, fails instead (its answer raced the
+    cancel, as asyncio.wait_for lets happen)."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+
+    async def forward(self, leader: str, raw: bytes, timeout: float | None, job: str = "default") -> bytes:
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise forward_error(grpc.StatusCode.UNAVAILABLE, "forwarding stream closed") from None
+        return b""
+
+    def close(self) -> None:
+        pass
+
+
+def router_on(view: NodeView) -> tuple[Router, RacingForwarder]:
+    router = Router(view, PeerChannels(), "n2/job", 65536)
+    forwarder = RacingForwarder()
+    router.forwarder = forwarder  # type: ignore[assignment]
+    return router, forwarder
+
+
+def test_a_forwarded_call_waits_through_an_unknown_leader_and_gives_up_for_another() -> None:
+    async def main() -> None:
+        view = NodeView()
+        view.leader = OLD
+        router, forwarder = router_on(view)
+        call = asyncio.ensure_future(router._forward_while_leader(OLD.client_address, b"req", 5.0))
+        await forwarder.started.wait()
+        view.leader = None  # the Raft link to the leader dropped: no leader known for a moment
+        router.leadership_changed()
+        await asyncio.sleep(0.05)
+        assert not call.done(), "the call was given up while the leader was only unknown"
+        view.leader = OLD  # the link is back: same leader
+        router.leadership_changed()
+        await asyncio.sleep(0.05)
+        assert not call.done()
+        view.leader = NEW  # Raft names another leader: the call goes there
+        router.leadership_changed()
+        assert await asyncio.wait_for(call, 5) is None
+    asyncio.run(main())
+
+
+def test_a_forward_that_fails_as_it_is_given_up_logs_no_unretrieved_error() -> None:
+    errors: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: errors.append(context))
+        view = NodeView()
+        view.leader = OLD
+        router, forwarder = router_on(view)
+        call = asyncio.ensure_future(router._forward_while_leader(OLD.client_address, b"req", 5.0))
+        await forwarder.started.wait()
+        view.leader = NEW
+        router.leadership_changed()
+        assert await asyncio.wait_for(call, 5) is None
+        for _ in range(3):
+            await asyncio.sleep(0)  # the forward task ends with its error
+        gc.collect()  # an unretrieved task error is reported when the task is collected
+        await asyncio.sleep(0)
+    asyncio.run(main())
+    assert [c.get("message") for c in errors] == []
