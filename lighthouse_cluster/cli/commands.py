@@ -239,6 +239,7 @@ def serve(ctx: click.Context, node_id: str, peers: tuple[str, ...], client_bind:
     """Run one lighthouse node in the foreground (SIGTERM hands leadership over, then exits)."""
     from lighthouse_cluster.local.supervise import die_with_parent_from_env
     from lighthouse_cluster.server.logs import configure_logging
+    from lighthouse_cluster.server.open_files import raise_open_file_limit
 
     die_with_parent_from_env()  # a node of `up`: dies with it (no-op unless `up` asked for it)
 
@@ -265,6 +266,7 @@ def serve(ctx: click.Context, node_id: str, peers: tuple[str, ...], client_bind:
     except ConfigError as e:
         _exit_config_error(e)
     configure_logging(log_level, log_format, node_id)
+    raise_open_file_limit()  # before any socket: trainers' connections, Raft, the journal
     try:
         run_event_loop(_serve(config), event_loop)
     except OSError as e:

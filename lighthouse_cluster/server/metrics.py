@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, Sequence
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -297,6 +297,8 @@ class NodeMetrics:
         self.node = node
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(NodeCollector(node, routing))
+        # process_open_fds / process_max_fds, CPU, memory and start time of the node's process.
+        ProcessCollector(registry=self.registry)
         self.quorum_commit_seconds = Histogram(
             PREFIX + "quorum_commit_seconds", "Raft commit latency of the job's issued quorum rounds",
             ["job"], registry=self.registry, buckets=LATENCY_BUCKETS)
