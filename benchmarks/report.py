@@ -398,21 +398,13 @@ def plot(res: dict, path: Path) -> str:
         # A goodput-only run: its two panels alone.
         fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
         _plot_goodput(axes, goodput)
-        fig.suptitle(title, fontsize=10)
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        return "matplotlib"
+        return _save(plt, fig, title, path)
     iso = sec.get("isolation", {})
     if iso.get("alone") and not any(k in sec for k in ("rounds", "failover", "sdk", "goodput")):
         # An isolation-only run: job B's latency per phase, against the bound.
         fig, ax = plt.subplots(1, 1, figsize=(11, 5))
         _plot_isolation(ax, iso)
-        fig.suptitle(title, fontsize=10)
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        return "matplotlib"
+        return _save(plt, fig, title, path)
     rounds = sec.get("rounds", {}).get("summary", [])
     scaling = any(r.get(system, {}).get("cpu_ms_per_round") for r in rounds for system in SYSTEM_LABEL)
     rows = 2 + bool(scaling) + bool(goodput)
@@ -506,6 +498,10 @@ def plot(res: dict, path: Path) -> str:
         _plot_scaling(axes[2], rounds, colors)
     if goodput:
         _plot_goodput(axes[3 if scaling else 2], goodput)
+    return _save(plt, fig, title, path)
+
+
+def _save(plt: Any, fig: Any, title: str, path: Path) -> str:
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

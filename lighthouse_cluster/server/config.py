@@ -322,6 +322,11 @@ def _check_port_clashes(specs: list[JobSpec], node_id: str | None) -> None:
             owners[port] = spec.name
 
 
+def _int_between(value: Any, low: int, high: int) -> bool:
+    """``value`` is an int (not a bool: TOML and click can hand those over) in ``[low, high]``."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
 def build_node_config(
     *,
     node_id: str,
@@ -385,8 +390,7 @@ def build_node_config(
         f"[::]:{parse_host_port(self_spec.client_address, 'client address')[1]}")
     if not 0 <= quorum_lease_ms <= MAX_LEASE_MS:
         raise ConfigError(f"--quorum-lease-ms must be between 0 (off) and {MAX_LEASE_MS}, got {quorum_lease_ms}")
-    if isinstance(liveness_timeout_ms, bool) or not isinstance(liveness_timeout_ms, int) or \
-            not MIN_LIVENESS_TIMEOUT_MS <= liveness_timeout_ms <= MAX_LIVENESS_TIMEOUT_MS:
+    if not _int_between(liveness_timeout_ms, MIN_LIVENESS_TIMEOUT_MS, MAX_LIVENESS_TIMEOUT_MS):
         raise ConfigError(f"--liveness-timeout-ms must be between {MIN_LIVENESS_TIMEOUT_MS} and "
                           f"{MAX_LIVENESS_TIMEOUT_MS}, got {liveness_timeout_ms!r}")
     if not MIN_WRITABLE_VERSION <= schema_version <= SCHEMA_VERSION:
@@ -395,13 +399,11 @@ def build_node_config(
     if election_timeout_ms is not None and election_timeout_ms < 50:
         raise ConfigError("--election-timeout-ms must be at least 50")
     raft = RaftSettings.from_election_timeout_ms(election_timeout_ms) if election_timeout_ms else RaftSettings()
-    if isinstance(quiesce_after_ms, bool) or not isinstance(quiesce_after_ms, int) or \
-            not 0 <= quiesce_after_ms <= MAX_QUIESCE_AFTER_MS:
+    if not _int_between(quiesce_after_ms, 0, MAX_QUIESCE_AFTER_MS):
         raise ConfigError(f"--quiesce-after-ms must be between 0 (never) and {MAX_QUIESCE_AFTER_MS}, "
                           f"got {quiesce_after_ms!r}")
     raft = replace(raft, quiet_after_s=quiesce_after_ms / 1000.0)
-    if isinstance(job_port_process_nice, bool) or not isinstance(job_port_process_nice, int) or \
-            not 0 <= job_port_process_nice <= MAX_JOB_PORT_PROCESS_NICE:
+    if not _int_between(job_port_process_nice, 0, MAX_JOB_PORT_PROCESS_NICE):
         raise ConfigError(f"--job-port-process-nice must be between 0 (the node's priority) and "
                           f"{MAX_JOB_PORT_PROCESS_NICE}, got {job_port_process_nice!r}")
     dial = parse_raft_dial(raft_dial, specs, node_id)

@@ -16,7 +16,7 @@ from pysyncobj import SyncObjConf
 
 from support.raft_counter import Counter
 from support.waiting import wait_for
-from lighthouse_cluster.raft.fast_election import HANDOVER_KEY, FastElectionSyncObj
+from lighthouse_cluster.raft.fast_election import DEPOSE_KEY, HANDOVER_KEY, FastElectionSyncObj
 from lighthouse_cluster.raft.pysyncobj_internals import CONNECTION_STATE, RAFT_STATE, pso_pickle
 from lighthouse_cluster.raft.pysyncobj_internals import monotonic as raft_monotonic
 
@@ -206,6 +206,26 @@ def test_a_node_at_a_higher_term_tells_the_leader_whose_append_entries_it_gets(
              lambda: sum(n._isLeader() for n in nodes) == 1 and all(n._getLeader() is not None for n in nodes), 5.0,
              interval=0.01)
     assert min(n.raftCurrentTerm for n in nodes) >= term + 5
+
+
+@pytest.mark.timeout(60)
+def test_only_a_leader_acts_on_a_depose_mark() -> None:
+    """``DEPOSE_KEY`` is for a leader of an older term. A follower that gets one (its sender's
+    leader stepped down meanwhile) takes neither the term nor a vote request from it; the same
+    request unmarked raises its term at once (no refusal window here)."""
+    nodes = _start(vote_refusal_s=0.0)
+    try:
+        leader = _caught_up(nodes)
+        follower, other = (n for n in nodes if n is not leader)
+        term = follower.raftCurrentTerm
+        last_term, last_index = other.pso_last_log()
+        follower.on_raft_message(other.selfNode, {**vote_request(term + 3, last_term, last_index), DEPOSE_KEY: True})
+        assert follower.raftCurrentTerm == term and follower.pso_voted_for != other.selfNode.id
+        follower.on_raft_message(other.selfNode, vote_request(term + 3, last_term, last_index))
+        assert follower.raftCurrentTerm == term + 3  # the control: unmarked, it is a vote request
+    finally:
+        for n in nodes:
+            n.destroy()
 
 
 @pytest.mark.timeout(60)

@@ -39,6 +39,12 @@ class RacingForwarder:
         pass
 
 
+async def loop_turns(n: int = 10) -> None:
+    """Let the event loop run ``n`` turns: enough for the call to see a change (it takes three)."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
 def router_on(view: NodeView) -> tuple[Router, RacingForwarder]:
     router = Router(view, PeerChannels(), "n2/job", 65536)
     forwarder = RacingForwarder()
@@ -55,11 +61,11 @@ def test_a_forwarded_call_waits_through_an_unknown_leader_and_gives_up_for_anoth
         await forwarder.started.wait()
         view.leader = None  # the Raft link to the leader dropped: no leader known for a moment
         router.leadership_changed()
-        await asyncio.sleep(0.05)
+        await loop_turns()
         assert not call.done(), "the call was given up while the leader was only unknown"
         view.leader = OLD  # the link is back: same leader
         router.leadership_changed()
-        await asyncio.sleep(0.05)
+        await loop_turns()
         assert not call.done()
         view.leader = NEW  # Raft names another leader: the call goes there
         router.leadership_changed()
