@@ -15,7 +15,11 @@ round, as in the Raft thesis (section 6.4.1, leases for reads):
    is applied while this node still leads ``T`` (``RaftNode.submit(while_leader_of=T)``), a
    majority ``Q`` stored it in term ``T``, after ``s``. Any later leader is elected by a majority
    that shares a node with ``Q``, and that node stored the entry before it moved to a later term;
-   so every later leader was elected after ``s`` (real time).
+   so every later leader was elected after ``s`` (real time). A *lease probe* asked at ``s``
+   (``raft/lease_probes.py``; how ``LeaderTerm`` renews a busy leader's lease, with no entry)
+   gives the same: it is confirmed once a majority ``Q`` acknowledged, while in term ``T`` and
+   following this leader, a heartbeat sent after ``s``; each of them heard from a current leader
+   at that moment, and none of them had moved to a later term before it.
 2. The lease holder issues fast quorums on the lease until ``s + trust * L`` on its clock, and
    commits every round otherwise (what it did without a lease).
 3. A new leader serves only once it has led for ``max(L, L') - R`` on its clock (at least 0),
@@ -39,10 +43,10 @@ Proof. Take the confirmation submitted at ``s`` (real time ``s*``) by the leader
 stored by the majority ``Q``; ``A`` issues on it until ``s* + t*L/a`` in real time, ``a`` being
 ``A``'s clock rate (its clock advances ``a`` seconds per real second). Let ``B`` be a leader of a
 term ``T' > T`` elected without a handover, by a majority ``V``, and ``x`` a node in ``V`` and
-``Q``. ``x`` stored the entry in term ``T`` (at real time ``h* >= s*``) before it voted in ``T'``
-(a node that moved to ``T' > T`` rejects ``T``'s append_entries). Storing it, ``x`` heard from
-a current leader: as a follower it received ``A``'s append_entries, and if ``x = A`` it led at
-that moment. So ``x`` granted the vote no earlier than ``h* + R/x_r`` (``x_r``: ``x``'s clock
+``Q``. ``x`` stored the entry in term ``T`` (for a probe: acknowledged the heartbeat in term
+``T``) at real time ``h* >= s*``, before it voted in ``T'`` (a node that moved to ``T' > T``
+rejects ``T``'s append_entries). At ``h*``, ``x`` heard from a current leader: as a follower it
+received ``A``'s append_entries, and if ``x = A`` it led at that moment. So ``x`` granted the vote no earlier than ``h* + R/x_r`` (``x_r``: ``x``'s clock
 rate), ``B`` became leader after that vote, and it serves ``W = max(L, L') - R`` later on its
 clock (rate ``b``), at ``>= s* + R/x_r + W/b``. With ``x_r, b < a/t``, that is more than
 ``s* + t*(R + W)/a >= s* + t*L/a``: after ``A``'s issuing on the confirmation ended. A leader

@@ -162,12 +162,20 @@ class FastElectionSyncObj(IdleAckSyncObj):
     def mark_append_entries(self, mark: Callable[[], tuple[str, Any] | None]) -> None:
         """Every append_entries this node sends carries ``mark()``'s ``(key, value)`` when it
         returns one (pysyncobj, and an older node, ignore keys they do not know)."""
+        self._mark_messages("append_entries", lambda _node: mark())
+
+    def mark_acks(self, mark: Callable[[Any], tuple[str, Any] | None]) -> None:
+        """Every acknowledgement (pysyncobj's ``next_node_idx``) this node sends to ``node`` carries
+        ``mark(node)``'s ``(key, value)`` when it returns one (ignored where unknown, as above)."""
+        self._mark_messages("next_node_idx", mark)
+
+    def _mark_messages(self, kind: str, mark: Callable[[Any], tuple[str, Any] | None]) -> None:
         transport = self._pso_transport
         send = transport.send
 
         def send_marked(node: Any, message: Any) -> Any:
-            if isinstance(message, dict) and message.get("type") == "append_entries":
-                item = mark()
+            if isinstance(message, dict) and message.get("type") == kind:
+                item = mark(node)
                 if item is not None:
                     message = {**message, item[0]: item[1]}
             return send(node, message)

@@ -52,6 +52,10 @@ class IdleAckSyncObj(AdaptiveTickSyncObj):
     def ack_every_s(self) -> float:
         return self.conf.connectionTimeout / 5
 
+    def ack_now(self) -> None:
+        """The next acknowledgement is sent whatever it repeats (a lease probe's echo)."""
+        self._last_ack = None
+
     def on_ack(self, node: Any, reset: bool, next_index: int | None, success: bool) -> None:
         if next_index is None:
             next_index = self.pso_last_log()[1] + 1

@@ -1,7 +1,7 @@
 """Raft replication of the quorum state machine: the API the rest of the node uses.
 
 It owns:
-* ``RaftNode``: starts the SyncObj (``QuiescentSyncObj``) with the journal and snapshot in
+* ``RaftNode``: starts the SyncObj (``LeaseProbeSyncObj``) with the journal and snapshot in
   the data directory, the cluster secret on the Raft port, and exposes role, term, leader and
   indexes, writes (``submit``), membership changes and leadership transfer to the rest of the node;
 * ``ReplicatedState``: a ``SyncObjConsumer`` with one replicated method whose single argument is
@@ -10,13 +10,15 @@ It owns:
 * ``Role`` and ``CommitError``: pysyncobj's states and failure codes in this project's terms.
 
 The rest of ``lighthouse_cluster.raft``: ``settings`` (``RaftSettings``, the ``SyncObjConf``),
-``dial`` (``DialNode``: ``--raft-dial``), ``quiescence`` (``QuiescentSyncObj``: a leader with no
-clients heartbeats slowly), built on ``stall_tolerance`` (``StallTolerantSyncObj``: a stalled tick
-thread does not depose a live leader), built on ``fast_election`` (``FastElectionSyncObj``, built on
-``adaptive_tick``'s tick that sleeps until its next deadline and ``idle_acks``), ``journal``
-(reading a node's Raft files) and ``pysyncobj_internals`` (every private pysyncobj name used,
-checked at import). ``RaftSettings``, ``DialNode``, ``peer_nodes`` and ``FastElectionSyncObj`` are
-importable from here too.
+``dial`` (``DialNode``: ``--raft-dial``), ``lease_probes`` (``LeaseProbeSyncObj``: a leader
+confirms its leadership with an acknowledged heartbeat, for the quorum lease), built on
+``quiescence`` (``QuiescentSyncObj``: a leader with no clients heartbeats slowly), built on
+``stall_tolerance`` (``StallTolerantSyncObj``: a stalled tick thread does not depose a live
+leader), built on ``fast_election`` (``FastElectionSyncObj``, built on ``adaptive_tick``'s tick
+that sleeps until its next deadline and ``idle_acks``), ``journal`` (reading a node's Raft
+files) and ``pysyncobj_internals`` (every private pysyncobj name used, checked at import).
+``RaftSettings``, ``DialNode``, ``peer_nodes`` and ``FastElectionSyncObj`` are importable from
+here too.
 
 Everything pysyncobj calls back happens on its tick thread; callers that live in an event loop
 hop back with ``loop.call_soon_threadsafe``.
@@ -40,7 +42,7 @@ from lighthouse_cluster.raft.fast_election import FastElectionSyncObj
 from lighthouse_cluster.raft.journal import JOURNAL_FILE, SNAPSHOT_FILE
 from lighthouse_cluster.raft.message_cipher import MessageCipher
 from lighthouse_cluster.raft.pysyncobj_internals import RAFT_STATE, TCPNode, connecting_since, monotonic
-from lighthouse_cluster.raft.quiescence import QuiescentSyncObj
+from lighthouse_cluster.raft.lease_probes import LeaseProbeSyncObj
 from lighthouse_cluster.raft.settings import RaftSettings, syncobj_conf
 
 __all__ = ["CommitError", "DialNode", "FastElectionSyncObj", "RaftNode", "RaftSettings", "ReplicatedState", "Role",
@@ -172,9 +174,9 @@ class RaftNode:
                                       quiet_period_s=settings.quiet_period_s, quiet_allowed=self._quiet_allowed)
         if dial:
             nodes, node_class = peer_nodes(peer_addresses, dial)
-            self._syncobj = QuiescentSyncObj(self_address, nodes, nodeClass=node_class, **common)
+            self._syncobj = LeaseProbeSyncObj(self_address, nodes, nodeClass=node_class, **common)
         else:
-            self._syncobj = QuiescentSyncObj(self_address, peer_addresses, **common)
+            self._syncobj = LeaseProbeSyncObj(self_address, peer_addresses, **common)
 
         self._syncobj.pso_save_commit_index_when_changed()
         self._connect_timeout_s = conf.connectionTimeout
@@ -370,6 +372,28 @@ class RaftNode:
             callback(None, CommitError(name, unknown))
 
         self.state.apply_command(payload, callback=done)
+
+    def probe_leadership(self, term: int, callback: Callable[[bool], None]) -> None:
+        """Confirm that this node leads ``term`` with a majority as of now, with one acknowledged
+        heartbeat and no log entry (``lease_probes``): ``callback(True)`` once a majority echoed
+        it while this node still leads ``term``, ``callback(False)`` otherwise (not leading it, a
+        leadership transfer in progress, or no majority within ``PROBE_EXPIRY_S``); on the tick
+        thread. What it proves is what ``submit(while_leader_of=term)`` proves of an entry
+        applied: a majority followed this leader in ``term`` after the call."""
+        if self._handing_over_until > monotonic() and self.is_leader:
+            callback(False)  # as submit: a leader handing over renews nothing
+            return
+
+        def probe() -> None:
+            self._syncobj.probe_leadership(term, lambda ok: callback(ok and self.led_term == term))
+
+        self._tick_jobs.put(probe)
+        self._syncobj.wake()
+
+    @property
+    def lease_probes_sent(self) -> int:
+        """Append_entries that carried a lease probe (a leader's count)."""
+        return self._syncobj.lease_probes_sent
 
     # -- reads (local view; may be stale on a deposed leader) --------------------------------
 

@@ -18,7 +18,10 @@ successors and grants the first lease. After that:
   than issued on it, which renews it;
 * while rounds come faster than one per ``BUSY_GAP_S`` (``round_issued``), ``LeaderTerm`` also
   confirms the term in the background whenever less than half a confirmation's worth is left, so
-  that no round waits for a commit.
+  that no round waits for a commit. It does so with a lease probe (``raft/lease_probes.py``: one
+  heartbeat that a majority acknowledges, no log entry); where a probe goes unanswered (a member
+  of an older version does not echo them), with a ``ConfirmLeadership`` commit, for
+  ``PROBE_BACKOFF_S``.
 
 So training that asks once a second writes one commit per round and nothing else (before, a
 confirmation went out every 25 ms for a second after each request), and a benchmark hammering
@@ -48,6 +51,8 @@ COMMIT_TIMEOUT_S = 2.0
 BUSY_GAP_S = 0.5
 # A TermStart that was not committed is retried after this long.
 RETRY_S = 0.1
+# After a lease probe went unanswered, the lease is renewed by commits for this long.
+PROBE_BACKOFF_S = 5.0
 
 
 class LeaderTerm:
@@ -57,10 +62,16 @@ class LeaderTerm:
                  clock: Callable[[], float] = time.monotonic,
                  wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
                  lease: LeaseSettings = LeaseSettings(), retry_s: float = RETRY_S,
-                 vote_refusal_s: Callable[[int], float] = lambda _term: 0.0) -> None:
+                 vote_refusal_s: Callable[[int], float] = lambda _term: 0.0,
+                 probe: Callable[[int], Awaitable[bool]] | None = None) -> None:
         """``vote_refusal_s(T)``: how long every member refused votes after hearing from a leader
         when this node was elected leader of ``T`` (``RaftNode.vote_refusal_s``; 0: wait out the
-        whole lease, as a leader elected on a handover does)."""
+        whole lease, as a leader elected on a handover does). ``probe(T)``: True when a majority
+        acknowledged, after the call, that this node leads ``T`` (``RaftNode.probe_leadership``);
+        None: every renewal is a ``ConfirmLeadership`` commit."""
+        self._probe = probe
+        self._probe_after = float("-inf")  # renewals are commits until then (a probe went unanswered)
+        self.renewals = {"probe": 0, "commit": 0}  # lease renewals in the background, by how
         self.node_id = node_id
         self._vote_refusal_s = vote_refusal_s
         self.state = state
@@ -104,6 +115,7 @@ class LeaderTerm:
         self.stop()
         loop = asyncio.get_running_loop()
         self._term = term
+        self._probe_after = float("-inf")
         self._leading_since = self._clock()
         self._requested.clear()  # a term that is never asked writes no ConfirmLeadership
         self._ready = loop.create_future()
@@ -211,8 +223,8 @@ class LeaderTerm:
     async def _keep_lease(self, term: int) -> None:
         """At the term's first request: confirm the term through Raft, announcing the lease length
         (successors wait it out), which grants the first lease. Then, while rounds are frequent,
-        confirm again whenever less than half a confirmation's worth is left; otherwise the
-        rounds' own commits renew it (module docstring)."""
+        confirm again (a probe, else a commit) whenever less than half a confirmation's worth is
+        left; otherwise the rounds' own commits renew it (module docstring)."""
         settings = self.lease.settings
         cmd = ConfirmLeadership(term=term, node_id=self.node_id, lease_ms=settings.lease_ms)
         await self._requested.wait()
@@ -226,6 +238,11 @@ class LeaderTerm:
                 if not self.lease.renewal_due(term, now):
                     await asyncio.sleep(max(0.001, self.lease.remaining(term, now) - settings.held_s / 2))
                     continue
+            if self._announced == term and self._probe is not None and now >= self._probe_after:
+                if await self._renew_by_probe(term, now):
+                    continue
+                if self._term != term:
+                    return
             try:
                 confirmed = await asyncio.wait_for(self._submit(cmd, while_leader_of=term), COMMIT_TIMEOUT_S)
             except (CommitError, asyncio.TimeoutError) as e:
@@ -237,5 +254,26 @@ class LeaderTerm:
             if confirmed is not True:
                 self.deposed("leadership not confirmed (another TermStart is in force)")
                 return
+            if self._announced == term:
+                self.renewals["commit"] += 1
             self._announced = term
             self.lease.confirmed(term, now)
+
+    async def _renew_by_probe(self, term: int, now: float) -> bool:
+        """Renew the lease with a probe asked after ``now`` (``lease_probes``): True when it was
+        confirmed. A probe unanswered within the lease length (a member that does not echo
+        probes, or a slow majority) makes the renewals commits for ``PROBE_BACKOFF_S``."""
+        assert self._probe is not None
+        try:
+            confirmed = await asyncio.wait_for(self._probe(term), self.lease.settings.lease_ms / 1000.0)
+        except asyncio.TimeoutError:
+            confirmed = False
+        if self._term != term:
+            return False
+        if confirmed is True:
+            self.lease.confirmed(term, now)
+            self.renewals["probe"] += 1
+            return True
+        self._probe_after = self._clock() + PROBE_BACKOFF_S
+        log.debug("term %d: lease probe not confirmed; renewing by commits for %.0f s", term, PROBE_BACKOFF_S)
+        return False

@@ -19,7 +19,7 @@ state machine and jobs), ``JobReadings`` (``job_registry.JobRuntime``: the job's
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -130,6 +130,10 @@ class MetricsSource(Protocol):
 
     def leader_peer(self) -> PeerSpec | None: ...
 
+    @property
+    def lease_renewals(self) -> Mapping[str, int]:
+        """Background renewals of the quorum lease by path, 'probe' and 'commit' (``LeaderTerm``)."""
+
     def readiness(self) -> tuple[bool, str]: ...
 
 
@@ -221,6 +225,13 @@ class NodeCollector(Collector):
                                   "Quorum call attempts re-routed after a leader change or failure", labels=["node"])
         rer.add_metric([node_id], self.routing.rerouted_quorum_calls)
         yield rer
+        renewals = CounterMetricFamily(
+            PREFIX + "lease_renewals", "Background renewals of the leader's quorum lease while rounds come fast, "
+            "by path: 'probe' (one heartbeat a majority acknowledged, no log entry) or 'commit' (a "
+            "ConfirmLeadership entry, where a probe went unanswered)", labels=["node", "path"])
+        for path, count in node.lease_renewals.items():
+            renewals.add_metric([node_id, path], count)
+        yield renewals
         enc = CounterMetricFamily(PREFIX + "raft_messages_encrypted",
                                   "Raft messages this node sent encrypted, by cipher (aes-gcm once every member "
                                   "reads it, fernet before)", labels=["node", "cipher"])

@@ -130,7 +130,7 @@ class LighthouseNode:
         self._stopping = False
         self._jobs_stopped = False
         self._stopped = asyncio.Event()
-        self.leader_term = LeaderTerm(config.node_id, self.machine, self.submit,
+        self.leader_term = LeaderTerm(config.node_id, self.machine, self.submit, probe=self.probe_leadership,
                                       lease=LeaseSettings(lease_ms=config.quorum_lease_ms),
                                       vote_refusal_s=lambda term: self.raft.vote_refusal_s(term) if self.raft else 0.0)
         self.jobs = JobRegistry(self, config, self.machine, self.submit, self.leader_term,
@@ -280,6 +280,19 @@ class LighthouseNode:
             loop, on_settle=lambda _result, error: self.metrics.observe_raft_write(time.monotonic() - started,
                                                                                    error is None))
         self.raft.submit(command, on_result, while_leader_of=while_leader_of)
+        return future
+
+    @property
+    def lease_renewals(self) -> dict[str, int]:
+        return dict(self.leader_term.renewals)
+
+    def probe_leadership(self, term: int) -> "asyncio.Future[bool]":
+        """Whether a majority still follows this node as leader of ``term`` as of now, from one
+        acknowledged heartbeat (``RaftNode.probe_leadership``): no log entry."""
+        loop = self._loop
+        assert loop is not None and self.raft is not None
+        future, on_result = loop_future(loop)
+        self.raft.probe_leadership(term, lambda ok: on_result(ok, None))
         return future
 
     # -- jobs -----------------------------------------------------------------------------------

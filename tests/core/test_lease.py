@@ -306,3 +306,61 @@ def test_a_commit_applied_after_the_term_ended_renews_nothing() -> None:
             c.cancel()
         coord.stop_leading()
     asyncio.run(main())
+
+
+# -- renewals by lease probe (raft/lease_probes.py) ------------------------------------------------
+
+
+async def _busy_term(probe: Any, *, until: Any, timeout: float = 5.0) -> tuple[LeaderTerm, Log]:
+    """A LeaderTerm of term 1 with the 100 ms lease, asked for rounds every 5 ms until ``until(leader,
+    log)`` holds (the renewals go out in the background meanwhile)."""
+    log = Log(QuorumStateMachine())
+    leader = LeaderTerm("n1", log.machine, log.submit, lease=LeaseSettings(lease_ms=100), probe=probe)
+    leader.start(1)
+    assert await asyncio.wait_for(leader.serving(1), 5.0)
+    leader.requested()
+
+    async def busy() -> None:
+        while True:
+            leader.round_issued()
+            await asyncio.sleep(0.005)
+
+    task = asyncio.ensure_future(busy())
+    try:
+        await wait_for_async("the renewals expected", lambda: until(leader, log), timeout, interval=0.002)
+    finally:
+        task.cancel()
+        leader.stop()
+    return leader, log
+
+
+def test_a_busy_leader_renews_its_lease_by_probes_and_writes_one_confirmation() -> None:
+    probed: list[int] = []
+
+    async def probe(term: int) -> bool:
+        probed.append(term)
+        await asyncio.sleep(0)
+        return True
+
+    async def main() -> None:
+        leader, log = await _busy_term(probe, until=lambda leader, _log: leader.renewals["probe"] >= 5)
+        assert log.count(ConfirmLeadership) == 1  # the term's announcement of its lease length only
+        assert leader.renewals["commit"] == 0 and set(probed) == {1}
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("answer", ["refused", "unanswered"])
+def test_a_probe_not_confirmed_falls_back_to_commits_for_a_while(answer: str) -> None:
+    probed: list[int] = []
+
+    async def probe(term: int) -> bool:
+        probed.append(term)
+        if answer == "unanswered":  # a member that does not echo: never confirmed, the wait times out
+            await asyncio.sleep(10)
+        return False
+
+    async def main() -> None:
+        leader, log = await _busy_term(probe, until=lambda leader, _log: leader.renewals["commit"] >= 3)
+        assert len(probed) == 1, "after an unconfirmed probe, renewals are commits for PROBE_BACKOFF_S"
+        assert leader.renewals["probe"] == 0 and log.count(ConfirmLeadership) >= 4
+    asyncio.run(main())

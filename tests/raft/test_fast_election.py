@@ -5,7 +5,6 @@ snapshots. Three in-process pysyncobj nodes on loopback (one for the snapshot)."
 from __future__ import annotations
 
 import gzip
-import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from pysyncobj import SyncObjConf
 
 from support.raft_counter import Counter
+from support.raft_nodes import free_port as _free_port, start_nodes
 from support.waiting import wait_for
 from lighthouse_cluster.raft.fast_election import DEPOSE_KEY, HANDOVER_KEY, FastElectionSyncObj
 from lighthouse_cluster.raft.pysyncobj_internals import CONNECTION_STATE, RAFT_STATE, pso_pickle
@@ -23,32 +23,14 @@ from lighthouse_cluster.raft.pysyncobj_internals import monotonic as raft_monoto
 pytestmark = pytest.mark.integration  # real servers on loopback
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _conf(**kwargs: Any) -> SyncObjConf:
     return SyncObjConf(autoTickPeriod=0.01, raftMinTimeout=0.15, raftMaxTimeout=0.45, appendEntriesPeriod=0.0375,
                        connectionTimeout=0.5, connectionRetryTime=0.25, appendEntriesUseBatch=False, **kwargs)
 
 
 def _start(count: int = 3, **kwargs: Any) -> list[FastElectionSyncObj]:
-    addrs = [f"127.0.0.1:{_free_port()}" for _ in range(count)]
-    out = []
-    try:
-        for a in addrs:
-            counter = Counter()
-            out.append(FastElectionSyncObj(a, [x for x in addrs if x != a], conf=_conf(), consumers=[counter],
-                                           **kwargs))
-            out[-1].counter = counter  # type: ignore[attr-defined]
-        wait_for("a leader", lambda: any(n._isLeader() for n in out), 10)
-    except BaseException:
-        for n in out:
-            n.destroy()
-        raise
-    return out
+    return start_nodes([FastElectionSyncObj] * count, lambda out: any(n._isLeader() for n in out), conf=_conf(),
+                       **kwargs)
 
 
 @pytest.fixture

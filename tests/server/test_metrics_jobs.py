@@ -51,6 +51,7 @@ class Node:
         self.raft = None
         self.machine = machine
         self.jobs = jobs
+        self.lease_renewals = {"probe": 0, "commit": 0}
 
     @property
     def coordinator(self) -> Coordinator:

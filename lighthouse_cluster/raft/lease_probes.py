@@ -1,0 +1,206 @@
+"""``LeaseProbeSyncObj``: a leader confirms that it still leads with one round of heartbeats that
+a majority acknowledges, not with a log entry.
+
+The quorum lease (``core/lease.py``, point 1) needs, every ~25 ms while rounds come fast, a proof
+that a majority still followed this leader in its term *after* a time ``s`` on its clock. Until
+now that proof was a committed ``ConfirmLeadership`` entry: ~40 log entries a second, each
+written to three journals, replicated, acknowledged, committed, announced in the next
+append_entries and applied on every node (half of a busy leader's Raft thread at N=64,
+benchmarks F16). An acknowledged heartbeat proves the same thing:
+
+* The leader of term ``T`` asks at ``s`` (``probe_leadership``): its next append_entries to every
+  follower (sent at once) carries ``LEASE_PROBE_KEY: (T, s)``.
+* A follower that takes that append_entries (a term ``>=`` its own: it is then in ``T``, follows
+  the sender, and has just *heard from a current leader*, which starts its vote-refusal window,
+  ``fast_election.vote_refused``) marks the acknowledgement it sends for it with the same
+  ``(T, s)``, whether or not the entries matched, and never holds that acknowledgement back
+  (``idle_acks``).
+* The leader counts an echo of ``(T, s)`` from a member only while it still leads ``T``. Once
+  itself and the members that echoed a probe of ``T`` sent at ``s`` or later are a majority of
+  the configuration, every probe asked at or before ``s`` is confirmed (``confirmed_since``).
+
+Why it is as good as a committed entry, for the lease's proof: an echo of ``(T, s)`` from ``x``
+means ``x`` was in term ``T``, following this leader, at a time ``h* >= s*`` (it received a
+message sent after ``s``). ``x`` cannot have voted in a later term before ``h*`` (terms only grow,
+and a node in a later term ignores ``T``'s append_entries), and it grants no vote until ``R``
+after ``h*``. That is all the proof in ``lease.py`` uses of "``x`` stored the entry in term ``T``
+at ``h*``"; a probe with the same ``s`` is confirmed by the same majorities a commit would be.
+The echo carries the leader's own clock value back to it: only durations on one clock are
+compared, as before. Entries, commits and the first ``ConfirmLeadership`` of a term (which
+announces the lease length to successors) are unchanged.
+
+An older member ignores the key (pysyncobj ignores keys it does not know) and echoes nothing: a
+probe it would have to confirm is not confirmed, and the caller falls back to a commit
+(``LeaderTerm``). A probe not confirmed within ``PROBE_EXPIRY_S`` or by a change of term or role
+is answered False.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from lighthouse_cluster.raft.pysyncobj_internals import monotonic
+from lighthouse_cluster.raft.quiescence import QuiescentSyncObj
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LEASE_PROBE_KEY", "PROBE_EXPIRY_S", "LeaseProbeSyncObj", "confirmed_since"]
+
+# The key of a probe in an append_entries, and of its echo in the acknowledgement: (term, s).
+LEASE_PROBE_KEY = "lighthouse_cluster_lease_probe"
+# A probe a majority has not echoed by then is answered False.
+PROBE_EXPIRY_S = 1.0
+
+
+def confirmed_since(echoes: Iterable[float], voters: int) -> float | None:
+    """The latest probe time ``s`` that a majority of ``voters`` (this leader included, which always
+    counts as current) has confirmed, given each other member's latest echoed probe time; None
+    when no probe is confirmed yet. A one-member configuration confirms everything (``inf``)."""
+    needed = voters // 2  # members besides this leader
+    if needed <= 0:
+        return float("inf")
+    latest = sorted(echoes, reverse=True)
+    return latest[needed - 1] if len(latest) >= needed else None
+
+
+def _parse_probe(value: Any) -> tuple[int, float] | None:
+    """``(term, s)`` from a probe or an echo, or None if it is not one."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        return None
+    term, sent = value
+    if isinstance(term, bool) or not isinstance(term, int) or not isinstance(sent, (int, float)):
+        return None
+    return term, float(sent)
+
+
+class LeaseProbeSyncObj(QuiescentSyncObj):
+    """``SyncObj`` whose leader can confirm its leadership with one acknowledged heartbeat
+    (``probe_leadership``; see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Before SyncObj.__init__: pysyncobj puts the attributes a SyncObj gains after it into its
+        # snapshots (and its tick thread starts inside it).
+        self._probes: list[tuple[float, int, Callable[[bool], None]]] = []  # (s, term, callback)
+        self._probe_to_send: tuple[int, float] | None = None  # (term, s) for the next append_entries
+        self._probe_sent: tuple[int, float] | None = None  # the probe this tick's append_entries carried
+        self._echoes: dict[Any, float] = {}  # member -> latest s it echoed in _echo_term
+        self._echo_term: int | None = None
+        self._echo_to: tuple[Any, Any] | None = None  # a follower: (leader, probe) being acknowledged
+        self.lease_probes_sent = 0  # append_entries that carried a probe (for tests and metrics)
+        self.lease_probes_echoed = 0  # acknowledgements this node marked as echoes
+        super().__init__(*args, **kwargs)
+        self.mark_append_entries(self._mark_probe)
+        self.mark_acks(self._mark_echo)
+
+    # -- the leader ---------------------------------------------------------------------------------
+
+    def probe_leadership(self, term: int, callback: Callable[[bool], None]) -> None:
+        """On the tick thread: confirm that this node leads ``term`` with a majority as of now;
+        ``callback(True)`` once confirmed, ``callback(False)`` if it cannot be (not leading
+        ``term``, a change of term or role, or ``PROBE_EXPIRY_S`` without a majority), on the
+        tick thread."""
+        if not self._isLeader() or self.raftCurrentTerm != term:
+            callback(False)
+            return
+        now = monotonic()
+        if confirmed_since((), len(self.otherNodes) + 1) is not None:
+            callback(True)  # a one-member cluster
+            return
+        self._probes.append((now, term, callback))
+        self._probe_to_send = (term, now)
+        self.pso_send_append_entries_now()
+        self.pso_wake()  # the tick that sends it comes at once, not after the overdue wait
+
+    def _mark_probe(self) -> tuple[str, Any] | None:
+        probe = self._probe_to_send
+        if probe is None or not self._isLeader() or probe[0] != self.raftCurrentTerm:
+            return None
+        self._probe_sent = probe
+        self.lease_probes_sent += 1
+        return LEASE_PROBE_KEY, probe
+
+    def _on_echo(self, node: Any, value: Any) -> None:
+        echo = _parse_probe(value)
+        if echo is None or not self._isLeader() or echo[0] != self.raftCurrentTerm:
+            return
+        term, sent = echo
+        if sent > monotonic():
+            return  # not a time of ours
+        if self._echo_term != term:
+            self._echoes, self._echo_term = {}, term
+        self._echoes[node] = max(sent, self._echoes.get(node, float("-inf")))
+        self._settle_probes()
+
+    def _settle_probes(self) -> None:
+        if not self._probes:
+            return
+        term = self.raftCurrentTerm
+        members = self.otherNodes  # the configuration now (pysyncobj returns a copy)
+        echoes = [s for node, s in self._echoes.items() if node in members] if self._echo_term == term else []
+        since = confirmed_since(echoes, len(members) + 1)
+        if since is None:
+            return
+        waiting = []
+        for probe in self._probes:
+            if probe[1] == term and probe[0] <= since:
+                probe[2](True)
+            else:
+                waiting.append(probe)
+        self._probes = waiting
+
+    def _expire_probes(self, now: float) -> None:
+        if not self._probes:
+            return
+        leading = self._isLeader()
+        term = self.raftCurrentTerm
+        waiting = []
+        for probe in self._probes:
+            if not leading or probe[1] != term or now - probe[0] > PROBE_EXPIRY_S:
+                probe[2](False)
+            else:
+                waiting.append(probe)
+        self._probes = waiting
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N803 -- pysyncobj's name
+        super()._onTick(timeToWait)
+        # A probe goes out in one tick's append_entries, to every follower (pysyncobj sends them
+        # together); one asked for after they went out (a tick job) waits for the next tick.
+        if self._probe_sent is not None and self._probe_sent is self._probe_to_send:
+            self._probe_to_send = None
+        self._probe_sent = None
+        self._expire_probes(monotonic())
+
+    # -- a follower ---------------------------------------------------------------------------------
+
+    def _mark_echo(self, node: Any) -> tuple[str, Any] | None:
+        echo = self._echo_to
+        if echo is None or echo[0] != node:
+            return None
+        self.lease_probes_echoed += 1
+        return LEASE_PROBE_KEY, echo[1]
+
+    def on_ack(self, node: Any, reset: bool, next_index: int | None, success: bool) -> None:
+        echo = self._echo_to
+        if echo is not None and echo[0] == node:
+            self.ack_now()  # an echo is never held back as a repeat (idle_acks)
+        super().on_ack(node, reset, next_index, success)
+
+    def on_raft_message(self, node: Any, message: Any) -> None:
+        if isinstance(message, dict) and LEASE_PROBE_KEY in message:
+            kind = message.get("type")
+            if kind == "append_entries" and message.get("term", -1) >= self.raftCurrentTerm:
+                # pysyncobj takes it (this node is then in its term, following the sender): the
+                # acknowledgements it sends while handling it echo the probe.
+                self._echo_to = (node, message[LEASE_PROBE_KEY])
+                try:
+                    super().on_raft_message(node, message)
+                finally:
+                    self._echo_to = None
+                return
+            super().on_raft_message(node, message)
+            if kind == "next_node_idx":
+                self._on_echo(node, message[LEASE_PROBE_KEY])
+            return
+        super().on_raft_message(node, message)

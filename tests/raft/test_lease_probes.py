@@ -1,0 +1,172 @@
+"""lease_probes: a leader confirms its leadership with one acknowledged heartbeat and no log entry
+(the quorum lease's renewals, benchmarks F16). The majority rule alone, then three in-process
+pysyncobj nodes on loopback: confirmed with no entry written, confirmed by one live follower of
+two, not confirmed with none, refused off the term or off the leader, echoed even while a follower
+holds back its acknowledgements, and not confirmed by followers that do not echo (an older
+version)."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from pysyncobj import SyncObjConf
+
+from support.raft_nodes import start_nodes
+from support.waiting import wait_for
+from lighthouse_cluster.raft.lease_probes import LEASE_PROBE_KEY, PROBE_EXPIRY_S, LeaseProbeSyncObj, confirmed_since
+
+
+# -- the majority rule (no processes) ------------------------------------------------------------
+
+def test_a_majority_of_echoes_confirms_the_probes_up_to_its_oldest_member() -> None:
+    # 3 members: this leader and one follower are a majority.
+    assert confirmed_since([], 3) is None
+    assert confirmed_since([5.0], 3) == 5.0
+    assert confirmed_since([5.0, 7.0], 3) == 7.0
+    # 5 members: two followers needed; the second most recent echo bounds what is confirmed.
+    assert confirmed_since([9.0], 5) is None
+    assert confirmed_since([9.0, 4.0, 6.0], 5) == 6.0
+    assert confirmed_since([1.0, 2.0, 3.0, 4.0], 5) == 3.0
+    # One member is its own majority; two need the other.
+    assert confirmed_since([], 1) == float("inf")
+    assert confirmed_since([], 2) is None and confirmed_since([3.0], 2) == 3.0
+
+
+# -- three real nodes -----------------------------------------------------------------------------
+
+
+def _conf() -> SyncObjConf:
+    return SyncObjConf(autoTickPeriod=0.01, raftMinTimeout=0.15, raftMaxTimeout=0.45, appendEntriesPeriod=0.0375,
+                       connectionTimeout=0.5, connectionRetryTime=0.25, appendEntriesUseBatch=False)
+
+
+class _Mute(LeaseProbeSyncObj):
+    """A member of an older version: it takes probes as plain heartbeats and echoes nothing."""
+
+    def _mark_echo(self, node: Any) -> None:
+        return None
+
+
+def _start(classes: list[type[LeaseProbeSyncObj]]) -> list[LeaseProbeSyncObj]:
+    return start_nodes(classes, lambda out: any(n._isLeader() for n in out)
+                       and all(n._getLeader() is not None for n in out), conf=_conf())
+
+
+@pytest.fixture
+def nodes(request: pytest.FixtureRequest) -> Iterator[list[LeaseProbeSyncObj]]:
+    out = _start(getattr(request, "param", [LeaseProbeSyncObj] * 3))
+    try:
+        yield out
+    finally:
+        for n in out:
+            n.destroy()
+
+
+def _on_tick_thread(node: LeaseProbeSyncObj, fn: Callable[[], None]) -> None:
+    """Run ``fn`` once on ``node``'s tick thread."""
+    done = []
+
+    def once() -> None:
+        if not done:
+            done.append(True)
+            fn()
+
+    node.addOnTickCallback(once)
+    node.wake()
+
+
+def _probe(node: LeaseProbeSyncObj, term: int | None = None, timeout: float = PROBE_EXPIRY_S + 5.0) -> bool:
+    answers: queue.Queue[bool] = queue.Queue()
+    _on_tick_thread(node, lambda: node.probe_leadership(node.raftCurrentTerm if term is None else term, answers.put))
+    return answers.get(timeout=timeout)
+
+
+def _leader(nodes: list[LeaseProbeSyncObj]) -> LeaseProbeSyncObj:
+    return next(n for n in nodes if n._isLeader())
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_a_probe_is_confirmed_with_no_log_entry(nodes: list[LeaseProbeSyncObj]) -> None:
+    leader = _leader(nodes)
+    wait_for("every entry committed everywhere",
+             lambda: len({(n.raftCommitIndex, n.pso_last_log()) for n in nodes}) == 1, 10)
+    before = [(n.pso_last_log(), n.raftCommitIndex) for n in nodes]
+    sent = leader.lease_probes_sent
+    for _ in range(20):
+        assert _probe(leader) is True
+    assert [(n.pso_last_log(), n.raftCommitIndex) for n in nodes] == before  # no entry, anywhere
+    assert leader.lease_probes_sent >= sent + 20  # a marked append_entries per probe, to each follower
+    assert sum(n.lease_probes_echoed for n in nodes if n is not leader) >= 20
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_one_live_follower_of_two_confirms_none_does_not(nodes: list[LeaseProbeSyncObj]) -> None:
+    leader = _leader(nodes)
+    a, b = (n for n in nodes if n is not leader)
+    a.destroy()
+    assert _probe(leader) is True  # the leader and b are a majority of three
+    b.destroy()
+    wait_for("the leader sees both followers gone",
+             lambda: not any(leader.isNodeConnected(n) for n in leader.otherNodes), 10)
+    assert _probe(leader) is False  # expired (or the leader stepped down meanwhile)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_a_probe_off_the_term_or_off_the_leader_is_refused_at_once(nodes: list[LeaseProbeSyncObj]) -> None:
+    leader = _leader(nodes)
+    follower = next(n for n in nodes if n is not leader)
+    assert _probe(leader, term=leader.raftCurrentTerm + 1, timeout=PROBE_EXPIRY_S / 2) is False
+    assert _probe(leader, term=leader.raftCurrentTerm - 1, timeout=PROBE_EXPIRY_S / 2) is False
+    assert _probe(follower, timeout=PROBE_EXPIRY_S / 2) is False
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_a_follower_holding_back_its_acknowledgements_still_echoes_a_probe(nodes: list[LeaseProbeSyncObj]) -> None:
+    # An idle leader's heartbeats are acknowledged a few times a second (idle_acks): an echo that
+    # waited for the next one would come ~100 ms late, and an ack held back would carry none.
+    leader = _leader(nodes)
+    followers = [n for n in nodes if n is not leader]
+    skipped = sum(n.acks_skipped for n in followers)
+    wait_for("the followers holding back repeated acknowledgements",
+             lambda: sum(n.acks_skipped for n in followers) > skipped + 10, 10)
+    echoed = sum(n.lease_probes_echoed for n in followers)
+    for _ in range(10):
+        assert _probe(leader) is True
+    assert sum(n.lease_probes_echoed for n in followers) >= echoed + 10
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("nodes", [[_Mute, _Mute, _Mute]], indirect=True)
+def test_followers_that_do_not_echo_confirm_nothing(nodes: list[LeaseProbeSyncObj]) -> None:
+    leader = _leader(nodes)
+    assert _probe(leader) is False
+    assert all(n.lease_probes_echoed == 0 for n in nodes)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_an_echo_of_another_term_or_from_the_future_counts_for_nothing(nodes: list[LeaseProbeSyncObj]) -> None:
+    leader = _leader(nodes)
+    follower = next(n for n in nodes if n is not leader)
+    answers: queue.Queue[bool] = queue.Queue()
+
+    def forged() -> None:
+        # A probe is pending (its heartbeat not yet sent); echoes that do not prove it arrive first.
+        term = leader.raftCurrentTerm
+        leader.probe_leadership(term, answers.put)
+        node = next(n for n in leader.otherNodes if n.address == follower.selfNode.address)
+        for value in [(term - 1, 1e18), (term + 1, 0.0), (term, 1e18), "nonsense", (True, 0.0)]:
+            leader.on_raft_message(node, {"type": "next_node_idx", "next_node_idx": 1, "reset": False,
+                                          "success": False, LEASE_PROBE_KEY: value})
+        leader._probe_to_send = None  # its heartbeat never goes out: only a forged echo could confirm it
+
+    _on_tick_thread(leader, forged)
+    assert answers.get(timeout=PROBE_EXPIRY_S + 5.0) is False

@@ -1,0 +1,37 @@
+"""In-process pysyncobj nodes on loopback, for tests of the Raft layer alone."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from support.raft_counter import Counter
+from support.waiting import wait_for
+
+Node = TypeVar("Node")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_nodes(makers: list[Callable[..., Node]], ready: Callable[[list[Node]], bool], **kwargs: Any) -> list[Node]:
+    """One node per maker on a fresh loopback port, ``maker(address, other_addresses,
+    consumers=[Counter()], **kwargs)`` (each node's counter as its ``counter``), once ``ready(nodes)``
+    holds (10 s at most); every node is destroyed if they do not get there."""
+    addrs = [f"127.0.0.1:{free_port()}" for _ in makers]
+    out: list[Any] = []
+    try:
+        for make, a in zip(makers, addrs):
+            counter = Counter()
+            out.append(make(a, [x for x in addrs if x != a], consumers=[counter], **kwargs))
+            out[-1].counter = counter
+        wait_for("the nodes to be ready", lambda: ready(out), 10)
+    except BaseException:
+        for n in out:
+            n.destroy()
+        raise
+    return out
