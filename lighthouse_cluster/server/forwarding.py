@@ -16,8 +16,9 @@ leader without the stream service (an older node) gets plain forwarded calls car
 Heartbeats are fire-and-forget in torchft (every 100 ms, no deadline): a follower acknowledges
 them at once and forwards the ids it saw in one batch per ``HEARTBEAT_FLUSH_S`` to the leader
 (``HeartbeatBatcher``). The first heartbeat of a replica the follower has not forwarded recently
-goes out at once: a replica that just started must count as healthy at the leader as early as it
-would with a single lighthouse, or a round already in progress could leave it out.
+goes out with the next batch, at most ``HEARTBEAT_MIN_GAP_S`` after the last one rather than
+``HEARTBEAT_FLUSH_S``: a replica that just started must count as healthy at the leader as early
+as it would with a single lighthouse, or a round already in progress could leave it out.
 """
 
 from __future__ import annotations
@@ -48,8 +49,11 @@ FORWARD_SLACK_S = 0.5
 # message); the first after a quiet spell goes at once.
 FORWARD_BATCH_WINDOW_S = 0.002
 HEARTBEAT_FLUSH_S = 0.05
+# Two batches of heartbeats go out at least this far apart, a new replica's included.
+HEARTBEAT_MIN_GAP_S = 0.01
 HEARTBEAT_BATCH_TIMEOUT_S = 1.0
-# A replica not forwarded for this long is treated as new: its next heartbeat is sent at once.
+# A replica not forwarded for this long is treated as new: its next heartbeat goes with the next
+# batch, HEARTBEAT_MIN_GAP_S after the last one at most, not HEARTBEAT_FLUSH_S.
 NEW_REPLICA_AFTER_S = 1.0
 
 # Channel options shared by every node-to-node channel: fail fast on a dead peer.
@@ -367,10 +371,12 @@ class HeartbeatBatcher:
         self._pending: set[tuple[str, str]] = set()  # (job, replica id)
         self._last_sent: dict[tuple[str, str], float] = {}
         self._urgent = asyncio.Event()
+        self._flushed_at = float("-inf")  # time.monotonic() of the last batch
         self._added = asyncio.Event()  # set by add(): the task idles until there is something to send
         self._task: asyncio.Task[None] | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
-        self.forwarded = 0
+        self.forwarded = 0  # heartbeats the leader took
+        self.batches = 0  # batches sent (one call per job in each)
         self.failed_batches = 0
 
     def add(self, replica_id: str, job: str = DEFAULT_JOB) -> None:
@@ -404,6 +410,12 @@ class HeartbeatBatcher:
             except asyncio.TimeoutError:
                 pass
             self._urgent.clear()
+            # Urgent or not, batches go out at most every HEARTBEAT_MIN_GAP_S: where every
+            # replica's heartbeats come more than NEW_REPLICA_AFTER_S apart (a follower short of
+            # CPU), each would otherwise be urgent and go out alone (F17).
+            wait = self._flushed_at + HEARTBEAT_MIN_GAP_S - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
             if not self._pending:
                 continue
             leader = self._leader_address()
@@ -411,7 +423,8 @@ class HeartbeatBatcher:
                 await asyncio.sleep(HEARTBEAT_FLUSH_S)
                 continue  # keep them for when a leader is known
             pending, self._pending = self._pending, set()
-            now = time.monotonic()
+            now = self._flushed_at = time.monotonic()
+            self.batches += 1
             by_job: dict[str, set[str]] = {}
             for key in pending:
                 self._last_sent[key] = now

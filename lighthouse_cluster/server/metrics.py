@@ -146,6 +146,14 @@ class RoutingCounts(Protocol):
     @property
     def rerouted_quorum_calls(self) -> int: ...
 
+    @property
+    def forwarded_heartbeats(self) -> int:
+        """Heartbeats this follower forwarded to the leader (taken by it)."""
+
+    @property
+    def heartbeat_batches(self) -> int:
+        """Batches those heartbeats went in."""
+
 
 class LivenessCounts(Protocol):
     """Open liveness streams and the deaths they declared (``liveness_streams.LivenessStreams``)."""
@@ -221,6 +229,14 @@ class NodeCollector(Collector):
                                   labels=["node"])
         fwd.add_metric([node_id], self.routing.forwarded_quorum_calls)
         yield fwd
+        hb = CounterMetricFamily(PREFIX + "forwarded_heartbeats", "Heartbeats this follower forwarded to the leader",
+                                 labels=["node"])
+        hb.add_metric([node_id], self.routing.forwarded_heartbeats)
+        yield hb
+        hbb = CounterMetricFamily(PREFIX + "forwarded_heartbeat_batches", "Batches this follower forwarded its "
+                                  "heartbeats in (forwarded_heartbeats / this: heartbeats per batch)", labels=["node"])
+        hbb.add_metric([node_id], self.routing.heartbeat_batches)
+        yield hbb
         rer = CounterMetricFamily(PREFIX + "rerouted_quorum_calls",
                                   "Quorum call attempts re-routed after a leader change or failure", labels=["node"])
         rer.add_metric([node_id], self.routing.rerouted_quorum_calls)

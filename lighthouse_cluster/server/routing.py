@@ -122,6 +122,14 @@ class Router:
         # Set by the node with --auto-create-jobs: unknown jobs are created on first use.
         self.creator: JobAutoCreation | None = None
 
+    @property
+    def forwarded_heartbeats(self) -> int:
+        return self.heartbeats.forwarded
+
+    @property
+    def heartbeat_batches(self) -> int:
+        return self.heartbeats.batches
+
     def start(self) -> None:
         self.heartbeats.start()
 

@@ -96,7 +96,8 @@ def two_job_node() -> tuple[Node, NodeMetrics]:
                                          stalls_excused=7),
                 connections=SimpleNamespace(connected=1))
     node = Node(machine, [default, b])
-    return node, NodeMetrics(node, SimpleNamespace(forwarded_quorum_calls=4, rerouted_quorum_calls=0))
+    return node, NodeMetrics(node, SimpleNamespace(forwarded_quorum_calls=4, rerouted_quorum_calls=0,
+                                                  forwarded_heartbeats=0, heartbeat_batches=0))
 
 
 def test_every_series_of_a_jobs_rounds_has_one_sample_per_job() -> None:

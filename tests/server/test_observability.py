@@ -174,8 +174,13 @@ def test_metrics_probes_health_and_reflection_on_a_formed_cluster(observed) -> N
     assert sample(fam, "lighthouse_cluster_ready") == 1.0
     # Group g1 talked to n2: unless n2 leads, its calls were forwarded.
     if leader != 1:
-        assert sample(metrics(cluster, 1), "lighthouse_cluster_forwarded_quorum_calls",
+        follower = metrics(cluster, 1)
+        assert sample(follower, "lighthouse_cluster_forwarded_quorum_calls",
                       "lighthouse_cluster_forwarded_quorum_calls_total") >= 4
+        batches = sample(follower, "lighthouse_cluster_forwarded_heartbeat_batches",
+                         "lighthouse_cluster_forwarded_heartbeat_batches_total")
+        assert sample(follower, "lighthouse_cluster_forwarded_heartbeats",
+                      "lighthouse_cluster_forwarded_heartbeats_total") >= batches >= 1
     for name in ("lighthouse_cluster_commit_index", "lighthouse_cluster_last_applied",
                  "lighthouse_cluster_rerouted_quorum_calls", "lighthouse_cluster_raft_tick_stalls",
                  "lighthouse_cluster_raft_election_patience_seconds"):
