@@ -97,6 +97,22 @@ class JobAutoCreation(Protocol):
 _CREATION_FINAL = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND)
 
 
+class _GivenUp:
+    """A forwarded call's leader, and whether the call was given up on it."""
+
+    __slots__ = ("leader", "_set")
+
+    def __init__(self, leader: str) -> None:
+        self.leader = leader
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 def _retrieve(task: "asyncio.Future[Any]") -> None:
     if not task.cancelled():
         task.exception()
@@ -114,6 +130,7 @@ class Router:
         self._node_id = node_id
         self._max_member_bytes = max_member_bytes
         self._changed = asyncio.Event()
+        self._forwards: dict[asyncio.Future[bytes | None], _GivenUp] = {}  # calls forwarded, waiting
         self.forwarder = QuorumForwarder(channels, node_id)
         self.forwarding = QuorumForwardingService(self.answer_forwarded)  # the leader side of forwarder
         self.heartbeats = HeartbeatBatcher(channels, node_id, self.remote_leader_address)
@@ -140,9 +157,17 @@ class Router:
     # -- leadership ------------------------------------------------------------------------------
 
     def leadership_changed(self) -> None:
-        """The node saw Raft's role, term or leader change: waiting calls look again."""
+        """The node saw Raft's role, term or leader change: waiting calls look again, and the
+        forwarded calls whose leader is no longer the one are given up (``_forward_while_leader``)."""
         self._changed.set()
         self._changed = asyncio.Event()
+        if self._forwards:
+            now, leading = self.remote_leader_address(), self._leading()
+            for forward, given_up in list(self._forwards.items()):
+                if leading or (now is not None and now != given_up.leader):
+                    del self._forwards[forward]
+                    given_up.set()
+                    forward.cancel()
 
     async def _wait_for_change(self, timeout: float) -> None:
         try:
@@ -304,20 +329,28 @@ class Router:
         # A forward given up on may still end in an error (its answer raced the cancel): seen here,
         # not logged as "Task exception was never retrieved".
         forward.add_done_callback(_retrieve)
-        changed: asyncio.Future[Any] | None = None
+        # leadership_changed gives it up (cancels it) when the leader changes. One registration
+        # per call, not a task and an asyncio.wait per call and per change: a follower holds
+        # thousands of them at large N (benchmarks F18).
+        given_up = _GivenUp(leader)
+        self._forwards[forward] = given_up
         try:
-            while True:
-                changed = asyncio.ensure_future(self._changed.wait())
-                done, _ = await asyncio.wait({forward, changed}, return_when=asyncio.FIRST_COMPLETED)
-                if forward in done:
-                    return forward.result()
-                now = self.remote_leader_address()
-                if (now is not None and now != leader) or self._leading():
-                    return None
+            # Shielded: this call cancelled (its client went away) ends cancelled here, whatever
+            # its forward then ends with (it is cancelled below).
+            return await asyncio.shield(forward)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if given_up.is_set() and (current is None or not current.cancelling()):
+                return None
+            raise
+        except Exception:
+            if given_up.is_set():
+                return None  # it failed as it was given up (its answer raced the cancel)
+            raise
         finally:
-            for fut in (forward, changed):
-                if fut is not None and not fut.done():
-                    fut.cancel()
+            self._forwards.pop(forward, None)
+            if not forward.done():
+                forward.cancel()
 
     async def answer_forwarded(self, raw: bytes, timeout: float | None, job: str = DEFAULT_JOB) -> bytes:
         """The leader's side of a call forwarded on a batched stream (``forwarding.QuorumForwarder``):

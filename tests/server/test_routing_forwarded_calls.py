@@ -92,3 +92,44 @@ def test_a_forward_that_fails_as_it_is_given_up_logs_no_unretrieved_error() -> N
         await asyncio.sleep(0)
     asyncio.run(main())
     assert [c.get("message") for c in errors] == []
+
+
+def test_a_forwarded_call_whose_client_went_away_is_cancelled_not_given_up() -> None:
+    async def main() -> None:
+        view = NodeView()
+        view.leader = OLD
+        router, forwarder = router_on(view)
+        call = asyncio.ensure_future(router._forward_while_leader(OLD.client_address, b"req", 5.0))
+        await forwarder.started.wait()
+        call.cancel()  # gRPC cancels the handler: the caller is gone
+        try:
+            await asyncio.wait_for(call, 5)
+            raise AssertionError("a cancelled call returned instead of ending cancelled")
+        except asyncio.CancelledError:
+            pass
+        assert call.cancelled() and router._forwards == {}
+    asyncio.run(main())
+
+
+def test_waiting_forwarded_calls_hold_no_task_each_besides_their_forward() -> None:
+    """A follower holds one forwarded call per replica group it serves while a round is collected
+    (thousands at N=4096): each is its handler and its forward, and a leader change is one pass
+    over them, not a task and an ``asyncio.wait`` per call (benchmarks F18)."""
+    async def main() -> None:
+        view = NodeView()
+        view.leader = OLD
+        router, forwarder = router_on(view)
+        base = len(asyncio.all_tasks())
+        calls = [asyncio.ensure_future(router._forward_while_leader(OLD.client_address, b"req", 5.0))
+                 for _ in range(200)]
+        await loop_turns()
+        assert len(asyncio.all_tasks()) - base == 2 * len(calls)  # 3 per call before
+        view.leader = None  # unknown for a moment: every call keeps waiting
+        router.leadership_changed()
+        await loop_turns()
+        assert not any(c.done() for c in calls) and len(router._forwards) == len(calls)
+        view.leader = NEW
+        router.leadership_changed()
+        assert await asyncio.wait_for(asyncio.gather(*calls), 5) == [None] * len(calls)
+        assert router._forwards == {}
+    asyncio.run(main())
