@@ -37,14 +37,11 @@ is answered False.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from lighthouse_cluster.raft.pysyncobj_internals import monotonic
 from lighthouse_cluster.raft.quiescence import QuiescentSyncObj
-
-log = logging.getLogger(__name__)
 
 __all__ = ["LEASE_PROBE_KEY", "PROBE_EXPIRY_S", "LeaseProbeSyncObj", "confirmed_since"]
 
@@ -88,7 +85,7 @@ class LeaseProbeSyncObj(QuiescentSyncObj):
         self._echoes: dict[Any, float] = {}  # member -> latest s it echoed in _echo_term
         self._echo_term: int | None = None
         self._echo_to: tuple[Any, Any] | None = None  # a follower: (leader, probe) being acknowledged
-        self.lease_probes_sent = 0  # append_entries that carried a probe (for tests and metrics)
+        self.lease_probes_sent = 0  # append_entries that carried a probe (for tests)
         self.lease_probes_echoed = 0  # acknowledgements this node marked as echoes
         super().__init__(*args, **kwargs)
         self.mark_append_entries(self._mark_probe)
@@ -104,10 +101,10 @@ class LeaseProbeSyncObj(QuiescentSyncObj):
         if not self._isLeader() or self.raftCurrentTerm != term:
             callback(False)
             return
-        now = monotonic()
-        if confirmed_since((), len(self.otherNodes) + 1) is not None:
-            callback(True)  # a one-member cluster
+        if not self.otherNodes:
+            callback(True)  # a one-member cluster is its own majority
             return
+        now = monotonic()
         self._probes.append((now, term, callback))
         self._probe_to_send = (term, now)
         self.pso_send_append_entries_now()

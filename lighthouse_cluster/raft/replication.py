@@ -390,11 +390,6 @@ class RaftNode:
         self._tick_jobs.put(probe)
         self._syncobj.wake()
 
-    @property
-    def lease_probes_sent(self) -> int:
-        """Append_entries that carried a lease probe (a leader's count)."""
-        return self._syncobj.lease_probes_sent
-
     # -- reads (local view; may be stale on a deposed leader) --------------------------------
 
     @property

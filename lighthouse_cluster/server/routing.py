@@ -97,22 +97,6 @@ class JobAutoCreation(Protocol):
 _CREATION_FINAL = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND)
 
 
-class _GivenUp:
-    """A forwarded call's leader, and whether the call was given up on it."""
-
-    __slots__ = ("leader", "_set")
-
-    def __init__(self, leader: str) -> None:
-        self.leader = leader
-        self._set = False
-
-    def set(self) -> None:
-        self._set = True
-
-    def is_set(self) -> bool:
-        return self._set
-
-
 def _retrieve(task: "asyncio.Future[Any]") -> None:
     if not task.cancelled():
         task.exception()
@@ -130,7 +114,9 @@ class Router:
         self._node_id = node_id
         self._max_member_bytes = max_member_bytes
         self._changed = asyncio.Event()
-        self._forwards: dict[asyncio.Future[bytes | None], _GivenUp] = {}  # calls forwarded, waiting
+        # Forwarded calls waiting for their answer: forward -> the leader it went to. One that
+        # leadership_changed gave up is no longer here.
+        self._forwards: dict[asyncio.Future[bytes | None], str] = {}
         self.forwarder = QuorumForwarder(channels, node_id)
         self.forwarding = QuorumForwardingService(self.answer_forwarded)  # the leader side of forwarder
         self.heartbeats = HeartbeatBatcher(channels, node_id, self.remote_leader_address)
@@ -163,10 +149,9 @@ class Router:
         self._changed = asyncio.Event()
         if self._forwards:
             now, leading = self.remote_leader_address(), self._leading()
-            for forward, given_up in list(self._forwards.items()):
-                if leading or (now is not None and now != given_up.leader):
+            for forward, leader in list(self._forwards.items()):
+                if leading or (now is not None and now != leader):
                     del self._forwards[forward]
-                    given_up.set()
                     forward.cancel()
 
     async def _wait_for_change(self, timeout: float) -> None:
@@ -332,19 +317,18 @@ class Router:
         # leadership_changed gives it up (cancels it) when the leader changes. One registration
         # per call, not a task and an asyncio.wait per call and per change: a follower holds
         # thousands of them at large N (benchmarks F18).
-        given_up = _GivenUp(leader)
-        self._forwards[forward] = given_up
+        self._forwards[forward] = leader
         try:
             # Shielded: this call cancelled (its client went away) ends cancelled here, whatever
             # its forward then ends with (it is cancelled below).
             return await asyncio.shield(forward)
         except asyncio.CancelledError:
             current = asyncio.current_task()
-            if given_up.is_set() and (current is None or not current.cancelling()):
-                return None
+            if forward not in self._forwards and (current is None or not current.cancelling()):
+                return None  # given up
             raise
         except Exception:
-            if given_up.is_set():
+            if forward not in self._forwards:
                 return None  # it failed as it was given up (its answer raced the cancel)
             raise
         finally:

@@ -12,6 +12,7 @@ import gc
 from typing import Any
 
 import grpc
+import pytest
 
 from lighthouse_cluster.server.forwarding import PeerChannels, forward_error
 from lighthouse_cluster.server.job_port_process import LeaderAddress, NodeView
@@ -52,13 +53,19 @@ def router_on(view: NodeView) -> tuple[Router, RacingForwarder]:
     return router, forwarder
 
 
+async def call_forwarded_to_old() -> tuple[NodeView, Router, "asyncio.Future[bytes | None]"]:
+    """A router that knows OLD as leader, and a call it forwarded there (the forward started)."""
+    view = NodeView()
+    view.leader = OLD
+    router, forwarder = router_on(view)
+    call = asyncio.ensure_future(router._forward_while_leader(OLD.client_address, b"req", 5.0))
+    await forwarder.started.wait()
+    return view, router, call
+
+
 def test_a_forwarded_call_waits_through_an_unknown_leader_and_gives_up_for_another() -> None:
     async def main() -> None:
-        view = NodeView()
-        view.leader = OLD
-        router, forwarder = router_on(view)
-        call = asyncio.ensure_future(router._forward_while_leader(OLD.client_address, b"req", 5.0))
-        await forwarder.started.wait()
+        view, router, call = await call_forwarded_to_old()
         view.leader = None  # the Raft link to the leader dropped: no leader known for a moment
         router.leadership_changed()
         await loop_turns()
@@ -78,11 +85,7 @@ def test_a_forward_that_fails_as_it_is_given_up_logs_no_unretrieved_error() -> N
 
     async def main() -> None:
         asyncio.get_running_loop().set_exception_handler(lambda loop, context: errors.append(context))
-        view = NodeView()
-        view.leader = OLD
-        router, forwarder = router_on(view)
-        call = asyncio.ensure_future(router._forward_while_leader(OLD.client_address, b"req", 5.0))
-        await forwarder.started.wait()
+        view, router, call = await call_forwarded_to_old()
         view.leader = NEW
         router.leadership_changed()
         assert await asyncio.wait_for(call, 5) is None
@@ -96,17 +99,10 @@ def test_a_forward_that_fails_as_it_is_given_up_logs_no_unretrieved_error() -> N
 
 def test_a_forwarded_call_whose_client_went_away_is_cancelled_not_given_up() -> None:
     async def main() -> None:
-        view = NodeView()
-        view.leader = OLD
-        router, forwarder = router_on(view)
-        call = asyncio.ensure_future(router._forward_while_leader(OLD.client_address, b"req", 5.0))
-        await forwarder.started.wait()
+        view, router, call = await call_forwarded_to_old()
         call.cancel()  # gRPC cancels the handler: the caller is gone
-        try:
+        with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(call, 5)
-            raise AssertionError("a cancelled call returned instead of ending cancelled")
-        except asyncio.CancelledError:
-            pass
         assert call.cancelled() and router._forwards == {}
     asyncio.run(main())
 
