@@ -34,7 +34,11 @@ it last heard from a current leader (an append_entries of a term >= its own; a l
 itself), on its own clock, or after its own start. The one exception is a candidate standing on
 its leader's TimeoutNow (a handover: ``transfer-leader``, a stopping leader), which records the
 term (``FastElectionSyncObj.handover_term``) and, winning it, serves after the full ``max(L, L')``
-(``R`` = 0 above: the old argument, unchanged).
+(``R`` = 0 above: the old argument, unchanged). A node's vote for itself keeps the window too: it
+stands no earlier than ``R`` after it last heard from a leader, whether its election timeout fires
+(at least ``raftMinTimeout`` = ``R`` after the leader's last append_entries), it stands early after
+refusing a candidate that is behind (only a request handled after the window gets there), or its
+leader's connection closed (``leader_lost_deadline``: the window's end at the earliest).
 
 Claim: with trust ``t`` and clock rates that differ by less than a factor ``1/t`` between any two
 nodes, no leader of a later term serves while the leader of ``T`` still issues on a confirmation.

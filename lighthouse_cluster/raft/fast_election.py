@@ -32,6 +32,17 @@ HANDOVER_KEY = "lighthouse_cluster_handover"
 DEPOSE_KEY = "lighthouse_cluster_depose"
 
 
+def leader_lost_deadline(now: float, heard_leader_at: float, window_s: float, rank: int, stagger_s: float,
+                         jitter_s: float) -> float:
+    """When a follower whose connection to its leader closed stands for election: at the end of its
+    vote-refusal window (``window_s`` after it last heard the leader, the earliest any election
+    timeout of its would fire), ``rank`` staggers later, plus ``jitter_s``. ``rank`` orders the
+    members other than the lost leader (by node id, the same order on every member), so the
+    survivors stand one after the other, not together (a split vote costs a whole timeout more).
+    All times are one node's monotonic seconds."""
+    return max(now, heard_leader_at + window_s) + rank * stagger_s + jitter_s
+
+
 def vote_refused(now: float, heard_leader_at: float, window_s: float, *, handover: bool) -> bool:
     """Whether a node puts off a ``request_vote`` (Raft thesis, section 4.2.3): it heard from a
     current leader (an append_entries of a term >= its own; for a leader, itself) less than
@@ -106,6 +117,21 @@ class FastElectionSyncObj(IdleAckSyncObj):
     append_entries) asks followers that heard that same append_entries at about the same time, so
     a put-off request is handled a few milliseconds later, not one election timeout later.
 
+    **A closed connection to the leader** (benchmarks F19). A leader process that dies (SIGKILL,
+    OOM, a crash, a pod deleted) leaves its host's kernel to close its sockets: every follower
+    reads the end of its connection within a millisecond. pysyncobj only notes the link down and
+    waits out its election timeout, drawn in [raftMinTimeout, raftMaxTimeout] from the leader's last
+    append_entries (a failover's median was ~0.25 s, nearly all of it this wait). Here a follower
+    whose leader's connection closes moves its election deadline to ``leader_lost_deadline``: the
+    end of its vote-refusal window (never earlier than its shortest timeout: the lease's proof and
+    Raft's safety hold as for any timeout), the survivors ``raftMinTimeout / 5`` apart by rank. A
+    connection that closes while the leader lives (a reset on the way) is re-dialed at once by
+    pysyncobj, and the leader's next append_entries, due within ``appendEntriesPeriod``, moves the
+    deadline on again before it falls due; a partition or a dead host closes nothing, and the
+    normal timeouts apply, as they do to a link pysyncobj drops for its silence (half a
+    ``connectionTimeout`` or more since the leader was heard: a stalled leader keeps the patience
+    it asked for, ``stall_tolerance``).
+
     **A stale leader hears of the higher term** (Raft: a node answers an append_entries of an older
     term with its own term, and the sender steps down). pysyncobj ignores such an append_entries
     without a word, so a node that stood for election while the others kept their leader (cut off
@@ -127,6 +153,7 @@ class FastElectionSyncObj(IdleAckSyncObj):
         conf = kwargs.get("conf") if "conf" in kwargs else (args[2] if len(args) > 2 else None)
         conf = conf if conf is not None else SyncObjConf()  # pysyncobj's default, as SyncObj uses it
         self.early_elections = 0  # how many elections this node started early (for logs and tests)
+        self.leader_connection_losses = 0  # how often the leader's connection closed on this follower
         self.keepalives_sent = 0
         self.votes_put_off = 0  # request_vote messages put off by the refusal window (for logs and tests)
         self.handover_term: int | None = None  # the last term this node stood in on a handover
@@ -142,7 +169,9 @@ class FastElectionSyncObj(IdleAckSyncObj):
         self._handover_sent: int | None = None
         self.stale_leaders_told = 0  # DEPOSE_KEY requests sent (for logs and tests)
         self._told_at: dict[Any, float] = {}  # stale leader -> when this node last told it
+        self._lost_leader: tuple[Any, float] | None = None  # (leader, last heard) whose connection closed
         super().__init__(*args, **kwargs)
+        self.pso_on_node_disconnected(self._on_node_disconnected)
         if self.raftCurrentTerm > 0 and self.otherNodes:
             # A restarted member (its journal has a term): give the live leader time to re-dial
             # it (at most every connectionRetryTime) and send an append_entries before it may
@@ -226,6 +255,36 @@ class FastElectionSyncObj(IdleAckSyncObj):
         for node in self.otherNodes:
             if node != leader and self.pso_send(node, KEEPALIVE):
                 self.keepalives_sent += 1
+
+    def survivor_rank(self, lost: Any) -> int:
+        """This node's place among the members other than ``lost``, by node id."""
+        return sum(1 for node in self.otherNodes if node != lost and node.id < self.selfNode.id)
+
+    def _on_node_disconnected(self, node: Any) -> None:
+        """On the tick thread, after pysyncobj noted ``node``'s connection down: if ``node`` is this
+        follower's leader, stand at ``leader_lost_deadline`` unless an election is due sooner."""
+        if self.selfNode is None or self.pso_state != RAFT_STATE.FOLLOWER or node != self._getLeader():
+            return
+        if self._lost_leader == (node, self._heard_leader_at):
+            return  # the same silence: a failed re-dial closes the connection again
+        if monotonic() - self._heard_leader_at >= 0.5 * self.conf.connectionTimeout:
+            # Dropped for its silence (pysyncobj drops a link that read nothing for
+            # connectionTimeout), not closed by a dead process: a stalled leader's patience holds.
+            return
+        self._lost_leader = (node, self._heard_leader_at)
+        stagger = 0.2 * self.conf.raftMinTimeout
+        rank = self.survivor_rank(node)
+        deadline = leader_lost_deadline(monotonic(), self._heard_leader_at, self._vote_refusal_s, rank, stagger,
+                                        random.uniform(0.0, 0.25 * stagger))
+        self.leader_connection_losses += 1
+        address = getattr(node, "address", node)
+        if deadline >= self.pso_election_deadline:
+            log.info("the connection to the leader %s closed: its election timeout, in %.0f ms, comes sooner "
+                     "(rank %d)", address, max(0.0, self.pso_election_deadline - monotonic()) * 1000, rank)
+            return
+        self.pso_election_deadline = deadline
+        log.info("the connection to the leader %s closed: standing in %.0f ms unless it is back (rank %d)",
+                 address, max(0.0, deadline - monotonic()) * 1000, rank)
 
     def _send_handover_votes(self) -> None:
         """On the tick thread: when this node just stood on its leader's TimeoutNow, ask every peer

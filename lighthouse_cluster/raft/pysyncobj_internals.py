@@ -99,6 +99,9 @@ LAST_CONNECT_ATTEMPT_ATTR = Internal("pysyncobj.transport", "_lastConnectAttempt
 # pysyncobj checks its silence; stall_tolerance.py).
 POLL_CALLBACKS_ATTR = Internal("pysyncobj.poller", "_PollPoller__descrToCallbacks", INSTANCE, "PollPoller")
 SHOULD_CONNECT = Internal("pysyncobj.transport", "_shouldConnect", CLASS, "TCPTransport", ("self", "node"))
+# The transport's callback when a peer's connection closes (SyncObj's own, chained: a follower
+# whose leader's connection closed stands sooner; fast_election.py).
+NODE_DISCONNECTED_CALLBACK_ATTR = Internal("pysyncobj.transport", "_onNodeDisconnectedCallback", INSTANCE, "Transport")
 
 INTERNALS: tuple[Internal, ...] = (
     Internal("pysyncobj.version", "VERSION"),
@@ -110,6 +113,7 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("pysyncobj.syncobj", "_serialize", CLASS, "SyncObjConsumer", ("self",)),
     Internal("pysyncobj.syncobj", "_deserialize", CLASS, "SyncObjConsumer", ("self", "data")),
     CONNECTIONS_ATTR, LAST_READ_ATTR, LAST_CONNECT_ATTEMPT_ATTR, SHOULD_CONNECT, POLL_CALLBACKS_ATTR,
+    NODE_DISCONNECTED_CALLBACK_ATTR,
     Internal("pysyncobj.poller", "POLL_EVENT_TYPE"),
     Internal("pysyncobj.tcp_connection", "TcpConnection"),
     # Module-level names outside pysyncobj's public API (its package's __init__).
@@ -392,6 +396,19 @@ class SyncObjInternals(SyncObj):
         retry = self.conf.connectionRetryTime
         return [attempts.get(node, float("-inf")) + retry for node, conn in list(self.pso_connections.items())
                 if conn.state == CONNECTION_STATE.DISCONNECTED and should_connect(node)]
+
+    def pso_on_node_disconnected(self, callback: Callable[[Any], None]) -> None:
+        """Call ``callback(node)`` (on the tick thread) after pysyncobj's own handling whenever the
+        connection to the member ``node`` closes or is dropped as dead."""
+        transport = self._pso_transport
+        inner = getattr(transport, NODE_DISCONNECTED_CALLBACK_ATTR.name)
+
+        def on_disconnected(node: Any) -> None:
+            if inner is not None:
+                inner(node)
+            callback(node)
+
+        transport.setOnNodeDisconnectedCallback(on_disconnected)
 
     def pso_excuse_stall(self, stall_s: float, now: float) -> None:
         """This node's tick thread did not run for ``stall_s``: its silence timers do not count

@@ -16,7 +16,7 @@ from pysyncobj import SyncObjConf
 from support.raft_counter import Counter
 from support.raft_nodes import free_port as _free_port, start_nodes
 from support.waiting import wait_for
-from lighthouse_cluster.raft.fast_election import DEPOSE_KEY, HANDOVER_KEY, FastElectionSyncObj
+from lighthouse_cluster.raft.fast_election import DEPOSE_KEY, HANDOVER_KEY, FastElectionSyncObj, leader_lost_deadline
 from lighthouse_cluster.raft.pysyncobj_internals import CONNECTION_STATE, RAFT_STATE, pso_pickle
 from lighthouse_cluster.raft.pysyncobj_internals import monotonic as raft_monotonic
 
@@ -111,6 +111,100 @@ def test_refusing_a_candidate_that_is_behind_starts_an_election_soon(nodes: list
              interval=0.01)
 
 
+# -- a closed connection to the leader (benchmarks F19) -------------------------------------------------
+
+# Election timeouts of 1-2 s, a refusal window of 0.3 s: an election at the window's end is a
+# closed connection's doing, not a timeout's.
+SLOW_TIMEOUTS = {"raftMinTimeout": 1.0, "raftMaxTimeout": 2.0, "appendEntriesPeriod": 0.05, "connectionTimeout": 2.5,
+                 "connectionRetryTime": 0.25, "autoTickPeriod": 0.01, "appendEntriesUseBatch": False}
+WINDOW_S = 0.3
+
+
+@pytest.fixture
+def slow_nodes() -> Iterator[list[FastElectionSyncObj]]:
+    out = start_nodes([FastElectionSyncObj] * 3, lambda ns: sum(n._isLeader() for n in ns) == 1
+                      and all(n._getLeader() is not None for n in ns), conf=SyncObjConf(**SLOW_TIMEOUTS),
+                      vote_refusal_s=WINDOW_S)
+    try:
+        yield out
+    finally:
+        for n in out:
+            n.destroy()
+
+
+def _on_tick_thread(node: FastElectionSyncObj, fn: Any) -> None:
+    done: list[bool] = []
+
+    def once() -> None:
+        if not done:
+            fn()
+            done.append(True)
+
+    node.addOnTickCallback(once)
+    wait_for("the tick thread to run it", lambda: bool(done), 5.0, interval=0.001)
+    node.removeOnTickCallback(once)
+
+
+def test_the_survivors_stand_one_after_the_other_from_the_end_of_the_window() -> None:
+    assert leader_lost_deadline(10.0, 9.9, 0.15, 0, 0.03, 0.002) == pytest.approx(10.052)
+    assert leader_lost_deadline(10.0, 9.9, 0.15, 1, 0.03, 0.002) == pytest.approx(10.082)
+    # Heard from long ago: at once (plus its rank's delay), never in the past.
+    assert leader_lost_deadline(10.0, 5.0, 0.15, 0, 0.03, 0.0) == 10.0
+    assert leader_lost_deadline(10.0, 5.0, 0.15, 2, 0.03, 0.0) == pytest.approx(10.06)
+
+
+@pytest.mark.timeout(60)
+def test_a_leader_whose_connections_close_is_replaced_at_the_end_of_the_refusal_window(
+        slow_nodes: list[FastElectionSyncObj]) -> None:
+    leader = _caught_up(slow_nodes)
+    survivors = sorted((n for n in slow_nodes if n is not leader), key=lambda n: n.selfNode.id)
+    term = leader.raftCurrentTerm
+    assert [n.survivor_rank(leader.selfNode) for n in survivors] == [0, 1]
+    started = raft_monotonic()
+    leader.destroy()  # its sockets close, as a killed process's do
+    wait_for("a new leader", lambda: any(n._isLeader() for n in survivors), 5.0, interval=0.001)
+    took = raft_monotonic() - started
+    # Before: no election before raftMinTimeout (1 s) after the last append_entries (<= 50 ms ago).
+    assert took < 0.8, f"a new leader after {took:.3f} s"
+    assert survivors[0]._isLeader(), "the first survivor by node id stands first and wins"
+    assert survivors[0].raftCurrentTerm == term + 1, "one election"
+    assert [n.leader_connection_losses for n in survivors] == [1, 1]
+    wait_for("the other survivor to follow it", lambda: survivors[1]._getLeader() == survivors[0].selfNode, 5.0,
+             interval=0.005)
+
+
+@pytest.mark.timeout(60)
+def test_a_connection_reset_while_the_leader_lives_deposes_nobody(slow_nodes: list[FastElectionSyncObj]) -> None:
+    leader = _caught_up(slow_nodes)
+    follower = next(n for n in slow_nodes if n is not leader)
+    term = leader.raftCurrentTerm
+    _on_tick_thread(follower, lambda: follower.pso_connections[leader.selfNode].disconnect())
+    assert follower.leader_connection_losses == 1
+    # pysyncobj re-dials at once and the leader's next append_entries (<= 50 ms) comes before the
+    # window's end (0.3 s): the follower's deadline moves on, nobody stands.
+    wait_for("the link back", lambda: follower.isNodeConnected(leader.selfNode), 5.0, interval=0.005)
+    time.sleep(3 * WINDOW_S)  # the deadline it had would have fallen due in this time
+    assert leader._isLeader() and leader.raftCurrentTerm == term
+    assert all(n.raftCurrentTerm == term and n._getLeader() == leader.selfNode for n in slow_nodes)
+
+
+@pytest.mark.timeout(60)
+def test_a_link_dropped_for_its_silence_brings_no_election_forward(slow_nodes: list[FastElectionSyncObj]) -> None:
+    leader = _caught_up(slow_nodes)
+    follower = next(n for n in slow_nodes if n is not leader)
+    deadlines: list[float] = []
+
+    def drop_after_silence() -> None:
+        # As pysyncobj drops a link that read nothing for connectionTimeout (a stalled leader).
+        follower._heard_leader_at = raft_monotonic() - SLOW_TIMEOUTS["connectionTimeout"]
+        deadlines.append(follower.pso_election_deadline)
+        follower.pso_connections[leader.selfNode].disconnect()
+        deadlines.append(follower.pso_election_deadline)
+
+    _on_tick_thread(follower, drop_after_silence)
+    assert follower.leader_connection_losses == 0 and deadlines[0] == deadlines[1]
+
+
 # -- the vote-refusal window (core/lease.py point 3, benchmarks F13) ---------------------------------
 
 
@@ -129,6 +223,9 @@ def test_a_vote_request_put_off_while_the_leader_lived_is_answered_when_the_wind
     follower, other = (n for n in nodes if n is not leader)
     leader.destroy()
     wait_for("the leader's tick thread to end", lambda: not leader.tick_thread_alive(), 5.0, interval=0.001)
+    # Both followers read the end of their leader's connection (and moved their deadlines up) first.
+    wait_for("the followers to see the leader's connection close",
+             lambda: follower.leader_connection_losses == other.leader_connection_losses == 1, 5.0, interval=0.001)
     # Within raftMinTimeout of its last append_entries (each of which moved the deadlines up).
     far = raft_monotonic() + 3600.0
     follower.pso_election_deadline = other.pso_election_deadline = far  # neither stands by itself

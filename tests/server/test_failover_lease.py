@@ -71,3 +71,32 @@ def test_a_new_leader_waits_what_the_vote_refusal_does_not_cover(make_cluster) -
     assert 0.0 < waited <= 0.6, cluster.tail_logs()  # what was left of 0.6 s after the TermStart commit
     # 0.6 s from when it started leading (log lines are stamped to the millisecond).
     assert warm_up_s >= 0.59, f"served {warm_up_s:.3f} s after it was elected\n{cluster.tail_logs()}"
+
+
+LOST = re.compile(r"the connection to the leader (\S+) closed: (standing in|its election timeout, in) (\d+) ms.*"
+                  r"\(rank (\d+)\)")
+
+
+@pytest.mark.timeout(120)
+def test_a_sigkilled_leaders_survivors_stand_by_rank_as_its_connections_close(make_cluster) -> None:
+    """benchmarks F19: the kernel closes a killed process's sockets, its followers read that and
+    stand at the end of their refusal window, the first by node id first: one election."""
+    cluster = make_cluster(min_replicas=1, election_timeout_ms=1000)
+    leader = cluster.wait_for_leader(timeout=30)
+    cluster.wait_for_followers(leader, timeout=10)
+    old_term = cluster.status(leader).term
+    new, term = _kill_leader(cluster)
+    seen = {}
+    for i in range(cluster.nodes):
+        if i == leader:
+            continue
+        lost = LOST.findall(cluster.members[i].log_path.read_text(errors="replace"))
+        assert len(lost) == 1, f"n{i + 1}: {lost}\n{cluster.tail_logs()}"
+        _, how, in_ms, rank = lost[0]
+        seen[i] = (int(rank), how == "standing in")
+        if how == "standing in":  # the window's end (R = 1 s) at most, plus its rank's delay and jitter
+            assert int(in_ms) <= 1000 + int(rank) * 200 + 50, lost
+    assert sorted(rank for rank, _ in seen.values()) == [0, 1], (seen, cluster.tail_logs())
+    # The first by node id won, unless its own election timeout (1-3 s) was the sooner one.
+    assert seen[new] == (0, True) or not seen[new][1], (seen, new, cluster.tail_logs())
+    assert term == old_term + 1, cluster.tail_logs()
