@@ -123,7 +123,9 @@ def test_targets_are_evaluated_per_issue_18():
     assert f"rounds/s N=8 ({leader}) / torchft" not in targets  # no torchft target at N=8
     assert targets["rounds/s N=256 clients on followers / on the leader"]["value"] == 0.9
     assert targets["rounds/s N=256 clients on followers / on the leader"]["met"] is True
-    assert targets["failover median, N=8"]["met"] is True
+    assert targets["failover median, N=8"]["met"] is False  # 0.5 s > issue 18's 0.3 s
+    assert targets["failover max, N=8"]["target"] == "<= 0.6 s" and targets["failover max, N=8"]["met"] is False
+    assert targets["idle CPU, n1"]["met"] is True  # 1.0 % <= 1 %
     assert targets["SDK median step time ftclient / torchft (lighthouse: torchft)"]["met"] is None  # skipped
     assert targets["recovery throughput ftclient / torchft, 64 MB"]["met"] is True
 
