@@ -248,6 +248,11 @@ class FastElectionSyncObj(IdleAckSyncObj):
             self._handle_deferred_votes(now)
         if now - self._keepalive_at < self.keepalive_period_s() and now >= self._keepalive_at:
             return
+        self.send_keepalives(now)
+
+    def send_keepalives(self, now: float) -> None:
+        """On the tick thread: a keep-alive to every connected peer other than the leader (none
+        from a leader); the next is due ``keepalive_period_s`` after ``now``."""
         self._keepalive_at = now
         if self._isLeader():
             return

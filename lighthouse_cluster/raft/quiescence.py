@@ -10,9 +10,12 @@ every connected follower has the whole log, it heartbeats every ``quiet_period_s
 instead, and says so in each append_entries (``QUIET_KEY``: its period). A follower that reads
 that, and has had no client of its own for ``quiet_after_s`` either, sets its election deadline
 to ``QUIET_TIMEOUTS`` times the period (0.8-1.6 s) instead of 0.15-0.45 s, and sends its
-keep-alives to the other followers at the same period. Acknowledgements follow the heartbeats
-(``idle_acks``). Every link still reads a message well within pysyncobj's ``connectionTimeout``
-(0.5 s), and the leader still hears a majority within ``leaderFallbackTimeout`` (1 s).
+keep-alives to the other followers with each of those heartbeats, in the tick that reads it (no
+wake-up of their own: a third of an idle follower's Raft wake-ups before), falling back to a
+timer of ``QUIET_KEEPALIVE_FALLBACK`` periods (at most 0.7 ``connectionTimeout``) when the
+heartbeats stop. Acknowledgements follow the heartbeats (``idle_acks``). Every link still reads a
+message well within pysyncobj's ``connectionTimeout`` (0.5 s), and the leader still hears a
+majority within ``leaderFallbackTimeout`` (1 s).
 
 **Waking.** Any client call wakes the node it reaches at once (``note_client_activity``, from
 any thread: it ends the tick thread's wait):
@@ -59,6 +62,9 @@ QUIET_TIMEOUTS = (4.0, 8.0)
 WAKE = {"type": "lighthouse_cluster_wake"}
 # A follower sends WAKE at most this often while its leader stays quiet.
 WAKE_EVERY_S = 0.05
+# A follower of a quiet leader sends its keep-alives with the leader's heartbeats; when none came
+# for this many periods (a leader that vanished without closing its connections), on a timer.
+QUIET_KEEPALIVE_FALLBACK = 1.75
 
 
 class QuiescentSyncObj(StallTolerantSyncObj):
@@ -83,6 +89,8 @@ class QuiescentSyncObj(StallTolerantSyncObj):
         self.leader_quiet = False  # a follower: its leader's last append_entries said so
         self.quiet_spells = 0  # how many times this node quiesced as leader (for logs and tests)
         self.wakes_sent = 0
+        self.keepalives_with_heartbeats = 0  # keep-alive rounds sent in the tick of a quiet heartbeat
+        self._leader_period_s = quiet_period_s  # a follower: its quiet leader's heartbeat period
         self._wake_sent_at = float("-inf")
         super().__init__(*args, **kwargs)
         self._awake_period_s = self.conf.appendEntriesPeriod
@@ -146,11 +154,17 @@ class QuiescentSyncObj(StallTolerantSyncObj):
             return
         now = monotonic()
         self.leader_quiet = True
+        self._leader_period_s = float(period)
         # pysyncobj has just drawn a normal election timeout for this append_entries: never shorter.
         quiet_deadline = now + random.uniform(*(m * period for m in QUIET_TIMEOUTS))
         self.pso_election_deadline = max(self.pso_election_deadline, quiet_deadline)
         if self._client_recent(now):
             self._send_wake(node, now)
+        else:
+            # Awake already (this tick read the heartbeat): the keep-alives go now, not on a tick
+            # of their own.
+            self.send_keepalives(now)
+            self.keepalives_with_heartbeats += 1
 
     def _send_wake(self, leader: Any, now: float) -> None:
         if now - self._wake_sent_at >= WAKE_EVERY_S and self.pso_send(leader, WAKE):
@@ -158,10 +172,11 @@ class QuiescentSyncObj(StallTolerantSyncObj):
             self.wakes_sent += 1
 
     def keepalive_period_s(self) -> float:
-        """A quiet leader's followers keep their links alive at its period."""
+        """A quiet leader's followers keep their links alive with its heartbeats; this is the
+        timer behind them (``QUIET_KEEPALIVE_FALLBACK`` periods, at most 0.7 ``connectionTimeout``)."""
         if self.leader_quiet:
-            period = self.quiet_period_s
-            return max(super().keepalive_period_s(), min(period, 0.4 * self.conf.connectionTimeout))
+            fallback = QUIET_KEEPALIVE_FALLBACK * self._leader_period_s
+            return max(super().keepalive_period_s(), min(fallback, 0.7 * self.conf.connectionTimeout))
         return super().keepalive_period_s()
 
     def longest_wait_s(self) -> float:

@@ -86,10 +86,17 @@ def test_an_idle_cluster_quiesces_without_an_election_and_a_client_wakes_it(raft
     assert all(x > SETTINGS.election_timeout_max_s for x in left), left
     # Quiet for a while: keep-alives at the quiet period, no election, the same leader.
     sent = [f._syncobj.keepalives_sent for f in followers]
+    with_heartbeats = [f._syncobj.keepalives_with_heartbeats for f in followers]
     started = time.monotonic()
     time.sleep(2.0)  # the measured window itself
     rates = [(f._syncobj.keepalives_sent - s) / (time.monotonic() - started) for f, s in zip(followers, sent)]
     assert all(r < 7.5 for r in rates), rates  # quiet: one per 0.2 s; awake: one per 0.1 s
+    # ... sent in the ticks that read the leader's heartbeats, not on wake-ups of their own (one
+    # peer each here: a keep-alive round is one message). A late heartbeat may leave one or two to
+    # the timer behind them.
+    sent = [f._syncobj.keepalives_sent - s for f, s in zip(followers, sent)]
+    along = [f._syncobj.keepalives_with_heartbeats - w for f, w in zip(followers, with_heartbeats)]
+    assert all(n >= 5 for n in sent) and all(a >= n - 2 for a, n in zip(along, sent)), (sent, along)
     assert [r.term for r in rafts] == [term] * 3 and leader.is_leader
     assert all(f.leader_address == leader.self_address for f in followers)
 
@@ -103,6 +110,27 @@ def test_an_idle_cluster_quiesces_without_an_election_and_a_client_wakes_it(raft
     leader.note_client_activity()
     wait_for("awake on a call to the leader", lambda: not any(r.quiet for r in rafts), 5.0)
     assert [r.term for r in rafts] == [term] * 3 and leader._syncobj.quiet_spells >= 2
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_followers_keep_their_link_alive_when_a_quiet_leaders_heartbeats_stop(rafts: list[RaftNode]) -> None:
+    """A quiet leader that stops heartbeating without closing its connections (its host hangs):
+    the followers' keep-alives, which went with its heartbeats, go on a timer, and their link stays
+    up for the election to come (pysyncobj drops a link that read nothing for connectionTimeout,
+    and with it the first vote request: benchmarks F8)."""
+    leader = leader_of(rafts)
+    a, b = (r for r in rafts if r is not leader)
+    wait_for("the leader and its followers quiet", lambda: leader.quiet and a.quiet and b.quiet, 10.0)
+    sent = a._syncobj.keepalives_sent
+    hang_s = 1.2  # > 2 connectionTimeouts (0.5 s) without a heartbeat
+    leader.call_on_tick_thread(lambda: time.sleep(hang_s), lambda _r, _e: None)
+    started, states = time.monotonic(), []
+    while time.monotonic() - started < hang_s:
+        states.append(on_tick_thread(a, lambda s: s.isNodeConnected(b._syncobj.selfNode)))
+        time.sleep(0.05)
+    assert all(states), states
+    assert a._syncobj.keepalives_sent - sent >= 2  # at most 0.35 s apart while no heartbeat came
 
 
 @pytest.mark.integration
