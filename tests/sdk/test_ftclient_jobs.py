@@ -19,6 +19,7 @@ uses jobs of its own names on one module-wide cluster. Covered:
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -313,8 +314,10 @@ def test_a_replica_group_killed_in_one_job_is_notified_in_that_job_only(cluster:
         assert victim.poll() is None, output()
         (victim_id,) = [m.replica_id for m in qa.participants if m.replica_id != "survivor"]
         assert victim_id.startswith("victim:"), qa
-        wait_for("the torchft program to say its job", lambda: "started" in output(), 30, context=output)
-        assert f"started {victim_id} live-a" in output()
+        # A whole line: print() may reach the file in pieces (CI read "started" alone).
+        started = wait_for("the torchft program to say its job",
+                           lambda: re.search(r"^started (\S+) (\S+)\n", output(), re.M), 30, context=output)
+        assert started.groups() == (victim_id, "live-a"), output()
         # The program's stream opens beside its Quorum call, and may be accepted after the quorum
         # is issued: a group killed before that has no stream to close (and the leader dialled no
         # connection to its manager yet), so nothing would tell its peers before its heartbeat ages.
