@@ -14,7 +14,7 @@ import pytest
 from pysyncobj import SyncObjConf
 
 from support.raft_counter import Counter
-from support.raft_nodes import free_port as _free_port, start_nodes
+from support.raft_nodes import free_port as _free_port, run_on_tick_thread, start_nodes
 from support.waiting import wait_for
 from lighthouse_cluster.raft.fast_election import DEPOSE_KEY, HANDOVER_KEY, FastElectionSyncObj, leader_lost_deadline
 from lighthouse_cluster.raft.pysyncobj_internals import CONNECTION_STATE, RAFT_STATE, pso_pickle
@@ -132,19 +132,6 @@ def slow_nodes() -> Iterator[list[FastElectionSyncObj]]:
             n.destroy()
 
 
-def _on_tick_thread(node: FastElectionSyncObj, fn: Any) -> None:
-    done: list[bool] = []
-
-    def once() -> None:
-        if not done:
-            fn()
-            done.append(True)
-
-    node.addOnTickCallback(once)
-    wait_for("the tick thread to run it", lambda: bool(done), 5.0, interval=0.001)
-    node.removeOnTickCallback(once)
-
-
 def test_the_survivors_stand_one_after_the_other_from_the_end_of_the_window() -> None:
     assert leader_lost_deadline(10.0, 9.9, 0.15, 0, 0.03, 0.002) == pytest.approx(10.052)
     assert leader_lost_deadline(10.0, 9.9, 0.15, 1, 0.03, 0.002) == pytest.approx(10.082)
@@ -178,7 +165,7 @@ def test_a_connection_reset_while_the_leader_lives_deposes_nobody(slow_nodes: li
     leader = _caught_up(slow_nodes)
     follower = next(n for n in slow_nodes if n is not leader)
     term = leader.raftCurrentTerm
-    _on_tick_thread(follower, lambda: follower.pso_connections[leader.selfNode].disconnect())
+    run_on_tick_thread(follower, lambda: follower.pso_connections[leader.selfNode].disconnect())
     assert follower.leader_connection_losses == 1
     # pysyncobj re-dials at once and the leader's next append_entries (<= 50 ms) comes before the
     # window's end (0.3 s): the follower's deadline moves on, nobody stands.
@@ -201,7 +188,7 @@ def test_a_link_dropped_for_its_silence_brings_no_election_forward(slow_nodes: l
         follower.pso_connections[leader.selfNode].disconnect()
         deadlines.append(follower.pso_election_deadline)
 
-    _on_tick_thread(follower, drop_after_silence)
+    run_on_tick_thread(follower, drop_after_silence)
     assert follower.leader_connection_losses == 0 and deadlines[0] == deadlines[1]
 
 

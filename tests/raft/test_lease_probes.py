@@ -8,13 +8,13 @@ version)."""
 from __future__ import annotations
 
 import queue
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from pysyncobj import SyncObjConf
 
-from support.raft_nodes import start_nodes
+from support.raft_nodes import run_on_tick_thread, start_nodes
 from support.waiting import wait_for
 from lighthouse_cluster.raft.lease_probes import LEASE_PROBE_KEY, PROBE_EXPIRY_S, LeaseProbeSyncObj, confirmed_since
 
@@ -65,22 +65,9 @@ def nodes(request: pytest.FixtureRequest) -> Iterator[list[LeaseProbeSyncObj]]:
             n.destroy()
 
 
-def _on_tick_thread(node: LeaseProbeSyncObj, fn: Callable[[], None]) -> None:
-    """Run ``fn`` once on ``node``'s tick thread."""
-    done = []
-
-    def once() -> None:
-        if not done:
-            done.append(True)
-            fn()
-
-    node.addOnTickCallback(once)
-    node.wake()
-
-
 def _probe(node: LeaseProbeSyncObj, term: int | None = None, timeout: float = PROBE_EXPIRY_S + 5.0) -> bool:
     answers: queue.Queue[bool] = queue.Queue()
-    _on_tick_thread(node, lambda: node.probe_leadership(node.raftCurrentTerm if term is None else term, answers.put))
+    run_on_tick_thread(node, lambda: node.probe_leadership(node.raftCurrentTerm if term is None else term, answers.put))
     return answers.get(timeout=timeout)
 
 
@@ -171,5 +158,5 @@ def test_an_echo_of_another_term_or_from_the_future_counts_for_nothing(nodes: li
                                           "success": False, LEASE_PROBE_KEY: value})
         leader._probe_to_send = None  # its heartbeat never goes out: only a forged echo could confirm it
 
-    _on_tick_thread(leader, forged)
+    run_on_tick_thread(leader, forged)
     assert answers.get(timeout=PROBE_EXPIRY_S + 5.0) is False

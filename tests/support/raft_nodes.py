@@ -18,6 +18,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_on_tick_thread(node: Any, fn: Callable[[], None], timeout: float = 5.0) -> None:
+    """Run ``fn()`` once on ``node``'s pysyncobj tick thread (woken at once where it can be) and
+    return once it ran (``timeout`` seconds at most)."""
+    done: list[bool] = []
+
+    def once() -> None:
+        if not done:
+            fn()
+            done.append(True)
+
+    node.addOnTickCallback(once)
+    try:
+        wake = getattr(node, "wake", None)
+        if wake is not None:
+            wake()
+        wait_for("the tick thread to run it", lambda: bool(done), timeout, interval=0.001)
+    finally:
+        node.removeOnTickCallback(once)
+
+
 def start_nodes(makers: list[Callable[..., Node]], ready: Callable[[list[Node]], bool], **kwargs: Any) -> list[Node]:
     """One node per maker on a fresh loopback port, ``maker(address, other_addresses,
     consumers=[Counter()], **kwargs)`` (each node's counter as its ``counter``), once ``ready(nodes)``
