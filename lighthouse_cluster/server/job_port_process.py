@@ -47,6 +47,7 @@ from lighthouse_cluster.core.jobs import JOB_HEADER
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.proto import torchft_pb2 as pb
+from lighthouse_cluster.server.aio_server import aio_server
 from lighthouse_cluster.server.bind_check import start_listening
 from lighthouse_cluster.server.forwarding import CHANNEL_OPTIONS, PeerChannels
 from lighthouse_cluster.server.grpc_services import LighthouseServiceAdapter
@@ -245,7 +246,7 @@ class JobPortProcess:
 
     def _server(self) -> grpc.aio.Server:
         spec = self.spec
-        server = grpc.aio.server(options=list(spec.server_options))
+        server = aio_server(spec.server_options)
         server.add_generic_rpc_handlers((LighthouseServiceAdapter(self.router, spec.max_member_bytes,
                                                                   job=spec.job).handler(),))
         health_service = health_pb2.DESCRIPTOR.services_by_name["Health"]

@@ -46,6 +46,7 @@ from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.core.restarts import RestartBackoff, describe_exit
+from lighthouse_cluster.server.aio_server import aio_server
 from lighthouse_cluster.server.bind_check import start_listening
 from lighthouse_cluster.server.config import parse_host_port
 from lighthouse_cluster.server.grpc_services import (
@@ -224,7 +225,7 @@ class JobPorts:
 
     async def _bind(self, js: _JobServer) -> None:
         address = f"{self._host}:{js.port}"
-        server = grpc.aio.server(options=self._options)
+        server = aio_server(self._options)
         lighthouse = LighthouseServiceAdapter(self._router, js.max_member_bytes, job=js.job)
         server.add_generic_rpc_handlers((lighthouse.handler(),))
         cpb_grpc.add_LighthouseClusterServicer_to_server(

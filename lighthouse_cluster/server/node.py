@@ -37,6 +37,7 @@ from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.raft.replication import RaftNode, ReplicatedState, Role
 from lighthouse_cluster.server.admin import NodeAdmin
+from lighthouse_cluster.server.aio_server import aio_server
 from lighthouse_cluster.server.config import NodeConfig, PeerSpec
 from lighthouse_cluster.server.coordinator import QuorumCoordinator
 from lighthouse_cluster.server.job_admin import JobAdmin
@@ -160,7 +161,7 @@ class LighthouseNode:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         cfg = self.config
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        self.server = aio_server(SERVER_OPTIONS)
         self.server.add_generic_rpc_handlers((LighthouseServiceAdapter(self.router, cfg.max_member_bytes).handler(),
                                               self.router.forwarding.handler()))
         cpb_grpc.add_LighthouseClusterServicer_to_server(
