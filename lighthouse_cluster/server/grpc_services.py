@@ -69,16 +69,25 @@ def _metadata_value(context: grpc.aio.ServicerContext, name: str) -> str | None:
     return None
 
 
-def _forwarded_by(context: grpc.aio.ServicerContext) -> str | None:
-    return _metadata_value(context, FORWARDED_HEADER)
-
-
 def call_job(context: grpc.aio.ServicerContext, port_job: str | None = None) -> str:
     """The job a call belongs to: its port's, else its ``x-lighthouse-job`` metadata's, else the
     default job."""
     if port_job is not None:
         return port_job
     return _metadata_value(context, JOB_HEADER) or DEFAULT_JOB
+
+
+def quorum_call_headers(context: grpc.aio.ServicerContext, port_job: str | None = None) -> tuple[str, str | None]:
+    """A Quorum call's job (as ``call_job``) and the node that forwarded it (None: a client's own
+    call), from one pass over its metadata: gRPC builds the metadata tuple anew on every read."""
+    job = port_job
+    forwarded_by = None
+    for key, value in context.invocation_metadata() or ():
+        if key == FORWARDED_HEADER and forwarded_by is None:
+            forwarded_by = value if isinstance(value, str) else value.decode()
+        elif key == JOB_HEADER and port_job is None and job is None:
+            job = value if isinstance(value, str) else value.decode()
+    return job or DEFAULT_JOB, forwarded_by
 
 
 class QuorumRouting(Protocol):
@@ -118,8 +127,8 @@ class LighthouseServiceAdapter:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed LighthouseQuorumRequest: {e}")
         except InvalidRequest as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        return await self.router.route_quorum(member, raw, context.time_remaining(), _forwarded_by(context), context,
-                                              call_job(context, self.job))
+        job, forwarded_by = quorum_call_headers(context, self.job)
+        return await self.router.route_quorum(member, raw, context.time_remaining(), forwarded_by, context, job)
 
     async def heartbeat(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
