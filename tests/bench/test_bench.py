@@ -590,3 +590,19 @@ def test_python_grpc_floor_answers_a_full_round_once_every_requester_is_in(tmp_p
             assert not any(f.done() for f in first), "answered before min_replicas requesters were in"
             quorums = [f.result(timeout=20) for f in first + [pool.submit(ask, "b")]]
     assert all([m.replica_id for m in q.participants] == ["a", "b", "c"] for q in quorums)
+
+
+@pytest.mark.integration
+def test_side_by_side_measures_both_servers_under_the_same_load(tmp_path: Path):
+    """``benchmarks/side_by_side.py`` (F20): both servers answer every round asked at the fixed
+    rate, and each one's CPU per round is read from its own process."""
+    from benchmarks.side_by_side import run_pair
+
+    r = run_pair(("floor", "node"), n=4, rate=10.0, seconds=1.5, workdir=tmp_path)
+    assert set(r.rounds) == {"floor", "node"}
+    for s in ("floor", "node"):
+        assert r.rounds[s] >= 10, r
+        assert 0 < r.main_ms[s] <= r.process_ms[s], r
+    # The node does more per round than the floor (Raft, rules, routing): if the two read the
+    # same process, or nothing, this would not hold.
+    assert r.process_ms["node"] > r.process_ms["floor"], r

@@ -1,0 +1,222 @@
+"""CPU per quorum round of two lighthouses at once, under the same fixed load (benchmarks/README.md, F20).
+
+The rounds section measures rounds per second with every replica group asking again at once
+(closed loop): on a shared 2-core host that figure moves 15-20 % from one run to the next, so a
+change worth a few percent is invisible in it. Here two servers run *at the same time*, each
+with its own client asking for rounds of N Quorum calls (N distinct replica groups, no
+heartbeats) at a fixed rate well below saturation, and the figure is CPU time per round, read
+per thread from ``/proc``: whatever else the host does hits both servers alike, and the pairs
+are repeated. The main thread is the event loop, which answers every call; the process adds the
+gRPC poller, gRPC core's threads and, in a node, the Raft thread.
+
+A server is one of:
+
+* ``floor``: ``grpc_floor.py``, the least a grpc.aio lighthouse does per round (F10);
+* ``node``: a one-node cluster of this checkout (no Raft peers: the event loop's own cost);
+* ``cluster``: the leader of a three-node cluster of this checkout;
+* ``node@PATH`` / ``cluster@PATH``: the same from another checkout (e.g. ``git worktree add``),
+  for a before / after comparison of a change.
+
+Run: ``python -m benchmarks.side_by_side node@../before node --n 64 --rate 16 --pairs 6``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import click
+
+from .procs import CHECKOUT, free_port, wait_port, worker_command
+
+# The client: N channels, one Quorum call per group per round, a round every 1/rate seconds.
+CLIENT = r'''
+import asyncio, sys, grpc, uvloop
+from lighthouse_cluster.proto import torchft_pb2 as pb
+address, n, rate, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+
+async def main():
+    channels = [grpc.aio.insecure_channel(address) for _ in range(n)]
+    calls = [c.unary_unary("/torchft.LighthouseService/Quorum", request_serializer=bytes,
+                           response_deserializer=bytes) for c in channels]
+    members = [pb.QuorumMember(replica_id=f"group-{g:05d}", address=f"http://127.0.0.1:{20000 + g}",
+                               store_address=f"127.0.0.1:{40000 + g}", world_size=1) for g in range(n)]
+
+    async def one_round(step):
+        requests = []
+        for m in members:
+            m.step = step
+            requests.append(pb.LighthouseQuorumRequest(requester=m).SerializeToString())
+        await asyncio.gather(*(calls[g](requests[g], timeout=60) for g in range(n)))
+
+    for step in range(3):  # the first rounds change the member set; later ones are fast rounds
+        await one_round(step)
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    loop = asyncio.get_running_loop()
+    start, done = loop.time(), 0
+    while loop.time() - start < seconds:
+        due = start + done / rate
+        if due > loop.time():
+            await asyncio.sleep(due - loop.time())
+        await one_round(3 + done)
+        done += 1
+    print(f"rounds {done} behind_s {loop.time() - start - done / rate:.3f}", flush=True)
+
+uvloop.run(main())
+'''
+
+
+@dataclass
+class Server:
+    """A started server: where clients call it, the process to measure, how to stop it."""
+
+    spec: str
+    address: str
+    pid: int
+    stop: Callable[[], None]
+
+
+def thread_cpu_s(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of ``pid``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _checkout_env(path: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(path)}
+
+
+def start_server(spec: str, n: int, workdir: Path) -> Server:
+    kind, _, where = spec.partition("@")
+    checkout = Path(where).resolve() if where else CHECKOUT
+    if kind == "floor":
+        port = free_port()
+        proc = subprocess.Popen(worker_command("grpc_floor", "--bind", f"127.0.0.1:{port}", "--min_replicas", str(n)),
+                                env=_checkout_env(CHECKOUT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        if not wait_port("127.0.0.1", port, 20):
+            proc.kill()
+            raise click.ClickException("the gRPC floor did not start listening within 20 s")
+        return Server(spec, f"127.0.0.1:{port}", proc.pid, lambda: (proc.kill(), proc.wait()))
+    if kind not in ("node", "cluster"):
+        raise click.BadParameter(f"{spec!r}: a server is floor, node[@PATH] or cluster[@PATH]")
+    from lighthouse_cluster.local.cluster import LocalCluster
+
+    from .rounds import HEARTBEAT_TIMEOUT_MS, JOIN_TIMEOUT_MS, QUORUM_TICK_MS, stable_leader
+
+    # The nodes run `python -m lighthouse_cluster` from the working directory, which comes first
+    # on their path: start them from the work directory, with the checkout on PYTHONPATH.
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    os.environ["PYTHONPATH"] = str(checkout)
+    os.chdir(workdir)
+    try:
+        cluster = LocalCluster(root=Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=workdir)),
+                               nodes=3 if kind == "cluster" else 1, min_replicas=n, join_timeout_ms=JOIN_TIMEOUT_MS,
+                               quorum_tick_ms=QUORUM_TICK_MS, heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
+        cluster.start()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+    try:
+        leader = stable_leader(cluster)
+    except BaseException:
+        cluster.stop_all()
+        raise
+    process = cluster.members[leader].process
+    assert process is not None
+    return Server(spec, cluster.client_addresses[leader], process.pid, cluster.stop_all)
+
+
+@dataclass
+class PairResult:
+    rounds: dict[str, int] = field(default_factory=dict)
+    behind_s: dict[str, float] = field(default_factory=dict)
+    main_ms: dict[str, float] = field(default_factory=dict)  # event-loop thread, per round
+    process_ms: dict[str, float] = field(default_factory=dict)  # every thread, per round
+
+
+def run_pair(specs: tuple[str, str], n: int, rate: float, seconds: float, workdir: Path) -> PairResult:
+    servers: list[Server] = []
+    clients: list[subprocess.Popen[str]] = []
+    try:
+        for spec in specs:
+            servers.append(start_server(spec, n, workdir))
+        for s in servers:
+            clients.append(subprocess.Popen([sys.executable, "-c", CLIENT, s.address, str(n), str(rate), str(seconds)],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                            env=_checkout_env(CHECKOUT)))
+        for c in clients:
+            assert c.stdout is not None
+            if not c.stdout.readline().startswith("ready"):
+                raise click.ClickException("a client could not finish its first rounds")
+        before = [thread_cpu_s(s.pid) for s in servers]
+        for c in clients:
+            assert c.stdin is not None
+            c.stdin.write("go\n")
+            c.stdin.flush()
+        outs = [c.stdout.readline().split() for c in clients if c.stdout is not None]
+        after = [thread_cpu_s(s.pid) for s in servers]
+        result = PairResult()
+        for s, out, b, a in zip(servers, outs, before, after):
+            if len(out) < 4:
+                raise click.ClickException(f"the client of {s.spec} ended without a result")
+            label = s.spec
+            rounds = int(out[1])
+            result.rounds[label] = rounds
+            result.behind_s[label] = float(out[3])
+            result.main_ms[label] = (a.get(s.pid, 0.0) - b.get(s.pid, 0.0)) / rounds * 1000
+            result.process_ms[label] = sum(a[t] - b.get(t, 0.0) for t in a) / rounds * 1000
+        return result
+    finally:
+        for c in clients:
+            c.kill()
+            c.wait()
+        for s in servers:
+            s.stop()
+
+
+@click.command()
+@click.argument("a")
+@click.argument("b")
+@click.option("--n", default=64, show_default=True, help="Replica groups per round.")
+@click.option("--rate", default=16.0, show_default=True, help="Rounds per second asked of each server.")
+@click.option("--seconds", default=5.0, show_default=True, help="Measured seconds per pair.")
+@click.option("--pairs", default=4, show_default=True, help="Runs of the two servers side by side.")
+def main(a: str, b: str, n: int, rate: float, seconds: float, pairs: int) -> None:
+    """CPU per round of servers A and B, side by side at a fixed round rate (see the module docstring)."""
+    if a == b:
+        raise click.BadParameter("A and B are the same server")
+    rows: list[PairResult] = []
+    with tempfile.TemporaryDirectory(prefix="side-by-side-") as tmp:
+        for i in range(pairs):
+            r = run_pair((a, b), n, rate, seconds, Path(tmp))
+            rows.append(r)
+            click.echo(f"pair {i + 1}/{pairs}: " + " | ".join(
+                f"{s}: loop {r.main_ms[s]:.2f} ms, process {r.process_ms[s]:.2f} ms per round "
+                f"({r.rounds[s]} rounds, {r.behind_s[s]:+.2f} s behind)" for s in (a, b)))
+    for s in (a, b):
+        late = max(r.behind_s[s] for r in rows)
+        click.echo(f"{s}: median loop {statistics.median(r.main_ms[s] for r in rows):.2f} ms, process "
+                   f"{statistics.median(r.process_ms[s] for r in rows):.2f} ms per round"
+                   + (f" (fell {late:.2f} s behind the rate: saturated, lower --rate)" if late > 0.25 else ""))
+    diff = [r.main_ms[b] - r.main_ms[a] for r in rows]
+    click.echo(f"B - A, event loop per pair: {', '.join(f'{d:+.2f}' for d in diff)} ms per round")
+
+
+if __name__ == "__main__":
+    main()
