@@ -18,6 +18,7 @@ import asyncio
 from typing import Any
 
 from lighthouse_cluster.server.event_loop import DEFAULT_LOOP, LOOPS, run
+from lighthouse_cluster.server.gc_thresholds import use_serving_thresholds
 from lighthouse_cluster.server.node import SERVER_OPTIONS
 
 
@@ -63,6 +64,7 @@ def main() -> None:
     p.add_argument("--min_replicas", type=int, required=True)
     p.add_argument("--event-loop", choices=LOOPS, default=DEFAULT_LOOP)
     args = p.parse_args()
+    use_serving_thresholds()  # as a node does: the least a tuned grpc.aio lighthouse costs (F20)
     run(serve(args.bind, args.min_replicas), args.event_loop)
 
 

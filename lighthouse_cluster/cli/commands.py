@@ -38,6 +38,7 @@ from lighthouse_cluster.server.config import (
     split_endpoints,
 )
 from lighthouse_cluster.server.event_loop import DEFAULT_LOOP, LOOPS
+from lighthouse_cluster.server.gc_thresholds import use_serving_thresholds
 from lighthouse_cluster.server.event_loop import run as run_event_loop
 
 ENV = "LIGHTHOUSE_CLUSTER_"
@@ -267,6 +268,7 @@ def serve(ctx: click.Context, node_id: str, peers: tuple[str, ...], client_bind:
         _exit_config_error(e)
     configure_logging(log_level, log_format, node_id)
     raise_open_file_limit()  # before any socket: trainers' connections, Raft, the journal
+    use_serving_thresholds()
     try:
         run_event_loop(_serve(config), event_loop)
     except OSError as e:

@@ -311,12 +311,14 @@ class JobPortProcess:
 
 def main() -> None:
     from lighthouse_cluster.server.event_loop import run
+    from lighthouse_cluster.server.gc_thresholds import use_serving_thresholds
     from lighthouse_cluster.server.logs import configure_logging
 
     spec = PortSpec.decode(sys.stdin.buffer.read())
     die_with_parent(spec.parent_pid, f"job port process of {spec.identity}")
     configure_logging(spec.log_level, spec.log_format, spec.identity)
     lower_priority(spec.nice)
+    use_serving_thresholds()
     sys.exit(run(serve(spec)))
 
 

@@ -18,6 +18,7 @@ own, so nothing else in ``server`` imports this module.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 import time
@@ -211,9 +212,11 @@ class LighthouseNode:
         if self.http is not None:
             log.info("node %s serving /metrics, /livez, /readyz and the dashboard on http://%s", cfg.node_id,
                      self.http.address)
-        log.info("node %s serving torchft.LighthouseService on %s%s (Raft %s, peers %s; %s event loop)", cfg.node_id,
-                 cfg.client_bind, "" if cfg.tls is None else (" with mutual TLS" if cfg.tls.mutual else " with TLS"),
-                 cfg.self_peer.raft_address, ", ".join(str(p) for p in self.other_members), running_loop_name())
+        log.info("node %s serving torchft.LighthouseService on %s%s (Raft %s, peers %s; %s event loop, gc thresholds %s)",
+                 cfg.node_id, cfg.client_bind,
+                 "" if cfg.tls is None else (" with mutual TLS" if cfg.tls.mutual else " with TLS"),
+                 cfg.self_peer.raft_address, ", ".join(str(p) for p in self.other_members), running_loop_name(),
+                 "/".join(str(t) for t in gc.get_threshold()))
 
     async def stop(self, grace_s: float = 1.0) -> None:
         """Hand leadership over if leading, then stop serving and leave the Raft group.
