@@ -34,7 +34,7 @@ from typing import Callable
 
 import click
 
-from .procs import CHECKOUT, free_port, wait_port, worker_command
+from .procs import CHECKOUT, GrpcFloor
 
 # The client: N channels, one Quorum call per group per round, a round every 1/rate seconds.
 CLIENT = r'''
@@ -105,13 +105,9 @@ def start_server(spec: str, n: int, workdir: Path) -> Server:
     kind, _, where = spec.partition("@")
     checkout = Path(where).resolve() if where else CHECKOUT
     if kind == "floor":
-        port = free_port()
-        proc = subprocess.Popen(worker_command("grpc_floor", "--bind", f"127.0.0.1:{port}", "--min_replicas", str(n)),
-                                env=_checkout_env(CHECKOUT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if not wait_port("127.0.0.1", port, 20):
-            proc.kill()
-            raise click.ClickException("the gRPC floor did not start listening within 20 s")
-        return Server(spec, f"127.0.0.1:{port}", proc.pid, lambda: (proc.kill(), proc.wait()))
+        floor = GrpcFloor(min_replicas=n, log_path=workdir / "floor.log")
+        floor.start()
+        return Server(spec, floor.address, floor.pid, floor.kill)
     if kind not in ("node", "cluster"):
         raise click.BadParameter(f"{spec!r}: a server is floor, node[@PATH] or cluster[@PATH]")
     from lighthouse_cluster.local.cluster import LocalCluster
@@ -206,9 +202,10 @@ def main(a: str, b: str, n: int, rate: float, seconds: float, pairs: int) -> Non
         for i in range(pairs):
             r = run_pair((a, b), n, rate, seconds, Path(tmp))
             rows.append(r)
-            click.echo(f"pair {i + 1}/{pairs}: " + " | ".join(
-                f"{s}: loop {r.main_ms[s]:.2f} ms, process {r.process_ms[s]:.2f} ms per round "
-                f"({r.rounds[s]} rounds, {r.behind_s[s]:+.2f} s behind)" for s in (a, b)))
+            click.echo(f"pair {i + 1}/{pairs}")
+            for s in (a, b):
+                click.echo(f"  {s}: loop {r.main_ms[s]:.2f} ms, process {r.process_ms[s]:.2f} ms "
+                           f"per round ({r.rounds[s]} rounds, {r.behind_s[s]:+.2f} s behind)")
     for s in (a, b):
         late = max(r.behind_s[s] for r in rows)
         click.echo(f"{s}: median loop {statistics.median(r.main_ms[s] for r in rows):.2f} ms, process "

@@ -38,8 +38,8 @@ from lighthouse_cluster.server.config import (
     split_endpoints,
 )
 from lighthouse_cluster.server.event_loop import DEFAULT_LOOP, LOOPS
-from lighthouse_cluster.server.gc_thresholds import use_serving_thresholds
 from lighthouse_cluster.server.event_loop import run as run_event_loop
+from lighthouse_cluster.server.gc_thresholds import use_serving_thresholds
 
 ENV = "LIGHTHOUSE_CLUSTER_"
 # Where `serve --config` leaves the file's [[jobs]] tables (click's context meta).

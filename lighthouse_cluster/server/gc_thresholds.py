@@ -24,7 +24,6 @@ __all__ = ["SERVING_THRESHOLDS", "use_serving_thresholds"]
 SERVING_THRESHOLDS = (20_000, 20, 10)
 
 
-def use_serving_thresholds() -> tuple[int, int, int]:
-    """Set ``SERVING_THRESHOLDS`` for this process; returns the thresholds now in force."""
+def use_serving_thresholds() -> None:
+    """Set ``SERVING_THRESHOLDS`` for this process."""
     gc.set_threshold(*SERVING_THRESHOLDS)
-    return gc.get_threshold()

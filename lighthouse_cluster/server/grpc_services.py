@@ -62,10 +62,14 @@ def validate_requester(request: pb.LighthouseQuorumRequest, max_member_bytes: in
     return member_from_proto(r, raw)
 
 
+def _text(value: str | bytes) -> str:
+    return value if isinstance(value, str) else value.decode()
+
+
 def _metadata_value(context: grpc.aio.ServicerContext, name: str) -> str | None:
     for key, value in context.invocation_metadata() or ():
         if key == name:
-            return value if isinstance(value, str) else value.decode()
+            return _text(value)
     return None
 
 
@@ -84,9 +88,9 @@ def quorum_call_headers(context: grpc.aio.ServicerContext, port_job: str | None 
     forwarded_by = None
     for key, value in context.invocation_metadata() or ():
         if key == FORWARDED_HEADER and forwarded_by is None:
-            forwarded_by = value if isinstance(value, str) else value.decode()
-        elif key == JOB_HEADER and port_job is None and job is None:
-            job = value if isinstance(value, str) else value.decode()
+            forwarded_by = _text(value)
+        elif key == JOB_HEADER and job is None:  # a port's own job (port_job) wins over the header
+            job = _text(value)
     return job or DEFAULT_JOB, forwarded_by
 
 
