@@ -200,6 +200,12 @@ def _caught_up(nodes: list[FastElectionSyncObj]) -> FastElectionSyncObj:
     leader.counter.inc(sync=True, timeout=5)  # type: ignore[attr-defined]
     wait_for("every node to apply the leader's entries",
              lambda: all(n.raftLastApplied >= leader.raftLastApplied for n in nodes), 5.0, interval=0.01)
+    # ... and the leader knows it: pysyncobj refuses a transfer (REQUEST_DENIED) while the target's
+    # acknowledged index is behind the leader's log (a follower can apply an entry before its
+    # acknowledgement reaches the leader: seen in CI, where the handover was then never sent).
+    wait_for("the leader to know every follower has its whole log",
+             lambda: all(leader.pso_match_index(n) == leader.pso_last_log()[1] for n in leader.otherNodes), 5.0,
+             interval=0.01)
     return leader
 
 
@@ -342,7 +348,9 @@ def test_after_a_handover_the_old_leader_does_not_stand_again() -> None:
             send_marked()
 
         target._send_handover_votes = late_marked_requests  # type: ignore[method-assign]
-        leader.transferLeadership(target.selfNode, callback=lambda _r, _err: None)
+        sent: list[Any] = []
+        leader.transferLeadership(target.selfNode, callback=lambda _r, err: sent.append(err))
+        assert sent == [0], sent  # FAIL_REASON.SUCCESS: TimeoutNow sent
         wait_for("the target to lead", target._isLeader, 2.0, interval=0.005)
         # Three election timeouts: a node standing again would have done so by now.
         time.sleep(3 * 0.45)
