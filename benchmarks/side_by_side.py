@@ -13,9 +13,15 @@ A server is one of:
 
 * ``floor``: ``grpc_floor.py``, the least a grpc.aio lighthouse does per round (F10);
 * ``node``: a one-node cluster of this checkout (no Raft peers: the event loop's own cost);
-* ``cluster``: the leader of a three-node cluster of this checkout;
-* ``node@PATH`` / ``cluster@PATH``: the same from another checkout (e.g. ``git worktree add``),
-  for a before / after comparison of a change.
+* ``cluster``: a three-node cluster of this checkout, every group calling the leader;
+* ``followers``: the same, the groups split between the two followers (forwarding, issue 18
+  item 2);
+* ``node@PATH`` / ``cluster@PATH`` / ``followers@PATH``: the same from another checkout (e.g.
+  ``git worktree add``), for a before / after comparison of a change.
+
+Every process of a server is measured: ``loop`` is the busiest event-loop thread, ``process``
+the busiest process (what bounds the rounds/s when each node has a core of its own, as deployed)
+and ``all`` the server's processes together (what bounds it when they share the cores, as here).
 
 Run: ``python -m benchmarks.side_by_side node@../before node --n 64 --rate 16 --pairs 6``.
 """
@@ -36,14 +42,15 @@ import click
 
 from .procs import CHECKOUT, GrpcFloor
 
-# The client: N channels, one Quorum call per group per round, a round every 1/rate seconds.
+# The client: N channels (group g on the g-th of the comma-separated addresses, in turn), one
+# Quorum call per group per round, a round every 1/rate seconds.
 CLIENT = r'''
 import asyncio, sys, grpc, uvloop
 from lighthouse_cluster.proto import torchft_pb2 as pb
-address, n, rate, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+addresses, n, rate, seconds = sys.argv[1].split(","), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 
 async def main():
-    channels = [grpc.aio.insecure_channel(address) for _ in range(n)]
+    channels = [grpc.aio.insecure_channel(addresses[g % len(addresses)]) for g in range(n)]
     calls = [c.unary_unary("/torchft.LighthouseService/Quorum", request_serializer=bytes,
                            response_deserializer=bytes) for c in channels]
     members = [pb.QuorumMember(replica_id=f"group-{g:05d}", address=f"http://127.0.0.1:{20000 + g}",
@@ -76,11 +83,12 @@ uvloop.run(main())
 
 @dataclass
 class Server:
-    """A started server: where clients call it, the process to measure, how to stop it."""
+    """A started server: where its client calls it (groups spread over ``addresses`` in turn),
+    its processes to measure by name, how to stop it."""
 
     spec: str
-    address: str
-    pid: int
+    addresses: list[str]
+    pids: dict[str, int]
     stop: Callable[[], None]
 
 
@@ -107,9 +115,9 @@ def start_server(spec: str, n: int, workdir: Path) -> Server:
     if kind == "floor":
         floor = GrpcFloor(min_replicas=n, log_path=workdir / "floor.log")
         floor.start()
-        return Server(spec, floor.address, floor.pid, floor.kill)
-    if kind not in ("node", "cluster"):
-        raise click.BadParameter(f"{spec!r}: a server is floor, node[@PATH] or cluster[@PATH]")
+        return Server(spec, [floor.address], {"floor": floor.pid}, floor.kill)
+    if kind not in ("node", "cluster", "followers"):
+        raise click.BadParameter(f"{spec!r}: a server is floor, node[@PATH], cluster[@PATH] or followers[@PATH]")
     from lighthouse_cluster.local.cluster import LocalCluster
 
     from .rounds import HEARTBEAT_TIMEOUT_MS, JOIN_TIMEOUT_MS, QUORUM_TICK_MS, stable_leader
@@ -121,7 +129,7 @@ def start_server(spec: str, n: int, workdir: Path) -> Server:
     os.chdir(workdir)
     try:
         cluster = LocalCluster(root=Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=workdir)),
-                               nodes=3 if kind == "cluster" else 1, min_replicas=n, join_timeout_ms=JOIN_TIMEOUT_MS,
+                               nodes=1 if kind == "node" else 3, min_replicas=n, join_timeout_ms=JOIN_TIMEOUT_MS,
                                quorum_tick_ms=QUORUM_TICK_MS, heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS)
         cluster.start()
     finally:
@@ -133,17 +141,22 @@ def start_server(spec: str, n: int, workdir: Path) -> Server:
     except BaseException:
         cluster.stop_all()
         raise
-    process = cluster.members[leader].process
-    assert process is not None
-    return Server(spec, cluster.client_addresses[leader], process.pid, cluster.stop_all)
+    pids: dict[str, int] = {}
+    for i, member in enumerate(cluster.members):
+        assert member.process is not None
+        pids["leader" if i == leader else f"follower {i}"] = member.process.pid
+    called = [i for i in range(len(cluster.members)) if (i != leader) == (kind == "followers")]
+    return Server(spec, [cluster.client_addresses[i] for i in called], pids, cluster.stop_all)
 
 
 @dataclass
 class PairResult:
     rounds: dict[str, int] = field(default_factory=dict)
     behind_s: dict[str, float] = field(default_factory=dict)
-    main_ms: dict[str, float] = field(default_factory=dict)  # event-loop thread, per round
-    process_ms: dict[str, float] = field(default_factory=dict)  # every thread, per round
+    main_ms: dict[str, float] = field(default_factory=dict)  # the busiest event-loop thread, per round
+    process_ms: dict[str, float] = field(default_factory=dict)  # the busiest process, per round
+    all_ms: dict[str, float] = field(default_factory=dict)  # every process, per round
+    per_process_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # each process, per round
 
 
 def run_pair(specs: tuple[str, str], n: int, rate: float, seconds: float, workdir: Path) -> PairResult:
@@ -153,20 +166,21 @@ def run_pair(specs: tuple[str, str], n: int, rate: float, seconds: float, workdi
         for spec in specs:
             servers.append(start_server(spec, n, workdir))
         for s in servers:
-            clients.append(subprocess.Popen([sys.executable, "-c", CLIENT, s.address, str(n), str(rate), str(seconds)],
+            clients.append(subprocess.Popen([sys.executable, "-c", CLIENT, ",".join(s.addresses), str(n), str(rate),
+                                             str(seconds)],
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                             env=_checkout_env(CHECKOUT)))
         for c in clients:
             assert c.stdout is not None
             if not c.stdout.readline().startswith("ready"):
                 raise click.ClickException("a client could not finish its first rounds")
-        before = [thread_cpu_s(s.pid) for s in servers]
+        before = [{name: thread_cpu_s(pid) for name, pid in s.pids.items()} for s in servers]
         for c in clients:
             assert c.stdin is not None
             c.stdin.write("go\n")
             c.stdin.flush()
         outs = [c.stdout.readline().split() for c in clients if c.stdout is not None]
-        after = [thread_cpu_s(s.pid) for s in servers]
+        after = [{name: thread_cpu_s(pid) for name, pid in s.pids.items()} for s in servers]
         result = PairResult()
         for s, out, b, a in zip(servers, outs, before, after):
             if len(out) < 4:
@@ -175,8 +189,13 @@ def run_pair(specs: tuple[str, str], n: int, rate: float, seconds: float, workdi
             rounds = int(out[1])
             result.rounds[label] = rounds
             result.behind_s[label] = float(out[3])
-            result.main_ms[label] = (a.get(s.pid, 0.0) - b.get(s.pid, 0.0)) / rounds * 1000
-            result.process_ms[label] = sum(a[t] - b.get(t, 0.0) for t in a) / rounds * 1000
+            per_ms = 1000 / rounds
+            loops = {name: (a[name].get(pid, 0.0) - b[name].get(pid, 0.0)) * per_ms for name, pid in s.pids.items()}
+            processes = {name: sum(a[name][t] - b[name].get(t, 0.0) for t in a[name]) * per_ms for name in s.pids}
+            result.main_ms[label] = max(loops.values())
+            result.process_ms[label] = max(processes.values())
+            result.all_ms[label] = sum(processes.values())
+            result.per_process_ms[label] = processes
         return result
     finally:
         for c in clients:
@@ -204,12 +223,15 @@ def main(a: str, b: str, n: int, rate: float, seconds: float, pairs: int) -> Non
             rows.append(r)
             click.echo(f"pair {i + 1}/{pairs}")
             for s in (a, b):
-                click.echo(f"  {s}: loop {r.main_ms[s]:.2f} ms, process {r.process_ms[s]:.2f} ms "
-                           f"per round ({r.rounds[s]} rounds, {r.behind_s[s]:+.2f} s behind)")
+                each = ", ".join(f"{name} {ms:.1f}" for name, ms in r.per_process_ms[s].items())
+                click.echo(f"  {s}: loop {r.main_ms[s]:.2f} ms, process {r.process_ms[s]:.2f} ms, all "
+                           f"{r.all_ms[s]:.2f} ms per round ({each}; {r.rounds[s]} rounds, "
+                           f"{r.behind_s[s]:+.2f} s behind)")
     for s in (a, b):
         late = max(r.behind_s[s] for r in rows)
         click.echo(f"{s}: median loop {statistics.median(r.main_ms[s] for r in rows):.2f} ms, process "
-                   f"{statistics.median(r.process_ms[s] for r in rows):.2f} ms per round"
+                   f"{statistics.median(r.process_ms[s] for r in rows):.2f} ms, all "
+                   f"{statistics.median(r.all_ms[s] for r in rows):.2f} ms per round"
                    + (f" (fell {late:.2f} s behind the rate: saturated, lower --rate)" if late > 0.25 else ""))
     diff = [r.main_ms[b] - r.main_ms[a] for r in rows]
     click.echo(f"B - A, event loop per pair: {', '.join(f'{d:+.2f}' for d in diff)} ms per round")

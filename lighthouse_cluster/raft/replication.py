@@ -179,6 +179,7 @@ class RaftNode:
             self._syncobj = LeaseProbeSyncObj(self_address, peer_addresses, **common)
 
         self._syncobj.pso_save_commit_index_when_changed()
+        self._nodes_by_address: dict[str, TCPNode] = {}
         self._connect_timeout_s = conf.connectionTimeout
         self._syncobj.addOnTickCallback(self._expire_stuck_connects)
         self._syncobj.add_tick_deadline(self._next_stuck_connect_expiry)
@@ -429,7 +430,10 @@ class RaftNode:
         return self._syncobj.isReady()
 
     def is_connected(self, address: str) -> bool:
-        return self._syncobj.isNodeConnected(TCPNode(address))
+        node = self._nodes_by_address.get(address)
+        if node is None:  # one per member address: a follower asks on every forwarded call
+            node = self._nodes_by_address[address] = TCPNode(address)
+        return self._syncobj.isNodeConnected(node)
 
     def vote_refusal_s(self, term: int) -> float:
         """How long every member refuses votes after hearing from a leader (``fast_election``'s

@@ -10,6 +10,7 @@ table leaves one out.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -184,8 +185,8 @@ class NodeConfig:
                            quorum_tick_ms=self.quorum_tick_ms, heartbeat_timeout_ms=o.heartbeat_timeout_ms,
                            quorum_lease_ms=self.quorum_lease_ms, max_member_bytes=self.max_member_bytes)
 
-    @property
-    def self_peer(self) -> PeerSpec:
+    @functools.cached_property
+    def self_peer(self) -> PeerSpec:  # cached: read on every forwarded call (a frozen config)
         return next(p for p in self.peers if p.node_id == self.node_id)
 
     @property

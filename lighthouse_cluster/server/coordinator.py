@@ -83,6 +83,11 @@ IDLE_TICK_S = 1.0
 DEATH_QUIET_S = 0.25
 
 
+def _expire(answer: asyncio.Future[bytes]) -> None:
+    if not answer.done():
+        answer.set_exception(asyncio.TimeoutError())
+
+
 class NotLeader(Exception):
     """This node does not (or no longer) serve quorum rounds; the caller should re-route."""
 
@@ -169,7 +174,10 @@ class QuorumCoordinator:
         self._participants: dict[str, Participant] = {}
         self._heartbeats: dict[str, float] = {}
         self._waiting: dict[str, int] = {}
-        self._round: asyncio.Future[IssuedRound] | None = None
+        # The waiting calls' answers by replica (``request``), and those that came before this
+        # term served (joined when it starts serving).
+        self._answers: dict[str, list[asyncio.Future[bytes]]] = {}
+        self._before_serving: list[tuple[Member, asyncio.Future[bytes]]] = []
         self._term: int | None = None
         self._serving = False
         self._in_flight = False
@@ -198,7 +206,6 @@ class QuorumCoordinator:
         # Replay after a failover (module docstring): set when this term starts serving, cleared
         # once it issues or withholds a round of its own.
         self._replayable: ReplayableRound | None = None
-        self._serving_started: asyncio.Future[None] | None = None
         self.rounds_replayed = 0
         self._replay_logged: ReplayableRound | None = None  # the last one whose replay was logged at INFO
 
@@ -233,9 +240,6 @@ class QuorumCoordinator:
         self.stop_leading()
         self._term = term
         self._issued_this_term = None
-        loop = asyncio.get_running_loop()
-        self._round = loop.create_future()
-        self._serving_started = loop.create_future()
         self.leader.start(term)
         self._warm_up_task = asyncio.get_running_loop().create_task(self._warm_up(term))
 
@@ -252,8 +256,9 @@ class QuorumCoordinator:
         self._replayable = ReplayableRound.of(prev) if prev is not None else None
         self._reset_round_tracking()
         self._serving = True
-        if self._serving_started is not None and not self._serving_started.done():
-            self._serving_started.set_result(None)
+        early, self._before_serving = self._before_serving, []
+        for member, answer in early:
+            self._join(member, answer)
         js = self.job_state()
         log.info("term %d: serving quorum rounds%s (previous quorum id %d, %d members seeded)", term,
                  "" if self.job == DEFAULT_JOB else f" of job {self.job}", js.quorum_id if js else 0,
@@ -278,12 +283,13 @@ class QuorumCoordinator:
             self._warm_up_task = None
         if self._owns_leader:
             self.leader.stop()
-        for future in (self._round, self._serving_started):
-            if future is not None and not future.done():
-                future.set_exception(NotLeader("leader stepped down"))
-                future.exception()  # mark retrieved: there may be no waiter at all
-        self._round = None
-        self._serving_started = None
+        waiting = [answer for answers in self._answers.values() for answer in answers]
+        waiting += [answer for _member, answer in self._before_serving]
+        self._answers = {}
+        self._before_serving = []
+        for answer in waiting:
+            if not answer.done():
+                answer.set_exception(NotLeader("leader stepped down"))
         self._replayable = None
         self._participants.clear()
         self._heartbeats.clear()
@@ -358,11 +364,16 @@ class QuorumCoordinator:
         return self._issued_this_term if self._issued_this_term is not None else self._previous()
 
     async def quorum(self, member: Member, timeout: float | None = None) -> bytes:
-        """Register ``member`` and wait for the first committed quorum that includes it.
+        """``request``'s answer, awaited (cancelling the await withdraws the call)."""
+        return await self.request(member, timeout)
 
-        Returns the serialized ``LighthouseQuorumResponse``. Raises ``NotLeader`` when this
-        node is not (or stops being) the serving leader, ``asyncio.TimeoutError`` after
-        ``timeout`` seconds.
+    def request(self, member: Member, timeout: float | None = None) -> asyncio.Future[bytes]:
+        """Register ``member``: a future of the serialized ``LighthouseQuorumResponse`` of the
+        first committed quorum that includes it.
+
+        Raises ``NotLeader`` when this node is not the serving leader's term, ``JobLimitError``
+        over the job's limits; the future fails with ``NotLeader`` when this node stops leading,
+        with ``asyncio.TimeoutError`` after ``timeout`` seconds. Cancelling it ends the call.
 
         Only live requesters are issued: a call that ends without a quorum (its deadline, a
         cancellation, the caller or the forwarding node gone) withdraws the registration when it
@@ -371,12 +382,14 @@ class QuorumCoordinator:
         "ghost"); counting it as joined could also close a round without the requester's real,
         re-sent call. A quorum whose commit was already under way when a member's call ended is
         not issued either (``_commit``).
+
+        A future rather than a coroutine: per waiting call one future and one timer, settled by
+        ``_issue`` (a forwarded call needs no task of its own; benchmarks F21).
         """
-        if self._term is None or self._round is None:
+        if self._term is None:
             raise NotLeader("not leader")
         self._admit(member)
         loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
         rid = member.replica_id
         now = self._clock()
         self.leader.requested()
@@ -385,48 +398,59 @@ class QuorumCoordinator:
             self._dead.pop(rid, None)
         self._withdrawn.pop(rid, None)
         self._waiting[rid] = self._waiting.get(rid, 0) + 1
-        answered = False
-        try:
-            if not self._serving:
-                # A replay (module docstring) is decided on the state this term serves from.
-                started = self._serving_started
-                if started is None:
-                    raise NotLeader("leader stepped down")
-                await asyncio.wait_for(asyncio.shield(started), None if deadline is None else deadline - loop.time())
-            replayed = self._replayable.answer(member) if self._replayable is not None else None
-            if replayed is not None:
-                self.rounds_replayed += 1
-                # One line per quorum at INFO: after a failover at N=2048 nearly every member asks
-                # again, and a line each was 2048 lines on a new leader's busiest second (F15).
-                first = self._replay_logged is not self._replayable
-                self._replay_logged = self._replayable
-                log.log(logging.INFO if first else logging.DEBUG,
-                        "quorum %d replayed to %s: its request equals its entry in that quorum (an answer "
-                        "lost with the previous leader)%s", self._replayable.issued.quorum.quorum_id, rid,
-                        "; replays to other members of it are logged at DEBUG" if first else "")
-                answered = True
-                return replayed
-            self._register(member, self._clock())
-            self._schedule_evaluation()
-            while True:
-                current = self._round
-                if current is None:
-                    raise NotLeader("leader stepped down")
-                left = None if deadline is None else deadline - loop.time()
-                issued = await asyncio.wait_for(asyncio.shield(current), left)
-                if rid in issued.member_ids:
-                    answered = True
-                    return issued.response
-                # Not included: re-registered at issue time (see _issue); wait for the next one.
-        finally:
-            remaining = self._waiting.get(rid, 0) - 1
-            if remaining > 0:
-                self._waiting[rid] = remaining
-            else:
-                self._waiting.pop(rid, None)
-                self._withdrawn.pop(rid, None)
-                if not answered:
-                    self._unregister(rid)
+        answer: asyncio.Future[bytes] = loop.create_future()
+        timer = None if timeout is None else loop.call_later(max(0.0, timeout), _expire, answer)
+        answer.add_done_callback(lambda done: self._call_ended(rid, done, timer))
+        if self._serving:
+            self._join(member, answer)
+        else:
+            # A replay (module docstring) is decided on the state this term serves from.
+            self._before_serving.append((member, answer))
+        return answer
+
+    def _join(self, member: Member, answer: asyncio.Future[bytes]) -> None:
+        """A call of ``member`` while this term serves: its replay, or its registration."""
+        if answer.done():
+            return  # ended while the term was not serving yet
+        rid = member.replica_id
+        replayed = self._replayable.answer(member) if self._replayable is not None else None
+        if replayed is not None:
+            self.rounds_replayed += 1
+            # One line per quorum at INFO: after a failover at N=2048 nearly every member asks
+            # again, and a line each was 2048 lines on a new leader's busiest second (F15).
+            first = self._replay_logged is not self._replayable
+            self._replay_logged = self._replayable
+            log.log(logging.INFO if first else logging.DEBUG,
+                    "quorum %d replayed to %s: its request equals its entry in that quorum (an answer "
+                    "lost with the previous leader)%s", self._replayable.issued.quorum.quorum_id, rid,
+                    "; replays to other members of it are logged at DEBUG" if first else "")
+            answer.set_result(replayed)
+            return
+        self._register(member, self._clock())
+        answers = self._answers.get(rid)
+        if answers is None:
+            self._answers[rid] = [answer]
+        else:
+            answers.append(answer)
+        self._schedule_evaluation()
+
+    def _call_ended(self, rid: str, answer: asyncio.Future[bytes], timer: asyncio.TimerHandle | None) -> None:
+        """A call's answer settled (answered, failed, timed out or cancelled)."""
+        if timer is not None:
+            timer.cancel()
+        answers = self._answers.get(rid)
+        if answers is not None and answer in answers:
+            answers.remove(answer)
+            if not answers:
+                del self._answers[rid]
+        remaining = self._waiting.get(rid, 0) - 1
+        if remaining > 0:
+            self._waiting[rid] = remaining
+            return
+        self._waiting.pop(rid, None)
+        self._withdrawn.pop(rid, None)
+        if answer.cancelled() or answer.exception() is not None:
+            self._unregister(rid)
 
     def _admit(self, member: Member) -> None:
         """Refuse a call over the job's limits (``JobLimitError``): a member larger than
@@ -633,9 +657,10 @@ class QuorumCoordinator:
         self._reset_round_tracking()
         for p in leftover.values():
             self._register(p.member, now)
-        round_future, self._round = self._round, asyncio.get_running_loop().create_future()
-        if round_future is not None and not round_future.done():
-            round_future.set_result(issued)
+        for rid in issued.member_ids:
+            for answer in self._answers.pop(rid, ()):
+                if not answer.done():
+                    answer.set_result(response)
         if self._on_issue is not None:
             self._on_issue(issued, commit_s)
         if self._participants:

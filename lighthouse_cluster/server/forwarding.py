@@ -4,14 +4,15 @@ heartbeat batching. Where each call goes is decided in ``routing.py``; this modu
 A follower forwards a Quorum call's bytes to the leader and relays the leader's bytes back
 unparsed. Forwarding is batched (benchmarks F2): each follower keeps one
 ``LighthouseQuorumForwarding/ForwardQuorums`` stream to the leader (``QuorumForwarder``). The
-Quorum calls that reach the follower in the same event-loop turn travel in one message; the
-leader (``QuorumForwardingService``) registers each with its coordinator exactly as a direct call
-(same deadline, same "withdraw if cancelled unanswered" rule) and sends each issued round's
-response once, with the keys of every forwarded call it answers; the follower fans it out. A
-caller that goes away is withdrawn with a message on the same stream. So the leader handles a
-handful of stream messages per follower and round instead of one gRPC call per replica group. A
-leader without the stream service (an older node) gets plain forwarded calls carrying
-``FORWARDED_HEADER``.
+Quorum calls that reach the follower within ``FORWARD_BATCH_WINDOW_S`` travel in one message
+(the first after a quiet spell at once); the leader (``QuorumForwardingService``) registers each
+with its coordinator exactly as a direct call (same deadline, same "withdraw if cancelled
+unanswered" rule) and sends each issued round's response once, with the keys of every forwarded
+call it answers; the follower fans it out. A caller that goes away is withdrawn with a message on
+the same stream. So the leader handles a handful of stream messages per follower and round
+instead of one gRPC call per replica group, and a waiting call is one future on each side (no
+task: benchmarks F21). A leader without the stream service (an older node) gets plain forwarded
+calls carrying ``FORWARDED_HEADER``.
 
 Heartbeats are fire-and-forget in torchft (every 100 ms, no deadline): a follower acknowledges
 them at once and forwards the ids it saw in one batch per ``HEARTBEAT_FLUSH_S`` to the leader
@@ -27,6 +28,7 @@ import asyncio
 import itertools
 import logging
 import time
+from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 import grpc
@@ -99,6 +101,12 @@ def forward_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
 _CODE_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
 
 
+def _failure_as_is(error: BaseException) -> grpc.aio.AioRpcError:
+    if isinstance(error, grpc.aio.AioRpcError):
+        return error
+    return forward_error(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")
+
+
 class QuorumForwarder:
     """Follower side: forwards raw ``LighthouseQuorumRequest``s to the leader and returns its raw
     responses, over one batched stream per leader (see the module docstring)."""
@@ -110,35 +118,61 @@ class QuorumForwarder:
         self._streams: dict[str, _ForwardStream] = {}
         self._unary_only: set[str] = set()  # leaders without the stream service
         self.streams_opened = 0
+        self.messages_sent = 0  # stream messages the forwarded calls (and withdrawals) went in
 
-    async def forward(self, leader_address: str, request: bytes, timeout: float | None,
-                      job: str = DEFAULT_JOB) -> bytes:
-        """The leader's response to ``request`` (a Quorum call of ``job``); raises
-        ``grpc.aio.AioRpcError`` as a forwarded gRPC call with deadline ``timeout`` would.
-        Cancelling it withdraws the request."""
+    def forward(self, leader_address: str, request: bytes, timeout: float | None,
+                job: str = DEFAULT_JOB) -> asyncio.Future[bytes]:
+        """A future of the leader's response to ``request`` (a Quorum call of ``job``); it fails
+        with ``grpc.aio.AioRpcError`` as a forwarded gRPC call with deadline ``timeout`` would.
+        Cancelling it withdraws the request.
+
+        A future, not a coroutine: a follower holds one per waiting call (thousands at large N),
+        and the stream answers it directly, with no task or wrapper per call (benchmarks F21)."""
         if leader_address in self._unary_only:
-            return await self._forward_unary(leader_address, request, timeout, job)
+            return asyncio.ensure_future(self._forward_unary(leader_address, request, timeout, job))
         stream = self._streams.get(leader_address)
         if stream is None or stream.closed:
             stream = _ForwardStream(self, leader_address)
             self._streams[leader_address] = stream
             self.streams_opened += 1
-        try:
-            return await stream.request(request, timeout, job)
-        except grpc.aio.AioRpcError as e:
-            if e.code() == grpc.StatusCode.INTERNAL and not stream.heard:
-                # The stream failed in this process before the leader said anything: gRPC reports
-                # a message write that lost the race with the leader's "no such method" as
-                # INTERNAL, hiding the UNIMPLEMENTED. The leader withdraws whatever the stream
-                # registered when it ends, so this call goes plain; the next opens a new stream.
-                log.info("forwarding stream to %s failed before any answer (%s); forwarding this "
-                         "call by itself", leader_address, e.details())
-                return await self._forward_unary(leader_address, request, timeout, job)
-            if e.code() != grpc.StatusCode.UNIMPLEMENTED or e.details() == _UNIMPLEMENTED_FORWARDED:
-                raise
+        return stream.request(request, timeout, job)
+
+    def _stream_failed(self, leader_address: str, error: grpc.aio.AioRpcError, heard: bool) -> bool:
+        """Whether the calls a stream to ``leader_address`` was carrying when it failed with
+        ``error`` go to the leader one by one instead (else they fail with ``error``)."""
+        if error.code() == grpc.StatusCode.INTERNAL and not heard:
+            # The stream failed in this process before the leader said anything: gRPC reports a
+            # message write that lost the race with the leader's "no such method" as INTERNAL,
+            # hiding the UNIMPLEMENTED. The leader withdraws whatever the stream registered when it
+            # ends, so these calls go plain; the next call opens a new stream.
+            log.info("forwarding stream to %s failed before any answer (%s); forwarding its calls one by one",
+                     leader_address, error.details())
+            return True
+        if error.code() == grpc.StatusCode.UNIMPLEMENTED:
             log.info("leader %s has no batched forwarding; forwarding calls one by one", leader_address)
             self._unary_only.add(leader_address)
-            return await self._forward_unary(leader_address, request, timeout, job)
+            return True
+        return False
+
+    def _relay_unary(self, answer: asyncio.Future[bytes], leader_address: str, request: bytes,
+                     timeout: float | None, job: str) -> None:
+        """Forward ``request`` as a plain call and settle ``answer`` with its outcome (cancelling
+        ``answer`` cancels the call)."""
+        call = asyncio.ensure_future(self._forward_unary(leader_address, request, timeout, job))
+
+        def settle(done: asyncio.Future[bytes]) -> None:
+            if answer.done():
+                if not done.cancelled():
+                    done.exception()  # retrieved: the answer was given up on
+            elif done.cancelled():
+                answer.cancel()
+            elif done.exception() is not None:
+                answer.set_exception(done.exception())  # type: ignore[arg-type]
+            else:
+                answer.set_result(done.result())
+
+        call.add_done_callback(settle)
+        answer.add_done_callback(lambda a: call.cancel() if a.cancelled() else None)
 
     async def _forward_unary(self, leader_address: str, request: bytes, timeout: float | None,
                              job: str = DEFAULT_JOB) -> bytes:
@@ -153,82 +187,106 @@ class QuorumForwarder:
         self._streams.clear()
 
 
-_UNIMPLEMENTED_FORWARDED = "forwarded request unimplemented"  # an UNIMPLEMENTED from the leader's answer
+@dataclass(slots=True)
+class _Forwarded:
+    """A call on a forwarding stream, until the leader answers it."""
+
+    answer: asyncio.Future[bytes]
+    request: bytes
+    job: str
+    deadline: float | None  # the event loop's time; None: no deadline
+    timer: asyncio.TimerHandle | None
 
 
 class _ForwardStream:
-    """One ``ForwardQuorums`` stream from this follower to one leader."""
+    """One ``ForwardQuorums`` stream from this follower to one leader.
+
+    A writer task sends the calls (and withdrawals) that came in since its last message as one
+    message, at most every ``FORWARD_BATCH_WINDOW_S``: a call after a quiet spell goes at once, the
+    calls of a round, which arrive over a few ms, share messages."""
 
     def __init__(self, owner: QuorumForwarder, leader: str) -> None:
         self._owner = owner
         self._leader = leader
         self._loop = asyncio.get_running_loop()
         self._keys = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[bytes]] = {}
+        self._pending: dict[int, _Forwarded] = {}
         self._adds: list[cpb.ForwardedQuorum] = []
         self._withdraws: list[int] = []
-        self._flush_scheduled = False
-        self._last_flush = 0.0
-        self._outbox: asyncio.Queue[cpb.QuorumForwardUp | None] = asyncio.Queue()
+        self._wake: asyncio.Future[None] | None = None  # the writer waits on it while it has nothing to send
         self.closed = False
         self.heard = False  # whether the leader sent any message on this stream
         call = owner._channels.get(leader).stream_stream(
             FORWARD_QUORUMS_METHOD, request_serializer=cpb.QuorumForwardUp.SerializeToString,
             response_deserializer=cpb.QuorumForwardDown.FromString)
-        self._call = call(self._requests(), metadata=owner._metadata, wait_for_ready=False)
+        self._call = call(metadata=owner._metadata, wait_for_ready=False)
         self._reader = self._loop.create_task(self._read())
+        self._writer = self._loop.create_task(self._write())
 
-    async def _requests(self):  # type: ignore[no-untyped-def]
-        while True:
-            msg = await self._outbox.get()
-            if msg is None:
-                return
-            yield msg
-
-    async def request(self, raw: bytes, timeout: float | None, job: str = DEFAULT_JOB) -> bytes:
+    def request(self, raw: bytes, timeout: float | None, job: str = DEFAULT_JOB) -> asyncio.Future[bytes]:
         key = next(self._keys)
-        fut: asyncio.Future[bytes] = self._loop.create_future()
-        self._pending[key] = fut
+        answer: asyncio.Future[bytes] = self._loop.create_future()
         add = cpb.ForwardedQuorum(key=key, request=raw, job="" if job == DEFAULT_JOB else job)
+        deadline = timer = None
         if timeout is not None:
             add.has_deadline = True
             add.timeout_ms = max(0, int(timeout * 1000))
+            deadline = self._loop.time() + timeout
+            timer = self._loop.call_later(timeout + FORWARD_SLACK_S, self._expire, key)
+        self._pending[key] = _Forwarded(answer, raw, job, deadline, timer)
+        answer.add_done_callback(lambda a: self._settled(key, a))
         self._adds.append(add)
-        self._schedule_flush()
+        self._kick()
+        return answer
+
+    def _settled(self, key: int, answer: asyncio.Future[bytes]) -> None:
+        forwarded = self._pending.pop(key, None)
+        if forwarded is None:
+            return  # answered, expired or failed: already out of the table
+        if forwarded.timer is not None:
+            forwarded.timer.cancel()
+        if answer.cancelled() and not self.closed:  # its caller went away: withdrawn at the leader
+            self._withdraws.append(key)
+            self._kick()
+
+    def _expire(self, key: int) -> None:
+        forwarded = self._pending.pop(key, None)
+        # Still registered at the leader, as a timed-out call is (torchft keeps it for the round).
+        if forwarded is not None and not forwarded.answer.done():
+            forwarded.answer.set_exception(forward_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+
+    def _kick(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    async def _write(self) -> None:
+        last = float("-inf")
         try:
-            if timeout is None:
-                return await asyncio.shield(fut)
-            return await asyncio.wait_for(asyncio.shield(fut), timeout + FORWARD_SLACK_S)
-        except asyncio.TimeoutError:
-            # Still registered at the leader, as a timed-out call is (torchft keeps it for the round).
-            self._pending.pop(key, None)
-            raise forward_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
-        except asyncio.CancelledError:
-            if self._pending.pop(key, None) is not None and not self.closed:
-                self._withdraws.append(key)
-                self._schedule_flush()
-            raise
+            while not self.closed:
+                if not (self._adds or self._withdraws):
+                    self._wake = self._loop.create_future()
+                    await self._wake
+                    continue
+                wait = last + FORWARD_BATCH_WINDOW_S - self._loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                    continue
+                last = self._loop.time()
+                msg = cpb.QuorumForwardUp(from_node=self._owner._node_id, add=self._adds, withdraw=self._withdraws)
+                self._adds, self._withdraws = [], []
+                self._owner.messages_sent += 1
+                await self._call.write(msg)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            pass  # the call ended: the reader sees how, and fails or re-sends what is pending
 
-    def _schedule_flush(self) -> None:
-        if self._flush_scheduled or self.closed:
-            return
-        self._flush_scheduled = True
-        # Nagle-like: a call after a quiet spell goes out at once; the calls of a round, which
-        # arrive over a few ms, share the messages sent at most every FORWARD_BATCH_WINDOW_S.
-        wait = self._last_flush + FORWARD_BATCH_WINDOW_S - self._loop.time()
-        if wait <= 0:
-            self._loop.call_soon(self._flush)
-        else:
-            self._loop.call_later(wait, self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        self._last_flush = self._loop.time()
-        if self.closed or not (self._adds or self._withdraws):
-            return
-        msg = cpb.QuorumForwardUp(from_node=self._owner._node_id, add=self._adds, withdraw=self._withdraws)
-        self._adds, self._withdraws = [], []
-        self._outbox.put_nowait(msg)
+    def _answer(self, key: int) -> asyncio.Future[bytes] | None:
+        forwarded = self._pending.pop(key, None)
+        if forwarded is None or forwarded.answer.done():
+            return None
+        if forwarded.timer is not None:
+            forwarded.timer.cancel()
+        return forwarded.answer
 
     async def _read(self) -> None:
         error: grpc.aio.AioRpcError
@@ -238,17 +296,17 @@ class _ForwardStream:
                 if down.keys:
                     response = down.response
                     for key in down.keys:
-                        fut = self._pending.pop(key, None)
-                        if fut is not None and not fut.done():
-                            fut.set_result(response)
+                        answer = self._answer(key)
+                        if answer is not None:
+                            answer.set_result(response)
                 for err in down.errors:
-                    fut = self._pending.pop(err.key, None)
-                    if fut is not None and not fut.done():
+                    answer = self._answer(err.key)
+                    if answer is not None:
                         code = _CODE_BY_VALUE.get(err.code, grpc.StatusCode.UNKNOWN)
                         details = err.details
                         if code == grpc.StatusCode.UNIMPLEMENTED:
                             details = details or _UNIMPLEMENTED_FORWARDED
-                        fut.set_exception(forward_error(code, details))
+                        answer.set_exception(forward_error(code, details))
             error = forward_error(grpc.StatusCode.UNAVAILABLE, f"forwarding stream to {self._leader} ended")
         except grpc.aio.AioRpcError as e:
             error = e
@@ -259,28 +317,42 @@ class _ForwardStream:
     def _fail_all(self, error: grpc.aio.AioRpcError) -> None:
         self.closed = True
         pending, self._pending = self._pending, {}
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(error)
-        self._outbox.put_nowait(None)
+        unary = bool(pending) and self._owner._stream_failed(self._leader, error, self.heard)
+        now = self._loop.time()
+        for forwarded in pending.values():
+            if forwarded.timer is not None:
+                forwarded.timer.cancel()
+            if forwarded.answer.done():
+                continue
+            if unary:
+                left = None if forwarded.deadline is None else max(0.0, forwarded.deadline - now)
+                self._owner._relay_unary(forwarded.answer, self._leader, forwarded.request, left, forwarded.job)
+            else:
+                forwarded.answer.set_exception(error)
+        self._kick()
 
     def close(self, why: str) -> None:
         if self.closed:
             return
         self._call.cancel()
         self._reader.cancel()
+        self._writer.cancel()
         self._fail_all(forward_error(grpc.StatusCode.UNAVAILABLE, why))
 
 
 class QuorumForwardingService:
     """Leader side of ``ForwardQuorums``: each forwarded call is answered by ``answer(raw,
-    timeout, job)`` (``routing.Router.answer_forwarded``: registers with the coordinator, withdrawn if the call ends unanswered)
-    in its own task; answers of one round go out in one message; a withdrawn key, or the stream
-    ending, cancels the task (which withdraws the registration, as a cancelled forwarded call does).
-    ``answer`` raises ``grpc.aio.AioRpcError`` (see :func:`forward_error`) for a failed call."""
+    timeout, job)`` (``routing.Router.answer_forwarded``: registers with the coordinator, withdrawn
+    if the call ends unanswered), a future (or a coroutine, run as a task); answers of one round go
+    out in one message; a withdrawn key, or the stream ending, cancels it (which withdraws the
+    registration, as a cancelled forwarded call does). A failed answer's status is
+    ``failure(error)`` (by default an ``grpc.aio.AioRpcError``'s own, see :func:`forward_error`,
+    else INTERNAL)."""
 
-    def __init__(self, answer: Callable[[bytes, float | None, str], Awaitable[bytes]]) -> None:
+    def __init__(self, answer: Callable[[bytes, float | None, str], Awaitable[bytes]],
+                 failure: Callable[[BaseException], grpc.aio.AioRpcError] | None = None) -> None:
         self._answer = answer
+        self._failure = failure or _failure_as_is
         self.streams = 0
         self.forwarded_calls = 0
         self.messages_in = 0
@@ -295,7 +367,7 @@ class QuorumForwardingService:
 
     async def forward_quorums(self, requests, context: grpc.aio.ServicerContext) -> None:  # type: ignore[no-untyped-def]
         loop = asyncio.get_running_loop()
-        tasks: dict[int, asyncio.Task[bytes]] = {}
+        waiting: dict[int, asyncio.Future[bytes]] = {}
         answered: dict[bytes, list[int]] = {}
         errors: list[cpb.ForwardedQuorumError] = []
         outbox: asyncio.Queue[cpb.QuorumForwardDown] = asyncio.Queue()
@@ -311,19 +383,18 @@ class QuorumForwardingService:
                 outbox.put_nowait(cpb.QuorumForwardDown(errors=errors))
             answered, errors = {}, []
 
-        def done(key: int, task: asyncio.Task[bytes]) -> None:
+        def done(key: int, answer: asyncio.Future[bytes]) -> None:
             nonlocal flush_scheduled
-            if tasks.pop(key, None) is None or task.cancelled():
+            if waiting.pop(key, None) is None or answer.cancelled():
                 return  # withdrawn
-            e = task.exception()
+            e = answer.exception()
             if e is None:
                 # Every requester of a round gets the same bytes object: one message per round.
-                answered.setdefault(task.result(), []).append(key)
-            elif isinstance(e, grpc.aio.AioRpcError):
-                errors.append(cpb.ForwardedQuorumError(key=key, code=e.code().value[0], details=e.details() or ""))
+                answered.setdefault(answer.result(), []).append(key)
             else:
-                errors.append(cpb.ForwardedQuorumError(key=key, code=grpc.StatusCode.INTERNAL.value[0],
-                                                       details=f"{type(e).__name__}: {e}"))
+                status = self._failure(e)
+                errors.append(cpb.ForwardedQuorumError(key=key, code=status.code().value[0],
+                                                       details=status.details() or ""))
             if not flush_scheduled:
                 flush_scheduled = True
                 loop.call_soon(flush)
@@ -333,14 +404,14 @@ class QuorumForwardingService:
                 self.messages_in += 1
                 for add in up.add:
                     self.forwarded_calls += 1
-                    task = loop.create_task(self._answer(add.request, add.timeout_ms / 1000.0 if add.has_deadline
-                                                         else None, add.job or DEFAULT_JOB))
-                    tasks[add.key] = task
-                    task.add_done_callback(lambda t, k=add.key: done(k, t))
+                    answer = asyncio.ensure_future(self._answer(
+                        add.request, add.timeout_ms / 1000.0 if add.has_deadline else None, add.job or DEFAULT_JOB))
+                    waiting[add.key] = answer
+                    answer.add_done_callback(lambda a, k=add.key: done(k, a))
                 for key in up.withdraw:
-                    task = tasks.pop(key, None)
-                    if task is not None:
-                        task.cancel()
+                    answer = waiting.pop(key, None)
+                    if answer is not None:
+                        answer.cancel()
 
         reader = loop.create_task(read())
         try:
@@ -355,9 +426,9 @@ class QuorumForwardingService:
                 break  # the follower closed its side: nothing more to answer on this stream
         finally:
             reader.cancel()
-            for task in list(tasks.values()):
-                task.cancel()
-            tasks.clear()
+            for answer in list(waiting.values()):
+                answer.cancel()
+            waiting.clear()
 
 
 class HeartbeatBatcher:

@@ -154,6 +154,10 @@ class RoutingCounts(Protocol):
     def heartbeat_batches(self) -> int:
         """Batches those heartbeats went in."""
 
+    @property
+    def forwarded_quorum_messages(self) -> int:
+        """Stream messages this follower's forwarded Quorum calls went in."""
+
 
 class LivenessCounts(Protocol):
     """Open liveness streams and the deaths they declared (``liveness_streams.LivenessStreams``)."""
@@ -229,6 +233,11 @@ class NodeCollector(Collector):
                                   labels=["node"])
         fwd.add_metric([node_id], self.routing.forwarded_quorum_calls)
         yield fwd
+        fwm = CounterMetricFamily(PREFIX + "forwarded_quorum_messages", "Stream messages this follower's forwarded "
+                                  "Quorum calls went in (forwarded_quorum_calls / this: calls per message)",
+                                  labels=["node"])
+        fwm.add_metric([node_id], self.routing.forwarded_quorum_messages)
+        yield fwm
         hb = CounterMetricFamily(PREFIX + "forwarded_heartbeats", "Heartbeats this follower forwarded to the leader",
                                  labels=["node"])
         hb.add_metric([node_id], self.routing.forwarded_heartbeats)

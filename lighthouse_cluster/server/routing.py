@@ -97,6 +97,12 @@ class JobAutoCreation(Protocol):
 _CREATION_FINAL = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.NOT_FOUND)
 
 
+def _failed(error: BaseException) -> asyncio.Future[bytes]:
+    failed: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+    failed.set_exception(error)
+    return failed
+
+
 def _retrieve(task: "asyncio.Future[Any]") -> None:
     if not task.cancelled():
         task.exception()
@@ -118,7 +124,8 @@ class Router:
         # leadership_changed gave up is no longer here.
         self._forwards: dict[asyncio.Future[bytes | None], str] = {}
         self.forwarder = QuorumForwarder(channels, node_id)
-        self.forwarding = QuorumForwardingService(self.answer_forwarded)  # the leader side of forwarder
+        # The leader side of forwarder.
+        self.forwarding = QuorumForwardingService(self.answer_forwarded, self.forwarded_failure)
         self.heartbeats = HeartbeatBatcher(channels, node_id, self.remote_leader_address)
         self.forwarded_quorum_calls = 0
         self.rerouted_quorum_calls = 0
@@ -132,6 +139,10 @@ class Router:
     @property
     def heartbeat_batches(self) -> int:
         return self.heartbeats.batches
+
+    @property
+    def forwarded_quorum_messages(self) -> int:
+        return self.forwarder.messages_sent
 
     def start(self) -> None:
         self.heartbeats.start()
@@ -253,7 +264,7 @@ class Router:
             coord = self._leading_coordinator(job)
             if coord is not None:
                 try:
-                    return await coord.quorum(member, left)
+                    return await coord.request(member, left)
                 except NotLeader:
                     continue
                 except asyncio.TimeoutError:
@@ -310,24 +321,31 @@ class Router:
         collecting, only to send it again a moment later. The call stays with the leader, which
         answers it, or fails it when it steps down; a dead leader ends the stream; its deadline
         bounds the wait."""
-        forward = asyncio.ensure_future(self.forwarder.forward(leader, raw, timeout, job))
+        forward = self.forwarder.forward(leader, raw, timeout, job)
         # A forward given up on may still end in an error (its answer raced the cancel): seen here,
-        # not logged as "Task exception was never retrieved".
+        # not logged as "Future exception was never retrieved".
         forward.add_done_callback(_retrieve)
         # leadership_changed gives it up (cancels it) when the leader changes. One registration
         # per call, not a task and an asyncio.wait per call and per change: a follower holds
         # thousands of them at large N (benchmarks F18).
         self._forwards[forward] = leader
         try:
-            # Shielded: this call cancelled (its client went away) ends cancelled here, whatever
-            # its forward then ends with (it is cancelled below).
-            return await asyncio.shield(forward)
+            # Not shielded: this call cancelled (its client went away) cancels its forward, which
+            # withdraws it at the leader, and ends cancelled here whatever the forward ended with
+            # (a task cancelled while the future it awaits is already done is cancelled at its
+            # next step all the same).
+            return await forward
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if forward not in self._forwards and (current is None or not current.cancelling()):
                 return None  # given up
             raise
         except Exception:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                # Cancelled while waiting, and the forward (a plain call's task) ended with an
+                # error rather than cancelled: this call still ends cancelled.
+                raise asyncio.CancelledError() from None
             if forward not in self._forwards:
                 return None  # it failed as it was given up (its answer raced the cancel)
             raise
@@ -336,19 +354,36 @@ class Router:
             if not forward.done():
                 forward.cancel()
 
-    async def answer_forwarded(self, raw: bytes, timeout: float | None, job: str = DEFAULT_JOB) -> bytes:
+    def answer_forwarded(self, raw: bytes, timeout: float | None, job: str = DEFAULT_JOB) -> asyncio.Future[bytes]:
         """The leader's side of a call forwarded on a batched stream (``forwarding.QuorumForwarder``):
         what ``route_quorum`` does for a call carrying ``FORWARDED_HEADER`` (``timeout`` is that
-        call's deadline), failures raised as the ``grpc.aio.AioRpcError`` it would have ended with."""
+        call's deadline). A future of the answer: the coordinator's own when it serves the job
+        (no task per call), failures as ``forwarded_failure`` describes them."""
         self._client_called()
         try:
             member = validate_requester(pb.LighthouseQuorumRequest.FromString(raw), self._max_member_bytes, raw)
         except DecodeError as e:
-            raise forward_error(grpc.StatusCode.INVALID_ARGUMENT, f"malformed LighthouseQuorumRequest: {e}") from None
+            return _failed(forward_error(grpc.StatusCode.INVALID_ARGUMENT, f"malformed LighthouseQuorumRequest: {e}"))
         except InvalidRequest as e:
-            raise forward_error(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+            return _failed(forward_error(grpc.StatusCode.INVALID_ARGUMENT, str(e)))
+        left = None if timeout is None else timeout - DEADLINE_MARGIN_S
+        coord = self._leading_coordinator(job)
+        if coord is not None:
+            if left is not None and left <= 0:
+                return _failed(forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE))
+            try:
+                return coord.request(member, left)
+            except JobLimitError as e:
+                return _failed(forward_error(e.code, str(e)))
+            except NotLeader:
+                pass
+        return asyncio.ensure_future(self._answer_forwarded_later(member, left, job))
+
+    async def _answer_forwarded_later(self, member: Member, left: float | None, job: str) -> bytes:
+        """``answer_forwarded`` where no coordinator of this node serves ``job`` yet: the job
+        created first (``--auto-create-jobs``), or the call refused."""
         loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout - DEADLINE_MARGIN_S
+        deadline = None if left is None else loop.time() + left
         while True:
             left = None if deadline is None else deadline - loop.time()
             coord = self._leading_coordinator(job)
@@ -356,7 +391,7 @@ class Router:
                 if left is not None and left <= 0:
                     raise forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE)
                 try:
-                    return await coord.quorum(member, left)
+                    return await coord.request(member, left)
                 except asyncio.TimeoutError:
                     raise forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE) from None
                 except JobLimitError as e:
@@ -374,6 +409,19 @@ class Router:
             if error is not None:
                 raise forward_error(error.code, error.message)
         raise forward_error(grpc.StatusCode.UNAVAILABLE, f"node {self._node_id} is not the leader (forwarded)")
+
+    def forwarded_failure(self, error: BaseException) -> grpc.aio.AioRpcError:
+        """The status a forwarded call ends with when its answer failed with ``error``: what
+        ``route_quorum`` would have ended the call with."""
+        if isinstance(error, grpc.aio.AioRpcError):
+            return error
+        if isinstance(error, asyncio.TimeoutError):
+            return forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE)
+        if isinstance(error, JobLimitError):
+            return forward_error(error.code, str(error))
+        if isinstance(error, NotLeader):
+            return forward_error(grpc.StatusCode.UNAVAILABLE, f"node {self._node_id} is not the leader (forwarded)")
+        return forward_error(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")
 
     # -- heartbeats ------------------------------------------------------------------------------
 

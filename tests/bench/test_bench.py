@@ -606,3 +606,21 @@ def test_side_by_side_measures_both_servers_under_the_same_load(tmp_path: Path):
     # The node does more per round than the floor (Raft, rules, routing): if the two read the
     # same process, or nothing, this would not hold.
     assert r.process_ms["node"] > r.process_ms["floor"], r
+
+
+@pytest.mark.integration
+def test_side_by_side_measures_every_node_of_a_cluster_called_through_its_followers(tmp_path: Path):
+    """``followers``: the groups call the two followers, and each of the three nodes is measured
+    (the busiest one, and all of them together)."""
+    from benchmarks.side_by_side import run_pair
+
+    r = run_pair(("followers", "cluster"), n=4, rate=8.0, seconds=1.5, workdir=tmp_path)
+    for s in ("followers", "cluster"):
+        assert r.rounds[s] >= 8, r
+        assert sorted(name.split()[0] for name in r.per_process_ms[s]) == ["follower", "follower", "leader"], r
+        assert r.process_ms[s] == max(r.per_process_ms[s].values()) < r.all_ms[s], r
+    # Called through its followers, every node answers calls; called directly, the followers only
+    # replicate: if the groups' addresses were not the followers', the two would look alike.
+    followers = [ms for name, ms in r.per_process_ms["followers"].items() if name != "leader"]
+    direct = [ms for name, ms in r.per_process_ms["cluster"].items() if name != "leader"]
+    assert min(followers) > max(direct), r

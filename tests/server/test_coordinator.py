@@ -728,6 +728,55 @@ def test_forwarded_calls_travel_batched_and_keep_their_semantics() -> None:
 
 
 @pytest.mark.integration
+def test_waiting_forwarded_calls_hold_no_task_on_either_side() -> None:
+    """A round of N forwarded calls is collected with one future per call on each side, not a
+    task per call (benchmarks F21: before, the follower ran a task per forward and the leader one
+    per forwarded call, 2N tasks for N waiting calls); calls that go away are withdrawn."""
+    import grpc
+
+    from lighthouse_cluster.server.forwarding import PeerChannels, QuorumForwarder, QuorumForwardingService
+
+    def raw(rid: str) -> bytes:
+        return pb.LighthouseQuorumRequest(requester=pb.QuorumMember(replica_id=rid)).SerializeToString()
+
+    async def main() -> None:
+        coord, _log, _ = make(min_replicas=1000)  # the round never completes
+        coord.start_leading(1)
+        await wait_for_async("the coordinator to serve", lambda: coord.serving, 2.0, interval=0.001)
+
+        def answer(request: bytes, timeout: float | None, job: str = "default") -> asyncio.Future[bytes]:
+            return coord.request(Member(pb.LighthouseQuorumRequest.FromString(request).requester.replica_id), timeout)
+
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((QuorumForwardingService(answer).handler(),))
+        leader = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        await server.start()
+        channels = PeerChannels()
+        fwd = QuorumForwarder(channels, "n2")
+        try:
+            first = fwd.forward(leader, raw("g-first"), 30.0)  # opens the stream (its tasks, both sides)
+            await wait_for_async("the first call at the leader", lambda: len(coord.pending()) == 1, 5.0,
+                                 interval=0.001)
+            tasks = len(asyncio.all_tasks())
+            calls = [fwd.forward(leader, raw(f"g{i}"), 30.0) for i in range(200)]
+            await wait_for_async("every call at the leader", lambda: len(coord.pending()) == 201, 5.0,
+                                 interval=0.001)
+            assert len(asyncio.all_tasks()) == tasks
+            assert not any(c.done() for c in calls)
+            for c in [first, *calls]:
+                c.cancel()
+            await wait_for_async("every call withdrawn at the leader", lambda: coord.pending() == [], 5.0,
+                                 interval=0.001)
+        finally:
+            fwd.close()
+            await channels.close()
+            await server.stop(grace=None)
+            coord.stop_leading()
+
+    asyncio.run(main())
+
+
+@pytest.mark.integration
 def test_a_forwarding_stream_that_fails_before_any_answer_sends_its_calls_plainly() -> None:
     """CI: forwarding to a leader without the stream service failed INTERNAL "Internal error from
     Core" — the follower's first stream message raced the leader's UNIMPLEMENTED, and gRPC reports

@@ -246,8 +246,10 @@ class _LeadingRaft:
 class _Coordinator:
     term = 5
 
-    async def quorum(self, member: Any, timeout: float | None) -> bytes:
-        return b"answered"
+    def request(self, member: Any, timeout: float | None) -> "asyncio.Future[bytes]":
+        answered: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        answered.set_result(b"answered")
+        return answered
 
 
 class _RouterNode:

@@ -97,7 +97,8 @@ def two_job_node() -> tuple[Node, NodeMetrics]:
                 connections=SimpleNamespace(connected=1))
     node = Node(machine, [default, b])
     return node, NodeMetrics(node, SimpleNamespace(forwarded_quorum_calls=4, rerouted_quorum_calls=0,
-                                                  forwarded_heartbeats=0, heartbeat_batches=0))
+                                                  forwarded_heartbeats=0, heartbeat_batches=0,
+                                                  forwarded_quorum_messages=0))
 
 
 def test_every_series_of_a_jobs_rounds_has_one_sample_per_job() -> None:

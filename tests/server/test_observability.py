@@ -175,8 +175,12 @@ def test_metrics_probes_health_and_reflection_on_a_formed_cluster(observed) -> N
     # Group g1 talked to n2: unless n2 leads, its calls were forwarded.
     if leader != 1:
         follower = metrics(cluster, 1)
-        assert sample(follower, "lighthouse_cluster_forwarded_quorum_calls",
-                      "lighthouse_cluster_forwarded_quorum_calls_total") >= 4
+        forwarded = sample(follower, "lighthouse_cluster_forwarded_quorum_calls",
+                           "lighthouse_cluster_forwarded_quorum_calls_total")
+        assert forwarded >= 4
+        # g1's calls came one at a time (one group on n2): at most a message each.
+        assert 1 <= sample(follower, "lighthouse_cluster_forwarded_quorum_messages",
+                           "lighthouse_cluster_forwarded_quorum_messages_total") <= forwarded
         batches = sample(follower, "lighthouse_cluster_forwarded_heartbeat_batches",
                          "lighthouse_cluster_forwarded_heartbeat_batches_total")
         assert sample(follower, "lighthouse_cluster_forwarded_heartbeats",

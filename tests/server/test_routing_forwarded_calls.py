@@ -28,7 +28,10 @@ class RacingForwarder:
     def __init__(self) -> None:
         self.started = asyncio.Event()
 
-    async def forward(self, leader: str, raw: bytes, timeout: float | None, job: str = "default") -> bytes:
+    def forward(self, leader: str, raw: bytes, timeout: float | None, job: str = "default") -> "asyncio.Future[bytes]":
+        return asyncio.ensure_future(self._forward())  # a future, as QuorumForwarder.forward gives
+
+    async def _forward(self) -> bytes:
         self.started.set()
         try:
             await asyncio.Event().wait()
