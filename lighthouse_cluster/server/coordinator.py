@@ -371,9 +371,10 @@ class QuorumCoordinator:
         """Register ``member``: a future of the serialized ``LighthouseQuorumResponse`` of the
         first committed quorum that includes it.
 
-        Raises ``NotLeader`` when this node is not the serving leader's term, ``JobLimitError``
-        over the job's limits; the future fails with ``NotLeader`` when this node stops leading,
-        with ``asyncio.TimeoutError`` after ``timeout`` seconds. Cancelling it ends the call.
+        Raises ``NotLeader`` when this node does not lead (no term), ``JobLimitError`` over the
+        job's limits. The future fails with ``NotLeader`` when this node stops leading, with
+        ``asyncio.TimeoutError`` after ``timeout`` seconds; cancelling it ends the call. A call made
+        before this term serves waits for it (a replay is decided on the state it serves from).
 
         Only live requesters are issued: a call that ends without a quorum (its deadline, a
         cancellation, the caller or the forwarding node gone) withdraws the registration when it
