@@ -223,16 +223,17 @@ def main(a: str, b: str, n: int, rate: float, seconds: float, pairs: int) -> Non
             rows.append(r)
             click.echo(f"pair {i + 1}/{pairs}")
             for s in (a, b):
+                click.echo(f"  {s}: loop {r.main_ms[s]:.2f}, process {r.process_ms[s]:.2f}, all "
+                           f"{r.all_ms[s]:.2f} ms per round")
                 each = ", ".join(f"{name} {ms:.1f}" for name, ms in r.per_process_ms[s].items())
-                click.echo(f"  {s}: loop {r.main_ms[s]:.2f} ms, process {r.process_ms[s]:.2f} ms, all "
-                           f"{r.all_ms[s]:.2f} ms per round ({each}; {r.rounds[s]} rounds, "
-                           f"{r.behind_s[s]:+.2f} s behind)")
+                click.echo(f"    {each} ms; {r.rounds[s]} rounds, {r.behind_s[s]:+.2f} s behind")
     for s in (a, b):
         late = max(r.behind_s[s] for r in rows)
-        click.echo(f"{s}: median loop {statistics.median(r.main_ms[s] for r in rows):.2f} ms, process "
-                   f"{statistics.median(r.process_ms[s] for r in rows):.2f} ms, all "
-                   f"{statistics.median(r.all_ms[s] for r in rows):.2f} ms per round"
-                   + (f" (fell {late:.2f} s behind the rate: saturated, lower --rate)" if late > 0.25 else ""))
+        click.echo(f"{s}: median loop {statistics.median(r.main_ms[s] for r in rows):.2f}, process "
+                   f"{statistics.median(r.process_ms[s] for r in rows):.2f}, all "
+                   f"{statistics.median(r.all_ms[s] for r in rows):.2f} ms per round")
+        if late > 0.25:
+            click.echo(f"  fell {late:.2f} s behind the rate: saturated, lower --rate")
     diff = [r.main_ms[b] - r.main_ms[a] for r in rows]
     click.echo(f"B - A, event loop per pair: {', '.join(f'{d:+.2f}' for d in diff)} ms per round")
 

@@ -101,7 +101,8 @@ def forward_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
 _CODE_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
 
 
-def _failure_as_is(error: BaseException) -> grpc.aio.AioRpcError:
+def failure_as_is(error: BaseException) -> grpc.aio.AioRpcError:
+    """A forwarded call's failure as a status: an ``grpc.aio.AioRpcError``'s own, else INTERNAL."""
     if isinstance(error, grpc.aio.AioRpcError):
         return error
     return forward_error(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")
@@ -302,11 +303,10 @@ class _ForwardStream:
                 for err in down.errors:
                     answer = self._answer(err.key)
                     if answer is not None:
+                        # One call's failure, whatever its status: only the stream's own failure
+                        # sends calls plainly (``_stream_failed``).
                         code = _CODE_BY_VALUE.get(err.code, grpc.StatusCode.UNKNOWN)
-                        details = err.details
-                        if code == grpc.StatusCode.UNIMPLEMENTED:
-                            details = details or _UNIMPLEMENTED_FORWARDED
-                        answer.set_exception(forward_error(code, details))
+                        answer.set_exception(forward_error(code, err.details))
             error = forward_error(grpc.StatusCode.UNAVAILABLE, f"forwarding stream to {self._leader} ended")
         except grpc.aio.AioRpcError as e:
             error = e
@@ -346,13 +346,12 @@ class QuorumForwardingService:
     if the call ends unanswered), a future (or a coroutine, run as a task); answers of one round go
     out in one message; a withdrawn key, or the stream ending, cancels it (which withdraws the
     registration, as a cancelled forwarded call does). A failed answer's status is
-    ``failure(error)`` (by default an ``grpc.aio.AioRpcError``'s own, see :func:`forward_error`,
-    else INTERNAL)."""
+    ``failure(error)`` (by default :func:`failure_as_is`)."""
 
     def __init__(self, answer: Callable[[bytes, float | None, str], Awaitable[bytes]],
                  failure: Callable[[BaseException], grpc.aio.AioRpcError] | None = None) -> None:
         self._answer = answer
-        self._failure = failure or _failure_as_is
+        self._failure = failure or failure_as_is
         self.streams = 0
         self.forwarded_calls = 0
         self.messages_in = 0

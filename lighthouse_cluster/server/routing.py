@@ -42,6 +42,7 @@ from lighthouse_cluster.server.forwarding import (
     PeerChannels,
     QuorumForwarder,
     QuorumForwardingService,
+    failure_as_is,
     forward_error,
 )
 from lighthouse_cluster.server.grpc_services import InvalidRequest, validate_requester
@@ -374,7 +375,7 @@ class Router:
             try:
                 return coord.request(member, left)
             except JobLimitError as e:
-                return _failed(forward_error(e.code, str(e)))
+                return _failed(e)
             except NotLeader:
                 pass
         return asyncio.ensure_future(self._answer_forwarded_later(member, left, job))
@@ -391,11 +392,7 @@ class Router:
                 if left is not None and left <= 0:
                     raise forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE)
                 try:
-                    return await coord.request(member, left)
-                except asyncio.TimeoutError:
-                    raise forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE) from None
-                except JobLimitError as e:
-                    raise forward_error(e.code, str(e)) from None
+                    return await coord.request(member, left)  # its failures: see forwarded_failure
                 except NotLeader:
                     pass
             missing = self._missing_job(job)
@@ -408,20 +405,18 @@ class Router:
             error = await self._create_job(job, left)
             if error is not None:
                 raise forward_error(error.code, error.message)
-        raise forward_error(grpc.StatusCode.UNAVAILABLE, f"node {self._node_id} is not the leader (forwarded)")
+        raise NotLeader("not the leader")
 
     def forwarded_failure(self, error: BaseException) -> grpc.aio.AioRpcError:
         """The status a forwarded call ends with when its answer failed with ``error``: what
         ``route_quorum`` would have ended the call with."""
-        if isinstance(error, grpc.aio.AioRpcError):
-            return error
         if isinstance(error, asyncio.TimeoutError):
             return forward_error(grpc.StatusCode.CANCELLED, TIMEOUT_MESSAGE)
         if isinstance(error, JobLimitError):
             return forward_error(error.code, str(error))
         if isinstance(error, NotLeader):
             return forward_error(grpc.StatusCode.UNAVAILABLE, f"node {self._node_id} is not the leader (forwarded)")
-        return forward_error(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")
+        return failure_as_is(error)
 
     # -- heartbeats ------------------------------------------------------------------------------
 

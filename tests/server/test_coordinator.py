@@ -637,6 +637,11 @@ def test_running_quorum_is_the_committed_one_until_this_leader_issues() -> None:
 # -- batched forwarding (routing.QuorumForwarder -> routing.QuorumForwardingService) -------------
 
 
+def raw(rid: str) -> bytes:
+    """A Quorum request of replica ``rid``, serialized (what a follower forwards)."""
+    return pb.LighthouseQuorumRequest(requester=pb.QuorumMember(replica_id=rid)).SerializeToString()
+
+
 @pytest.mark.integration
 def test_forwarded_calls_travel_batched_and_keep_their_semantics() -> None:
     """Calls a follower forwards in the same event-loop turn go to the leader in one stream
@@ -647,9 +652,6 @@ def test_forwarded_calls_travel_batched_and_keep_their_semantics() -> None:
 
     from lighthouse_cluster.server.forwarding import (FORWARDED_HEADER, PeerChannels, QuorumForwarder,
                                                       QuorumForwardingService, forward_error)
-
-    def raw(rid: str) -> bytes:
-        return pb.LighthouseQuorumRequest(requester=pb.QuorumMember(replica_id=rid)).SerializeToString()
 
     async def main() -> None:
         coord, log, _ = make(min_replicas=3)
@@ -736,9 +738,6 @@ def test_waiting_forwarded_calls_hold_no_task_on_either_side() -> None:
 
     from lighthouse_cluster.server.forwarding import PeerChannels, QuorumForwarder, QuorumForwardingService
 
-    def raw(rid: str) -> bytes:
-        return pb.LighthouseQuorumRequest(requester=pb.QuorumMember(replica_id=rid)).SerializeToString()
-
     async def main() -> None:
         coord, _log, _ = make(min_replicas=1000)  # the round never completes
         coord.start_leading(1)
@@ -772,6 +771,43 @@ def test_waiting_forwarded_calls_hold_no_task_on_either_side() -> None:
             await channels.close()
             await server.stop(grace=None)
             coord.stop_leading()
+
+    asyncio.run(main())
+
+
+@pytest.mark.integration
+def test_a_forwarded_call_the_leader_fails_unimplemented_fails_alone() -> None:
+    """An UNIMPLEMENTED answer to one forwarded call (not the stream: the leader has the service)
+    fails that call with the leader's status; the stream keeps carrying the others. (The reader
+    of the stream once named a constant that no longer existed there: the call, and every call
+    after it on the stream, waited out its deadline.)"""
+    import grpc
+
+    from lighthouse_cluster.server.forwarding import (PeerChannels, QuorumForwarder, QuorumForwardingService,
+                                                      forward_error)
+
+    async def main() -> None:
+        async def answer(request: bytes, timeout: float | None, job: str = "default") -> bytes:
+            if pb.LighthouseQuorumRequest.FromString(request).requester.replica_id == "old":
+                raise forward_error(grpc.StatusCode.UNIMPLEMENTED, "")  # no details: gRPC's own may be empty
+            return b"answered"
+
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((QuorumForwardingService(answer).handler(),))
+        leader = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        await server.start()
+        channels = PeerChannels()
+        fwd = QuorumForwarder(channels, "n2")
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await asyncio.wait_for(fwd.forward(leader, raw("old"), 30.0), 5.0)
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert await asyncio.wait_for(fwd.forward(leader, raw("new"), 30.0), 5.0) == b"answered"
+            assert fwd.streams_opened == 1
+        finally:
+            fwd.close()
+            await channels.close()
+            await server.stop(grace=None)
 
     asyncio.run(main())
 
