@@ -25,8 +25,11 @@ round, as in the Raft thesis (section 6.4.1, leases for reads):
 3. A new leader serves only once it has led for ``max(L, L') - R`` on its clock (at least 0),
    ``L'`` being the lease length its predecessor announced (replicated in ``ConfirmLeadership``,
    so a node with a shorter or no lease still waits out a longer one) and ``R`` the vote-refusal
-   window below (0 for a leader elected on a handover). With the defaults (``L`` = 100 ms, ``R`` =
+   window below (0 for a leader elected on a handover). With the defaults (``L`` = 150 ms, ``R`` =
    the 150 ms minimum election timeout) a new leader serves as soon as its ``TermStart`` commits.
+   ``L`` is as long as that allows: a busy leader needs a confirmation every ``t*L/2`` (37.5 ms),
+   which is its heartbeat period, so its heartbeats renew the lease and no message goes out for
+   it alone (``LeaderTerm``; benchmarks F22: with 100 ms, a probe of its own every 25 ms).
 
 The vote-refusal window ``R`` (``raft/fast_election.py``, ``vote_refused``; Raft thesis 4.2.3):
 a node grants no vote, and a follower does not even take the candidate's term, until ``R`` after
@@ -72,14 +75,15 @@ new leader may serve up to ``t*L`` early).
 
 Only durations are compared, each on one node's clock: no synchronized clocks. With ``trust =
 1/2`` it holds while the clock *rates* of two nodes differ by less than 2x (NTP slews by at
-most 0.05 %); with the defaults' ``R > L`` the refusal alone covers rates up to ``R / (t*L)`` =
-3x apart. A node whose clock runs several times slower than its peers' (the fault-injection
+most 0.05 %); with the defaults (``R = L``) the refusal alone covers rates up to ``R / (t*L)`` =
+2x apart as well. A node whose clock runs several times slower than its peers' (the fault-injection
 harness's clock nemesis, rates 0.25x-4x) breaks that assumption: it could issue a stale fast
 quorum (an id its successor already replaced; never a second member set for an id, which the
 commits alone guarantee); run with ``--quorum-lease-ms 0`` where that can happen. Before the
-refusal window (benchmarks F13) a new leader waited ``L`` (default 100 ms) before serving, and
-failover took that much longer; it still does when ``L > R`` (a long ``--quorum-lease-ms`` or a
-short ``--election-timeout-ms``), by ``L - R``.
+refusal window (benchmarks F13) a new leader waited ``L`` (then 100 ms) before serving, and
+failover took that much longer; it still does when ``L > R`` (a longer ``--quorum-lease-ms`` or a
+shorter ``--election-timeout-ms``), by ``L - R``, and a leader elected on a handover waits the
+whole ``L``.
 
 What the lease gives up: a round issued on it is in no node's log (a record goes out at most once
 a second). A leader SIGKILLed between the answers of such a round (a window of about a
@@ -96,7 +100,7 @@ from dataclasses import dataclass
 
 __all__ = ["DEFAULT_LEASE_MS", "LeaseSettings", "QuorumLease", "lease_wait_s"]
 
-DEFAULT_LEASE_MS = 100
+DEFAULT_LEASE_MS = 150
 
 
 @dataclass(frozen=True)
@@ -149,10 +153,11 @@ class QuorumLease:
     def remaining(self, term: int | None, now: float) -> float:
         return max(0.0, self._until - now) if term is not None and term == self._term else 0.0
 
-    def renewal_due(self, term: int | None, now: float) -> bool:
-        """Renew once less than half of a confirmation's worth is left (a confirmation takes one
-        Raft commit, a few ms; half of ``held_s`` leaves room for a slow one)."""
-        return self.remaining(term, now) < self.settings.held_s / 2
+    def renewal_due(self, term: int | None, now: float, share: float = 0.5) -> bool:
+        """Renew once less than ``share`` of a confirmation's worth is left (a confirmation takes
+        one Raft commit or one acknowledged heartbeat, a few ms; half of ``held_s`` leaves room for
+        a slow one)."""
+        return self.remaining(term, now) < share * self.settings.held_s
 
     def serve_after(self, leading_since: float, predecessor_lease_ms: int, vote_refusal_s: float = 0.0) -> float:
         """When a leader that took over at ``leading_since`` may serve: every lease a predecessor

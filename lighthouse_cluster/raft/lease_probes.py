@@ -9,7 +9,8 @@ append_entries and applied on every node (half of a busy leader's Raft thread at
 benchmarks F16). An acknowledged heartbeat proves the same thing:
 
 * The leader of term ``T`` asks at ``s`` (``probe_leadership``): its next append_entries to every
-  follower (sent at once) carries ``LEASE_PROBE_KEY: (T, s)``.
+  follower (sent at once) carries ``LEASE_PROBE_KEY: (T, t)``, ``t >= s`` being the time it goes
+  out on the leader's clock.
 * A follower that takes that append_entries (a term ``>=`` its own: it is then in ``T``, follows
   the sender, and has just *heard from a current leader*, which starts its vote-refusal window,
   ``fast_election.vote_refused``) marks the acknowledgement it sends for it with the same
@@ -33,6 +34,18 @@ An older member ignores the key (pysyncobj ignores keys it does not know) and ec
 probe it would have to confirm is not confirmed, and the caller falls back to a commit
 (``LeaderTerm``). A probe not confirmed within ``PROBE_EXPIRY_S`` or by a change of term or role
 is answered False.
+
+**Heartbeats as probes** (``stream_confirmations``). While rounds come fast the lease needs a
+confirmation every half lease; asked for one at a time, each probe was an append_entries of its
+own, sent whenever the event loop got round to asking, and the regular heartbeat went out beside
+it (benchmarks F22: ~37 append_entries a second to each follower, ~27 of them probes). Instead,
+while ``LeaderTerm`` says the leader is busy, *every* append_entries of term ``T`` carries
+``(T, t)``, its own send time, and each time the latest majority-confirmed ``t`` moves forward it
+is reported (``on_confirmed(t)``): the lease is renewed by the heartbeats the leader sends
+anyway, ~27 a second, anchored at when each was sent (a confirmation of ``(T, t)`` proves what a
+probe asked at ``t`` proves), however late the event loop reads it. An explicit probe is only
+needed when those confirmations stop coming (``LeaderTerm`` then asks one, and falls back to
+commits if it goes unanswered).
 """
 
 from __future__ import annotations
@@ -80,9 +93,9 @@ class LeaseProbeSyncObj(QuiescentSyncObj):
         # Before SyncObj.__init__: pysyncobj puts the attributes a SyncObj gains after it into its
         # snapshots (and its tick thread starts inside it).
         self._probes: list[tuple[float, int, Callable[[bool], None]]] = []  # (s, term, callback)
-        self._probe_to_send: tuple[int, float] | None = None  # (term, s) for the next append_entries
-        self._probe_sent: tuple[int, float] | None = None  # the probe this tick's append_entries carried
-        self._echoes: dict[Any, float] = {}  # member -> latest s it echoed in _echo_term
+        # (term, on_confirmed, latest t reported): every append_entries of term carries a probe
+        self._stream: tuple[int, Callable[[float], None], float] | None = None
+        self._echoes: dict[Any, float] = {}  # member -> latest t it echoed in _echo_term
         self._echo_term: int | None = None
         self._echo_to: tuple[Any, Any] | None = None  # a follower: (leader, probe) being acknowledged
         self.lease_probes_sent = 0  # append_entries that carried a probe (for tests)
@@ -104,19 +117,32 @@ class LeaseProbeSyncObj(QuiescentSyncObj):
         if not self.otherNodes:
             callback(True)  # a one-member cluster is its own majority
             return
-        now = monotonic()
-        self._probes.append((now, term, callback))
-        self._probe_to_send = (term, now)
+        self._probes.append((monotonic(), term, callback))
         self.pso_send_append_entries_now()
         self.pso_wake()  # the tick that sends it comes at once, not after the overdue wait
 
+    def stream_confirmations(self, term: int, on_confirmed: Callable[[float], None] | None) -> None:
+        """On the tick thread: from now on every append_entries of ``term`` carries a probe, and
+        ``on_confirmed(t)`` (tick thread) reports each later ``monotonic()`` time ``t`` that a
+        majority confirmed in ``term`` (as ``probe_leadership`` asked at ``t`` would be), until
+        this node no longer leads ``term`` or ``on_confirmed`` is None (the module docstring)."""
+        self._stream = None if on_confirmed is None else (term, on_confirmed, float("-inf"))
+
+    def _streaming(self) -> bool:
+        stream = self._stream
+        if stream is None:
+            return False
+        if self._isLeader() and stream[0] == self.raftCurrentTerm:
+            return True
+        self._stream = None  # its term is over here
+        return False
+
     def _mark_probe(self) -> tuple[str, Any] | None:
-        probe = self._probe_to_send
-        if probe is None or not self._isLeader() or probe[0] != self.raftCurrentTerm:
+        if not (self._probes or self._streaming()) or not self._isLeader():
             return None
-        self._probe_sent = probe
         self.lease_probes_sent += 1
-        return LEASE_PROBE_KEY, probe
+        # Its own send time: after every probe asked before it (all on this thread).
+        return LEASE_PROBE_KEY, (self.raftCurrentTerm, monotonic())
 
     def _on_echo(self, node: Any, value: Any) -> None:
         echo = _parse_probe(value)
@@ -131,7 +157,7 @@ class LeaseProbeSyncObj(QuiescentSyncObj):
         self._settle_probes()
 
     def _settle_probes(self) -> None:
-        if not self._probes:
+        if not (self._probes or self._streaming()):
             return
         term = self.raftCurrentTerm
         members = self.otherNodes  # the configuration now (pysyncobj returns a copy)
@@ -139,6 +165,10 @@ class LeaseProbeSyncObj(QuiescentSyncObj):
         since = confirmed_since(echoes, len(members) + 1)
         if since is None:
             return
+        stream = self._stream
+        if stream is not None and stream[0] == term and stream[2] < since < float("inf"):
+            self._stream = (term, stream[1], since)
+            stream[1](since)
         waiting = []
         for probe in self._probes:
             if probe[1] == term and probe[0] <= since:
@@ -162,11 +192,6 @@ class LeaseProbeSyncObj(QuiescentSyncObj):
 
     def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N803 -- pysyncobj's name
         super()._onTick(timeToWait)
-        # A probe goes out in one tick's append_entries, to every follower (pysyncobj sends them
-        # together); one asked for after they went out (a tick job) waits for the next tick.
-        if self._probe_sent is not None and self._probe_sent is self._probe_to_send:
-            self._probe_to_send = None
-        self._probe_sent = None
         self._expire_probes(monotonic())
 
     # -- a follower ---------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from __future__ import annotations
 import enum
 import logging
 import queue
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -389,6 +390,27 @@ class RaftNode:
             self._syncobj.probe_leadership(term, lambda ok: callback(ok and self.led_term == term))
 
         self._tick_jobs.put(probe)
+        self._syncobj.wake()
+
+    def stream_lease_confirmations(self, term: int, on_confirmed: Callable[[float], None] | None) -> None:
+        """While this node leads ``term``, every heartbeat is a lease probe (``lease_probes``,
+        "Heartbeats as probes"): ``on_confirmed(t)`` reports each later ``time.monotonic()`` time
+        ``t`` at which a majority followed this leader in ``term`` (what ``probe_leadership``
+        called at ``t`` proves), on the tick thread; None stops it. Nothing is reported while a
+        leadership transfer runs, as ``probe_leadership`` confirms nothing then."""
+        if on_confirmed is None:
+            self._tick_jobs.put(lambda: self._syncobj.stream_confirmations(term, None))
+            self._syncobj.wake()
+            return
+
+        def confirmed(since: float) -> None:
+            if self.led_term != term or (self._handing_over_until > monotonic() and self.is_leader):
+                return
+            # pysyncobj's clock (CLOCK_MONOTONIC_RAW) to time.monotonic's, read back to back: the
+            # age of the confirmation, not its absolute time, crosses over.
+            on_confirmed(time.monotonic() - (monotonic() - since))
+
+        self._tick_jobs.put(lambda: self._syncobj.stream_confirmations(term, confirmed))
         self._syncobj.wake()
 
     # -- reads (local view; may be stale on a deposed leader) --------------------------------

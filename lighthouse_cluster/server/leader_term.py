@@ -17,11 +17,15 @@ successors and grants the first lease. After that:
   (``confirmed_by_commit``), and a fast round that finds the lease run out is committed rather
   than issued on it, which renews it;
 * while rounds come faster than one per ``BUSY_GAP_S`` (``round_issued``), ``LeaderTerm`` also
-  confirms the term in the background whenever less than half a confirmation's worth is left, so
-  that no round waits for a commit. It does so with a lease probe (``raft/lease_probes.py``: one
-  heartbeat that a majority acknowledges, no log entry); where a probe goes unanswered (a member
-  of an older version does not echo them), with a ``ConfirmLeadership`` commit, for
-  ``PROBE_BACKOFF_S``.
+  confirms the term in the background, so that no round waits for a commit: every heartbeat the
+  leader sends is then a lease probe (``stream``: ``raft/lease_probes.py``, "Heartbeats as
+  probes"; no log entry, no message of its own), and each one a majority acknowledged renews the
+  lease from when it was sent. Where less than a quarter of a confirmation's worth is left all
+  the same (heartbeats late, or unanswered), it asks a probe of its own (an append_entries sent
+  at once), and where that goes unanswered too (a member of an older version does not echo
+  probes), it renews with a ``ConfirmLeadership`` commit, for ``PROBE_BACKOFF_S``. Without
+  ``stream`` each renewal is such a probe, asked when less than half a confirmation's worth is
+  left.
 
 So training that asks once a second writes one commit per round and nothing else (before, a
 confirmation went out every 25 ms for a second after each request), and a benchmark hammering
@@ -53,6 +57,11 @@ BUSY_GAP_S = 0.5
 RETRY_S = 0.1
 # After a lease probe went unanswered, the lease is renewed by commits for this long.
 PROBE_BACKOFF_S = 5.0
+# A renewal is asked when less than this share of a confirmation's worth (held_s) is left: half,
+# or a quarter while every heartbeat renews the lease (a heartbeat every appendEntriesPeriod,
+# half of held_s with the defaults, leaves that share plus a round trip at its lowest).
+RENEWAL_SHARE = 0.5
+STREAMED_RENEWAL_SHARE = 0.25
 
 
 class LeaderTerm:
@@ -63,15 +72,22 @@ class LeaderTerm:
                  wall_ms: Callable[[], int] = lambda: int(time.time() * 1000),
                  lease: LeaseSettings = LeaseSettings(), retry_s: float = RETRY_S,
                  vote_refusal_s: Callable[[int], float] = lambda _term: 0.0,
-                 probe: Callable[[int], Awaitable[bool]] | None = None) -> None:
+                 probe: Callable[[int], Awaitable[bool]] | None = None,
+                 stream: Callable[[int, Callable[[float], None] | None], None] | None = None) -> None:
         """``vote_refusal_s(T)``: how long every member refused votes after hearing from a leader
         when this node was elected leader of ``T`` (``RaftNode.vote_refusal_s``; 0: wait out the
         whole lease, as a leader elected on a handover does). ``probe(T)``: True when a majority
         acknowledged, after the call, that this node leads ``T`` (``RaftNode.probe_leadership``);
-        None: every renewal is a ``ConfirmLeadership`` commit."""
+        None: every renewal is a ``ConfirmLeadership`` commit. ``stream(T, on_confirmed)``: every
+        heartbeat of ``T`` a probe, ``on_confirmed(t)`` (on this loop, ``t`` on ``clock``) for
+        each later time a majority confirmed; ``stream(T, None)`` stops it
+        (``RaftNode.stream_lease_confirmations``; None: renewals are asked one at a time)."""
         self._probe = probe
+        self._stream = stream
+        self._streaming: int | None = None  # the term whose heartbeats are probes
         self._probe_after = float("-inf")  # renewals are commits until then (a probe went unanswered)
-        self.renewals = {"probe": 0, "commit": 0}  # lease renewals in the background, by how
+        # lease renewals in the background, by how: a heartbeat, a probe of its own, a commit
+        self.renewals = {"heartbeat": 0, "probe": 0, "commit": 0}
         self.node_id = node_id
         self._vote_refusal_s = vote_refusal_s
         self.state = state
@@ -126,6 +142,7 @@ class LeaderTerm:
             return
         self._term = None
         self._serving = False
+        self._stop_stream()
         for task in self._tasks:
             task.cancel()
         self._tasks = []
@@ -224,7 +241,8 @@ class LeaderTerm:
         """At the term's first request: confirm the term through Raft, announcing the lease length
         (successors wait it out), which grants the first lease. Then, while rounds are frequent,
         confirm again (a probe, else a commit) whenever less than half a confirmation's worth is
-        left; otherwise the rounds' own commits renew it (module docstring)."""
+        left (a quarter while its heartbeats renew it); otherwise the rounds' own commits renew it
+        (module docstring)."""
         settings = self.lease.settings
         cmd = ConfirmLeadership(term=term, node_id=self.node_id, lease_ms=settings.lease_ms)
         await self._requested.wait()
@@ -232,11 +250,14 @@ class LeaderTerm:
             now = self._clock()
             if self._announced == term:
                 if not self._busy(now):
+                    self._stop_stream()
                     self._busy_now.clear()
                     await self._busy_now.wait()
                     continue
-                if not self.lease.renewal_due(term, now):
-                    await asyncio.sleep(max(0.001, self.lease.remaining(term, now) - settings.held_s / 2))
+                self._start_stream(term)
+                share = STREAMED_RENEWAL_SHARE if self._streaming == term else RENEWAL_SHARE
+                if not self.lease.renewal_due(term, now, share):
+                    await asyncio.sleep(max(0.001, self.lease.remaining(term, now) - share * settings.held_s))
                     continue
             if self._announced == term and self._probe is not None and now >= self._probe_after:
                 if await self._renew_by_probe(term, now):
@@ -258,6 +279,26 @@ class LeaderTerm:
                 self.renewals["commit"] += 1
             self._announced = term
             self.lease.confirmed(term, now)
+
+    def _start_stream(self, term: int) -> None:
+        if self._stream is None or self._streaming == term:
+            return
+        self._stop_stream()
+        self._streaming = term
+        self._stream(term, lambda since: self._confirmed_by_heartbeat(term, since))
+
+    def _stop_stream(self) -> None:
+        if self._streaming is not None and self._stream is not None:
+            self._stream(self._streaming, None)
+        self._streaming = None
+
+    def _confirmed_by_heartbeat(self, term: int, since: float) -> None:
+        """A heartbeat this leader sent at ``since`` (its clock) was acknowledged, in ``term``, by a
+        majority: as a probe asked then (``lease.py``, point 1)."""
+        if self._term != term or self._announced != term or self._streaming != term:
+            return
+        self.lease.confirmed(term, since)
+        self.renewals["heartbeat"] += 1
 
     async def _renew_by_probe(self, term: int, now: float) -> bool:
         """Renew the lease with a probe asked after ``now`` (``lease_probes``): True when it was

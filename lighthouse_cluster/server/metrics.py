@@ -132,7 +132,7 @@ class MetricsSource(Protocol):
 
     @property
     def lease_renewals(self) -> Mapping[str, int]:
-        """Background renewals of the quorum lease by path, 'probe' and 'commit' (``LeaderTerm``)."""
+        """Background renewals of the quorum lease by path, 'heartbeat', 'probe' and 'commit' (``LeaderTerm``)."""
 
     def readiness(self) -> tuple[bool, str]: ...
 
@@ -252,8 +252,9 @@ class NodeCollector(Collector):
         yield rer
         renewals = CounterMetricFamily(
             PREFIX + "lease_renewals", "Background renewals of the leader's quorum lease while rounds come fast, "
-            "by path: 'probe' (one heartbeat a majority acknowledged, no log entry) or 'commit' (a "
-            "ConfirmLeadership entry, where a probe went unanswered)", labels=["node", "path"])
+            "by path: 'heartbeat' (a regular heartbeat a majority acknowledged, no log entry), 'probe' (a "
+            "heartbeat sent for it alone, where those came late) or 'commit' (a ConfirmLeadership entry, "
+            "where a probe went unanswered)", labels=["node", "path"])
         for path, count in node.lease_renewals.items():
             renewals.add_metric([node_id, path], count)
         yield renewals

@@ -22,6 +22,7 @@ import gc
 import logging
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -133,6 +134,7 @@ class LighthouseNode:
         self._jobs_stopped = False
         self._stopped = asyncio.Event()
         self.leader_term = LeaderTerm(config.node_id, self.machine, self.submit, probe=self.probe_leadership,
+                                      stream=self.stream_lease_confirmations,
                                       lease=LeaseSettings(lease_ms=config.quorum_lease_ms),
                                       vote_refusal_s=lambda term: self.raft.vote_refusal_s(term) if self.raft else 0.0)
         self.jobs = JobRegistry(self, config, self.machine, self.submit, self.leader_term,
@@ -298,6 +300,25 @@ class LighthouseNode:
         future, on_result = loop_future(loop)
         self.raft.probe_leadership(term, lambda ok: on_result(ok, None))
         return future
+
+    def stream_lease_confirmations(self, term: int, on_confirmed: Callable[[float], None] | None) -> None:
+        """Every heartbeat of ``term`` a lease probe (``RaftNode.stream_lease_confirmations``):
+        ``on_confirmed(t)`` on the event loop, ``t`` a ``time.monotonic()`` time; None stops it."""
+        loop = self._loop
+        if self.raft is None or loop is None:
+            return
+        if on_confirmed is None:
+            self.raft.stream_lease_confirmations(term, None)
+            return
+        callback = on_confirmed
+
+        def to_loop(since: float) -> None:
+            try:
+                loop.call_soon_threadsafe(callback, since)
+            except RuntimeError:  # the loop closed while the tick thread ran on (shutdown)
+                pass
+
+        self.raft.stream_lease_confirmations(term, to_loop)
 
     # -- jobs -----------------------------------------------------------------------------------
 

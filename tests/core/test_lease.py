@@ -311,11 +311,13 @@ def test_a_commit_applied_after_the_term_ended_renews_nothing() -> None:
 # -- renewals by lease probe (raft/lease_probes.py) ------------------------------------------------
 
 
-async def _busy_term(probe: Any, *, until: Any, timeout: float = 5.0) -> tuple[LeaderTerm, Log]:
-    """A LeaderTerm of term 1 with the 100 ms lease, asked for rounds every 5 ms until ``until(leader,
-    log)`` holds (the renewals go out in the background meanwhile)."""
+async def _busy_term(probe: Any, *, until: Any, timeout: float = 5.0, stream: Any = None,
+                     lease_ms: int = 100) -> tuple[LeaderTerm, Log]:
+    """A LeaderTerm of term 1 with a ``lease_ms`` lease, asked for rounds every 5 ms until
+    ``until(leader, log)`` holds (the renewals go out in the background meanwhile)."""
     log = Log(QuorumStateMachine())
-    leader = LeaderTerm("n1", log.machine, log.submit, lease=LeaseSettings(lease_ms=100), probe=probe)
+    leader = LeaderTerm("n1", log.machine, log.submit, lease=LeaseSettings(lease_ms=lease_ms), probe=probe,
+                        stream=stream)
     leader.start(1)
     assert await asyncio.wait_for(leader.serving(1), 5.0)
     leader.requested()
@@ -363,4 +365,122 @@ def test_a_probe_not_confirmed_falls_back_to_commits_for_a_while(answer: str) ->
         leader, log = await _busy_term(probe, until=lambda leader, _log: leader.renewals["commit"] >= 3)
         assert len(probed) == 1, "after an unconfirmed probe, renewals are commits for PROBE_BACKOFF_S"
         assert leader.renewals["probe"] == 0 and log.count(ConfirmLeadership) >= 4
+    asyncio.run(main())
+
+
+# -- renewals by heartbeat (lease_probes.py, "Heartbeats as probes") -------------------------------
+
+
+class Heartbeats:
+    """A leader's heartbeats as ``LeaderTerm``'s ``stream`` sees them: while a stream is on, one
+    confirmation every ``period_s`` (unless ``mute``), stamped with when it was "sent"."""
+
+    def __init__(self, period_s: float = 0.02) -> None:
+        self.period_s = period_s
+        self.calls: list[tuple[int, bool]] = []  # (term, on) per stream() call
+        self.on_confirmed: Any = None
+        self.given: list[Any] = []  # every on_confirmed a stream was started with
+        self.mute = False
+        self._task: asyncio.Task[None] | None = None
+
+    def __call__(self, term: int, on_confirmed: Any) -> None:
+        self.calls.append((term, on_confirmed is not None))
+        self.on_confirmed = on_confirmed
+        if on_confirmed is not None:
+            self.given.append(on_confirmed)
+        if on_confirmed is not None and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._beat())
+
+    async def _beat(self) -> None:
+        while True:
+            sent = time.monotonic()
+            await asyncio.sleep(self.period_s)
+            if self.on_confirmed is not None and not self.mute:
+                self.on_confirmed(sent)
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+def test_a_busy_leader_renews_its_lease_by_its_heartbeats_with_no_probe_of_their_own() -> None:
+    probed: list[int] = []
+
+    async def probe(term: int) -> bool:
+        probed.append(term)
+        await asyncio.sleep(0)
+        return True
+
+    async def main() -> None:
+        beats = Heartbeats()
+        try:
+            leader, log = await _busy_term(probe, stream=beats, lease_ms=150,
+                                           until=lambda leader, _log: leader.renewals["heartbeat"] >= 20)
+        finally:
+            beats.stop()
+        assert log.count(ConfirmLeadership) == 1 and leader.renewals["commit"] == 0
+        # A probe of its own only where a heartbeat came a quarter lease late (a stalled loop).
+        assert leader.renewals["heartbeat"] > 4 * max(1, len(probed)), (leader.renewals, probed)
+        assert beats.calls[0] == (1, True) and beats.calls[-1] == (1, False)  # stopped with the term
+    asyncio.run(main())
+
+
+def test_heartbeats_that_stop_confirming_give_way_to_probes() -> None:
+    probed: list[int] = []
+
+    async def probe(term: int) -> bool:
+        probed.append(term)
+        await asyncio.sleep(0)
+        return True
+
+    async def main() -> None:
+        beats = Heartbeats()
+        beats.mute = True  # members that do not echo, or heartbeats that never get through
+        try:
+            leader, log = await _busy_term(probe, stream=beats, lease_ms=150,
+                                           until=lambda leader, _log: leader.renewals["probe"] >= 5)
+        finally:
+            beats.stop()
+        assert leader.renewals["heartbeat"] == 0 and leader.renewals["commit"] == 0
+        assert log.count(ConfirmLeadership) == 1
+    asyncio.run(main())
+
+
+def test_heartbeats_renew_only_while_rounds_come_fast_and_only_the_term_they_belong_to() -> None:
+    async def probe(term: int) -> bool:
+        return True
+
+    async def main() -> None:
+        beats = Heartbeats()
+        log = Log(QuorumStateMachine())
+        leader = LeaderTerm("n1", log.machine, log.submit, lease=LeaseSettings(lease_ms=150), probe=probe,
+                            stream=beats)
+        try:
+            leader.start(1)
+            assert await asyncio.wait_for(leader.serving(1), 5.0)
+            leader.requested()
+            await wait_for_async("the announced lease", lambda: log.count(ConfirmLeadership) == 1, 5.0,
+                                 interval=0.001)
+            for _ in range(3):  # busy: the heartbeats become probes
+                leader.round_issued()
+                await asyncio.sleep(0.01)
+            await wait_for_async("a renewal by heartbeat", lambda: leader.renewals["heartbeat"] >= 1, 5.0,
+                                 interval=0.001)
+            # No round for BUSY_GAP_S: the stream stops (heartbeats plain again).
+            await wait_for_async("the stream stopped", lambda: beats.calls[-1] == (1, False), 5.0, interval=0.005)
+            renewed = dict(leader.renewals)
+            beats.given[-1](time.monotonic())  # a confirmation read after the stream stopped
+            assert leader.renewals == renewed
+            leader.round_issued()  # busy again: the stream starts again
+            leader.round_issued()
+            await wait_for_async("the stream restarted", lambda: beats.calls[-1] == (1, True), 5.0, interval=0.001)
+            leader.stop()
+            assert beats.calls[-1] == (1, False)
+            renewed = dict(leader.renewals)
+            # A confirmation of the term that arrives after it ended renews nothing.
+            beats.given[-1](time.monotonic())
+            assert leader.renewals == renewed and not leader.lease.valid(1, time.monotonic())
+        finally:
+            beats.stop()
+            leader.stop()
     asyncio.run(main())

@@ -3,7 +3,8 @@
 pysyncobj nodes on loopback: confirmed with no entry written, confirmed by one live follower of
 two, not confirmed with none, refused off the term or off the leader, echoed even while a follower
 holds back its acknowledgements, and not confirmed by followers that do not echo (an older
-version)."""
+version). Then a leader whose every heartbeat is a probe (``stream_confirmations``): each one
+confirmed, with no message of its own, until the stream stops or the term ends."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pysyncobj import SyncObjConf
 
 from support.raft_nodes import run_on_tick_thread, start_nodes
 from support.waiting import wait_for
+from lighthouse_cluster.raft.pysyncobj_internals import monotonic
 from lighthouse_cluster.raft.lease_probes import LEASE_PROBE_KEY, PROBE_EXPIRY_S, LeaseProbeSyncObj, confirmed_since
 
 
@@ -47,6 +49,13 @@ class _Mute(LeaseProbeSyncObj):
     """A member of an older version: it takes probes as plain heartbeats and echoes nothing."""
 
     def _mark_echo(self, node: Any) -> None:
+        return None
+
+
+class _Unmarked(LeaseProbeSyncObj):
+    """A leader whose append_entries never carry its probes: only a forged echo could confirm one."""
+
+    def _mark_probe(self) -> None:
         return None
 
 
@@ -143,20 +152,113 @@ def test_followers_that_do_not_echo_confirm_nothing(nodes: list[LeaseProbeSyncOb
 
 @pytest.mark.integration
 @pytest.mark.timeout(60)
+@pytest.mark.parametrize("nodes", [[_Unmarked, _Unmarked, _Unmarked]], indirect=True)
 def test_an_echo_of_another_term_or_from_the_future_counts_for_nothing(nodes: list[LeaseProbeSyncObj]) -> None:
     leader = _leader(nodes)
     follower = next(n for n in nodes if n is not leader)
     answers: queue.Queue[bool] = queue.Queue()
 
     def forged() -> None:
-        # A probe is pending (its heartbeat not yet sent); echoes that do not prove it arrive first.
+        # A probe is pending (no heartbeat carries it); echoes that do not prove it arrive.
         term = leader.raftCurrentTerm
         leader.probe_leadership(term, answers.put)
         node = next(n for n in leader.otherNodes if n.address == follower.selfNode.address)
         for value in [(term - 1, 1e18), (term + 1, 0.0), (term, 1e18), "nonsense", (True, 0.0)]:
             leader.on_raft_message(node, {"type": "next_node_idx", "next_node_idx": 1, "reset": False,
                                           "success": False, LEASE_PROBE_KEY: value})
-        leader._probe_to_send = None  # its heartbeat never goes out: only a forged echo could confirm it
 
     run_on_tick_thread(leader, forged)
     assert answers.get(timeout=PROBE_EXPIRY_S + 5.0) is False
+
+
+# -- heartbeats as probes (stream_confirmations) ---------------------------------------------------
+
+
+class _Confirmations:
+    """What a stream reports, from the tick thread."""
+
+    def __init__(self) -> None:
+        self.times: queue.Queue[float] = queue.Queue()
+
+    def __call__(self, since: float) -> None:
+        self.times.put(since)
+
+    def drain(self) -> list[float]:
+        out = []
+        while not self.times.empty():
+            out.append(self.times.get_nowait())
+        return out
+
+
+class _AppendEntriesSent:
+    """Counts the append_entries a node sends (one per follower per heartbeat or entry)."""
+
+    def __init__(self, node: LeaseProbeSyncObj) -> None:
+        self.count = 0
+        run_on_tick_thread(node, lambda: node.mark_append_entries(self._seen))
+
+    def _seen(self) -> None:
+        self.count += 1
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_every_heartbeat_of_a_streaming_leader_is_a_confirmed_probe_and_nothing_more(
+        nodes: list[LeaseProbeSyncObj]) -> None:
+    leader = _leader(nodes)
+    wait_for("every entry committed everywhere",
+             lambda: len({(n.raftCommitIndex, n.pso_last_log()) for n in nodes}) == 1
+             and all(n.raftCommitIndex == n.pso_last_log()[1] for n in nodes), 10)
+    before = [(n.pso_last_log(), n.raftCommitIndex) for n in nodes]
+    sent = _AppendEntriesSent(leader)
+    term = leader.raftCurrentTerm
+    seen = _Confirmations()
+    run_on_tick_thread(leader, lambda: leader.stream_confirmations(term, seen))
+    wait_for("20 confirmations", lambda: seen.times.qsize() >= 20, 10)
+    run_on_tick_thread(leader, lambda: leader.stream_confirmations(term, None))
+    times = seen.drain()
+    marked, heartbeats = leader.lease_probes_sent, sent.count
+    # Each a later send time of the leader's clock, and no entry written anywhere.
+    assert times == sorted(times) and len(set(times)) == len(times) and times[-1] <= monotonic()
+    assert [(n.pso_last_log(), n.raftCommitIndex) for n in nodes] == before
+    # They came with the leader's heartbeats: every append_entries carried a probe, and none went
+    # out for a probe alone (20 confirmations: about 20 heartbeats to each of two followers).
+    assert marked == heartbeats, (marked, heartbeats)
+    assert heartbeats <= 2 * (len(times) + 3), (heartbeats, len(times))
+    # Stopped: the heartbeats that follow carry no probe and confirm nothing.
+    wait_for("ten more heartbeats", lambda: sent.count >= heartbeats + 10, 10)
+    assert leader.lease_probes_sent == marked and seen.drain() == []
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_a_stream_confirms_with_one_live_follower_of_two_and_not_with_none(
+        nodes: list[LeaseProbeSyncObj]) -> None:
+    leader = _leader(nodes)
+    a, b = (n for n in nodes if n is not leader)
+    a.destroy()
+    seen = _Confirmations()
+    term = leader.raftCurrentTerm
+    run_on_tick_thread(leader, lambda: leader.stream_confirmations(term, seen))
+    wait_for("confirmations from the leader and b", lambda: seen.times.qsize() >= 5, 10)
+    b.destroy()
+    wait_for("the leader sees both followers gone",
+             lambda: not any(leader.isNodeConnected(n) for n in leader.otherNodes), 10)
+    run_on_tick_thread(leader, lambda: None)  # whatever b echoed before it went is read by now
+    seen.drain()
+    # No majority: three heartbeat periods (a confirmation each, before) report nothing.
+    deadline = monotonic() + 3 * leader.conf.appendEntriesPeriod
+    wait_for("three heartbeat periods", lambda: monotonic() > deadline, 5)
+    assert seen.drain() == []
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_a_stream_of_another_term_marks_and_reports_nothing(nodes: list[LeaseProbeSyncObj]) -> None:
+    leader = _leader(nodes)
+    sent = _AppendEntriesSent(leader)
+    seen = _Confirmations()
+    marked = leader.lease_probes_sent
+    run_on_tick_thread(leader, lambda: leader.stream_confirmations(leader.raftCurrentTerm - 1, seen))
+    wait_for("ten heartbeats", lambda: sent.count >= 10, 10)
+    assert leader.lease_probes_sent == marked and seen.drain() == []

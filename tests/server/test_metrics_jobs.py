@@ -51,7 +51,7 @@ class Node:
         self.raft = None
         self.machine = machine
         self.jobs = jobs
-        self.lease_renewals = {"probe": 0, "commit": 0}
+        self.lease_renewals = {"heartbeat": 0, "probe": 0, "commit": 0}
 
     @property
     def coordinator(self) -> Coordinator:
