@@ -171,3 +171,37 @@ def test_a_cluster_that_has_not_enabled_the_schema_never_quiesces() -> None:
     finally:
         for r in rafts:
             r.destroy()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_a_leader_with_a_recent_client_looks_at_its_log_and_followers_only_a_few_times_a_second(
+        rafts: list[RaftNode]) -> None:
+    """Whether to quiesce is no while a client is recent: the leader does not work it out on every
+    tick (it was ~10 % of a busy leader's tick thread), only every ``BUSY_CHECK_S``."""
+    from lighthouse_cluster.raft.quiescence import BUSY_CHECK_S
+
+    leader = leader_of(rafts)
+    looked: list[float] = []
+    ticks: list[float] = []
+
+    def instrument(s: Any) -> None:
+        allowed = s._quiet_allowed
+
+        def counting() -> bool:
+            looked.append(monotonic())
+            return allowed()
+
+        s._quiet_allowed = counting
+
+    leader.note_client_activity()
+    on_tick_thread(leader, instrument)
+    leader._syncobj.addOnTickCallback(lambda: ticks.append(monotonic()))  # not from a tick: its lock
+    started = time.monotonic()
+    while time.monotonic() - started < 1.0:  # a client calling every 20 ms for a second
+        leader.note_client_activity()
+        time.sleep(0.02)
+    seen_ticks, seen_looks = len(ticks), len(looked)
+    assert seen_ticks >= 20, seen_ticks  # a heartbeat each 37.5 ms, and its acknowledgements
+    assert seen_looks <= 1.0 / BUSY_CHECK_S + 2, (seen_looks, seen_ticks)
+    assert not leader.quiet
