@@ -88,12 +88,12 @@ def torchft_flags(f: Any) -> Any:
 
 def lease_flag(f: Any) -> Any:
     return click.option(
-        "--quorum-lease-ms", "quorum_lease_ms", type=click.IntRange(0, MAX_LEASE_MS), default=DEFAULT_LEASE_MS,
-        show_default=True,
+        "--quorum-lease-ms", "quorum_lease_ms", type=click.IntRange(0, MAX_LEASE_MS), default=None,
+        show_default=f"{DEFAULT_LEASE_MS}, or --election-timeout-ms where shorter",
         envvar=ENV + "QUORUM_LEASE_MS",
         help="Leader lease for fast quorums: issued without a Raft commit while a majority confirmed "
-             "the leader within it; a new leader waits it out before serving. Assumes node clock rates "
-             "differ by less than 2x. 0 commits every round.")(f)
+             "the leader within it; a new leader waits out what of it exceeds the election timeout "
+             "before serving. Assumes node clock rates differ by less than 2x. 0 commits every round.")(f)
 
 
 def liveness_flag(f: Any) -> Any:
@@ -234,7 +234,7 @@ def serve(ctx: click.Context, node_id: str, peers: tuple[str, ...], client_bind:
           insecure: bool, http_bind: str | None, admin_token: str | None, tls_cert: str | None, tls_key: str | None,
           tls_client_ca: str | None, tls_ca: str | None, join: bool, min_replicas: int, join_timeout_ms: int,
           quorum_tick_ms: int, heartbeat_timeout_ms: int, election_timeout_ms: int | None, quiesce_after_ms: int,
-          quorum_lease_ms: int, liveness_timeout_ms: int, watch_manager_connections: bool, auto_create_jobs: bool,
+          quorum_lease_ms: int | None, liveness_timeout_ms: int, watch_manager_connections: bool, auto_create_jobs: bool,
           job_port_processes: bool, job_port_process_nice: int, event_loop: str, log_level: str, log_format: str,
           schema_version: int) -> None:
     """Run one lighthouse node in the foreground (SIGTERM hands leadership over, then exits)."""
@@ -410,7 +410,7 @@ def _kept_log_dir() -> Path:
               show_default=True)
 def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data_dir: Path | None,
        log_dir: Path | None, no_restart: bool, min_replicas: int, join_timeout_ms: int, quorum_tick_ms: int,
-       heartbeat_timeout_ms: int, tls: bool, mtls: bool, admin_token: str | None, quorum_lease_ms: int,
+       heartbeat_timeout_ms: int, tls: bool, mtls: bool, admin_token: str | None, quorum_lease_ms: int | None,
        liveness_timeout_ms: int, jobs: tuple[str, ...], job_port_processes: bool, demo: bool, demo_replicas: int,
        demo_kill_every: float, log_level: str) -> None:
     """Run a local N-node cluster on this host in the foreground.

@@ -26,7 +26,8 @@ round, as in the Raft thesis (section 6.4.1, leases for reads):
    ``L'`` being the lease length its predecessor announced (replicated in ``ConfirmLeadership``,
    so a node with a shorter or no lease still waits out a longer one) and ``R`` the vote-refusal
    window below (0 for a leader elected on a handover). With the defaults (``L`` = 150 ms, ``R`` =
-   the 150 ms minimum election timeout) a new leader serves as soon as its ``TermStart`` commits.
+   the 150 ms minimum election timeout) a new leader serves as soon as its ``TermStart`` commits;
+   a shorter ``--election-timeout-ms`` takes the default lease down with it (``default_lease_ms``).
    ``L`` is as long as that allows: a busy leader needs a confirmation every ``t*L/2`` (37.5 ms),
    which is its heartbeat period, so its heartbeats renew the lease and no message goes out for
    it alone (``LeaderTerm``; benchmarks F22: with 100 ms, a probe of its own every 25 ms).
@@ -98,9 +99,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_LEASE_MS", "LeaseSettings", "QuorumLease", "lease_wait_s"]
+__all__ = ["DEFAULT_LEASE_MS", "LeaseSettings", "QuorumLease", "default_lease_ms", "lease_wait_s"]
 
 DEFAULT_LEASE_MS = 150
+
+
+def default_lease_ms(election_timeout_ms: int | None) -> int:
+    """The lease a node runs when none is given: ``DEFAULT_LEASE_MS``, or the minimum election
+    timeout (``R``, in ms) where that is shorter, so that a new leader still waits nothing after a
+    failover (point 3: ``L - R <= 0``). None: the default election timeout (150 ms)."""
+    return DEFAULT_LEASE_MS if election_timeout_ms is None else max(1, min(DEFAULT_LEASE_MS, election_timeout_ms))
 
 
 @dataclass(frozen=True)

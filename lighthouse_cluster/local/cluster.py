@@ -147,7 +147,7 @@ class LocalCluster:
     quorum_tick_ms: int = 100
     heartbeat_timeout_ms: int = 5_000
     election_timeout_ms: int | None = None
-    # --quorum-lease-ms; None = the node's default (lease.DEFAULT_LEASE_MS).
+    # --quorum-lease-ms; None = the node's default (lease.default_lease_ms).
     quorum_lease_ms: int | None = None
     # --liveness-timeout-ms; None = the node's default (config.DEFAULT_LIVENESS_TIMEOUT_MS).
     liveness_timeout_ms: int | None = None

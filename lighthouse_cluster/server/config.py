@@ -28,7 +28,7 @@ from lighthouse_cluster.core.jobs import (
     check_job_name,
     parse_ports,
 )
-from lighthouse_cluster.core.lease import DEFAULT_LEASE_MS
+from lighthouse_cluster.core.lease import DEFAULT_LEASE_MS, default_lease_ms
 from lighthouse_cluster.core.quorum import QuorumOptions
 from lighthouse_cluster.raft.replication import RaftSettings
 from lighthouse_cluster.tls import ClientTLS, ServerTLS, TLSConfigError
@@ -350,7 +350,7 @@ def build_node_config(
     tls_client_ca: str | Path | None = None,
     tls_ca: str | Path | None = None,
     join: bool = False,
-    quorum_lease_ms: int = DEFAULT_LEASE_MS,
+    quorum_lease_ms: int | None = None,
     schema_version: int = SCHEMA_VERSION,
     liveness_timeout_ms: int = DEFAULT_LIVENESS_TIMEOUT_MS,
     watch_manager_connections: bool = True,
@@ -389,6 +389,10 @@ def build_node_config(
     self_spec = next(p for p in specs if p.node_id == node_id)
     bind = normalize_address(client_bind, "--client-bind") if client_bind else (
         f"[::]:{parse_host_port(self_spec.client_address, 'client address')[1]}")
+    if election_timeout_ms is not None and election_timeout_ms < 50:
+        raise ConfigError("--election-timeout-ms must be at least 50")
+    if quorum_lease_ms is None:  # not given: as long as the vote refusal covers (lease.py)
+        quorum_lease_ms = default_lease_ms(election_timeout_ms)
     if not 0 <= quorum_lease_ms <= MAX_LEASE_MS:
         raise ConfigError(f"--quorum-lease-ms must be between 0 (off) and {MAX_LEASE_MS}, got {quorum_lease_ms}")
     if not _int_between(liveness_timeout_ms, MIN_LIVENESS_TIMEOUT_MS, MAX_LIVENESS_TIMEOUT_MS):
@@ -397,8 +401,6 @@ def build_node_config(
     if not MIN_WRITABLE_VERSION <= schema_version <= SCHEMA_VERSION:
         raise ConfigError(f"--schema-version must be between {MIN_WRITABLE_VERSION} and {SCHEMA_VERSION}, "
                           f"got {schema_version}")
-    if election_timeout_ms is not None and election_timeout_ms < 50:
-        raise ConfigError("--election-timeout-ms must be at least 50")
     raft = RaftSettings.from_election_timeout_ms(election_timeout_ms) if election_timeout_ms else RaftSettings()
     if not _int_between(quiesce_after_ms, 0, MAX_QUIESCE_AFTER_MS):
         raise ConfigError(f"--quiesce-after-ms must be between 0 (never) and {MAX_QUIESCE_AFTER_MS}, "

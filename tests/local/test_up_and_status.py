@@ -149,10 +149,10 @@ def test_status_shows_quorum_and_heartbeats(up_cluster) -> None:
     # The first quorum of a member set is always committed, so each group's one round was a
     # commit (one per distinct quorum) and none went out on the lease.
     assert view["rounds"] == {"commit": len({r.quorum_id for r in rounds}), "lease": 0}, (view["rounds"], rounds)
-    assert view["settings"]["quorum_lease_ms"] == 100
+    assert view["settings"]["quorum_lease_ms"] == 150
     res = _status("--endpoints", f"127.0.0.1:{ports[2]}", env={"COLUMNS": "200"})
     assert f"quorum {q['quorum_id']}" in res.stdout and "replica_0" in res.stdout and "heartbeat: replica_id=replica_0 age_ms=" in res.stdout
-    assert "on the leader lease" in res.stdout and "(lease 100 ms)" in res.stdout
+    assert "on the leader lease" in res.stdout and "(lease 150 ms)" in res.stdout
 
 
 @pytest.fixture()

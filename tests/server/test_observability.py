@@ -495,3 +495,17 @@ def test_an_idle_cluster_goes_quiet_and_a_trainers_call_wakes_it_even_after_its_
     new, new_term = cluster.wait_for_stable_leader(timeout=10)
     assert new != leader and new_term > term
     print(f"a Quorum call through a follower answered {took:.2f} s after the quiet leader was SIGKILLed")
+
+
+def test_the_lease_defaults_to_what_the_vote_refusal_covers() -> None:
+    """No --quorum-lease-ms: 150 ms, or the election timeout where shorter, so that a new leader
+    waits nothing after a failover (lease.py, point 3); one given is kept as it is."""
+    common = dict(node_id="a", peers=["a=127.0.0.1:1000,127.0.0.1:2000"], client_bind=None, raft_bind=None,
+                  data_dir=None, secret=None, insecure=True, min_replicas=1, join_timeout_ms=1000,
+                  quorum_tick_ms=100, heartbeat_timeout_ms=1000)
+    assert build_node_config(**common).quorum_lease_ms == 150
+    assert build_node_config(**common, election_timeout_ms=1000).quorum_lease_ms == 150
+    short = build_node_config(**common, election_timeout_ms=80)
+    assert short.quorum_lease_ms == 80 and short.raft.election_timeout_min_s == pytest.approx(0.08)
+    assert build_node_config(**common, election_timeout_ms=80, quorum_lease_ms=300).quorum_lease_ms == 300
+    assert build_node_config(**common, quorum_lease_ms=0).quorum_lease_ms == 0
