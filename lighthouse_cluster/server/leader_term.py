@@ -255,7 +255,10 @@ class LeaderTerm:
                     await self._busy_now.wait()
                     continue
                 self._start_stream(term)
-                share = STREAMED_RENEWAL_SHARE if self._streaming == term else RENEWAL_SHARE
+                # A quarter while heartbeats renew it; half while renewals are commits (a commit
+                # takes longer than a heartbeat's echo, and probes just went unanswered).
+                streamed = self._streaming == term and now >= self._probe_after
+                share = STREAMED_RENEWAL_SHARE if streamed else RENEWAL_SHARE
                 if not self.lease.renewal_due(term, now, share):
                     await asyncio.sleep(max(0.001, self.lease.remaining(term, now) - share * settings.held_s))
                     continue

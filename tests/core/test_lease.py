@@ -351,8 +351,12 @@ def test_a_busy_leader_renews_its_lease_by_probes_and_writes_one_confirmation() 
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("heartbeats", [False, True], ids=["asked", "streamed"])
 @pytest.mark.parametrize("answer", ["refused", "unanswered"])
-def test_a_probe_not_confirmed_falls_back_to_commits_for_a_while(answer: str) -> None:
+def test_a_probe_not_confirmed_falls_back_to_commits_for_a_while(answer: str, heartbeats: bool) -> None:
+    """Members that echo no probe (an older version): the probe asked when the lease runs low goes
+    unconfirmed, and renewals are commits for PROBE_BACKOFF_S, also where every heartbeat is a
+    probe (none of them is confirmed either)."""
     probed: list[int] = []
 
     async def probe(term: int) -> bool:
@@ -362,9 +366,19 @@ def test_a_probe_not_confirmed_falls_back_to_commits_for_a_while(answer: str) ->
         return False
 
     async def main() -> None:
-        leader, log = await _busy_term(probe, until=lambda leader, _log: leader.renewals["commit"] >= 3)
+        beats = None
+        if heartbeats:
+            beats = Heartbeats()
+            beats.mute = True
+        try:
+            leader, log = await _busy_term(probe, stream=beats, lease_ms=150 if heartbeats else 100,
+                                           until=lambda leader, _log: leader.renewals["commit"] >= 3)
+        finally:
+            if beats is not None:
+                beats.stop()
         assert len(probed) == 1, "after an unconfirmed probe, renewals are commits for PROBE_BACKOFF_S"
-        assert leader.renewals["probe"] == 0 and log.count(ConfirmLeadership) >= 4
+        assert leader.renewals["probe"] == 0 and leader.renewals["heartbeat"] == 0
+        assert log.count(ConfirmLeadership) >= 4
     asyncio.run(main())
 
 
