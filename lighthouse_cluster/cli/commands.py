@@ -89,7 +89,7 @@ def torchft_flags(f: Any) -> Any:
 def lease_flag(f: Any) -> Any:
     return click.option(
         "--quorum-lease-ms", "quorum_lease_ms", type=click.IntRange(0, MAX_LEASE_MS), default=None,
-        show_default=f"{DEFAULT_LEASE_MS}, or --election-timeout-ms where shorter",
+        show_default=f"{DEFAULT_LEASE_MS}, at most the election timeout",
         envvar=ENV + "QUORUM_LEASE_MS",
         help="Leader lease for fast quorums: issued without a Raft commit while a majority confirmed "
              "the leader within it; a new leader waits out what of it exceeds the election timeout "

@@ -138,7 +138,7 @@ class LeaseProbeSyncObj(QuiescentSyncObj):
         return False
 
     def _mark_probe(self) -> tuple[str, Any] | None:
-        if not (self._probes or self._streaming()) or not self._isLeader():
+        if not self._isLeader() or not (self._probes or self._streaming()):
             return None
         self.lease_probes_sent += 1
         # Its own send time: after every probe asked before it (all on this thread).

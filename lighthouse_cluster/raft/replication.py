@@ -398,11 +398,6 @@ class RaftNode:
         ``t`` at which a majority followed this leader in ``term`` (what ``probe_leadership``
         called at ``t`` proves), on the tick thread; None stops it. Nothing is reported while a
         leadership transfer runs, as ``probe_leadership`` confirms nothing then."""
-        if on_confirmed is None:
-            self._tick_jobs.put(lambda: self._syncobj.stream_confirmations(term, None))
-            self._syncobj.wake()
-            return
-
         def confirmed(since: float) -> None:
             if self.led_term != term or (self._handing_over_until > monotonic() and self.is_leader):
                 return
@@ -410,7 +405,8 @@ class RaftNode:
             # age of the confirmation, not its absolute time, crosses over.
             on_confirmed(time.monotonic() - (monotonic() - since))
 
-        self._tick_jobs.put(lambda: self._syncobj.stream_confirmations(term, confirmed))
+        report = None if on_confirmed is None else confirmed
+        self._tick_jobs.put(lambda: self._syncobj.stream_confirmations(term, report))
         self._syncobj.wake()
 
     # -- reads (local view; may be stale on a deposed leader) --------------------------------

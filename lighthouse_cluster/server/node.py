@@ -307,18 +307,14 @@ class LighthouseNode:
         loop = self._loop
         if self.raft is None or loop is None:
             return
-        if on_confirmed is None:
-            self.raft.stream_lease_confirmations(term, None)
-            return
-        callback = on_confirmed
 
         def to_loop(since: float) -> None:
             try:
-                loop.call_soon_threadsafe(callback, since)
+                loop.call_soon_threadsafe(on_confirmed, since)
             except RuntimeError:  # the loop closed while the tick thread ran on (shutdown)
                 pass
 
-        self.raft.stream_lease_confirmations(term, to_loop)
+        self.raft.stream_lease_confirmations(term, None if on_confirmed is None else to_loop)
 
     # -- jobs -----------------------------------------------------------------------------------
 

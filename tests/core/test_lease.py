@@ -336,18 +336,25 @@ async def _busy_term(probe: Any, *, until: Any, timeout: float = 5.0, stream: An
     return leader, log
 
 
-def test_a_busy_leader_renews_its_lease_by_probes_and_writes_one_confirmation() -> None:
-    probed: list[int] = []
+class Probes:
+    """A ``probe`` that a majority always confirms; ``terms``: the term of each probe asked."""
 
-    async def probe(term: int) -> bool:
-        probed.append(term)
+    def __init__(self) -> None:
+        self.terms: list[int] = []
+
+    async def __call__(self, term: int) -> bool:
+        self.terms.append(term)
         await asyncio.sleep(0)
         return True
+
+
+def test_a_busy_leader_renews_its_lease_by_probes_and_writes_one_confirmation() -> None:
+    probe = Probes()
 
     async def main() -> None:
         leader, log = await _busy_term(probe, until=lambda leader, _log: leader.renewals["probe"] >= 5)
         assert log.count(ConfirmLeadership) == 1  # the term's announcement of its lease length only
-        assert leader.renewals["commit"] == 0 and set(probed) == {1}
+        assert leader.renewals["commit"] == 0 and set(probe.terms) == {1}
     asyncio.run(main())
 
 
@@ -366,10 +373,7 @@ def test_a_probe_not_confirmed_falls_back_to_commits_for_a_while(answer: str, he
         return False
 
     async def main() -> None:
-        beats = None
-        if heartbeats:
-            beats = Heartbeats()
-            beats.mute = True
+        beats = Heartbeats(mute=True) if heartbeats else None
         try:
             leader, log = await _busy_term(probe, stream=beats, lease_ms=150 if heartbeats else 100,
                                            until=lambda leader, _log: leader.renewals["commit"] >= 3)
@@ -389,20 +393,21 @@ class Heartbeats:
     """A leader's heartbeats as ``LeaderTerm``'s ``stream`` sees them: while a stream is on, one
     confirmation every ``period_s`` (unless ``mute``), stamped with when it was "sent"."""
 
-    def __init__(self, period_s: float = 0.02) -> None:
+    def __init__(self, period_s: float = 0.02, mute: bool = False) -> None:
         self.period_s = period_s
+        self.mute = mute  # members that do not echo, or heartbeats that never get through
         self.calls: list[tuple[int, bool]] = []  # (term, on) per stream() call
         self.on_confirmed: Any = None
         self.given: list[Any] = []  # every on_confirmed a stream was started with
-        self.mute = False
         self._task: asyncio.Task[None] | None = None
 
     def __call__(self, term: int, on_confirmed: Any) -> None:
         self.calls.append((term, on_confirmed is not None))
         self.on_confirmed = on_confirmed
-        if on_confirmed is not None:
-            self.given.append(on_confirmed)
-        if on_confirmed is not None and self._task is None:
+        if on_confirmed is None:
+            return
+        self.given.append(on_confirmed)
+        if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._beat())
 
     async def _beat(self) -> None:
@@ -418,12 +423,7 @@ class Heartbeats:
 
 
 def test_a_busy_leader_renews_its_lease_by_its_heartbeats_with_no_probe_of_their_own() -> None:
-    probed: list[int] = []
-
-    async def probe(term: int) -> bool:
-        probed.append(term)
-        await asyncio.sleep(0)
-        return True
+    probe = Probes()
 
     async def main() -> None:
         beats = Heartbeats()
@@ -434,24 +434,16 @@ def test_a_busy_leader_renews_its_lease_by_its_heartbeats_with_no_probe_of_their
             beats.stop()
         assert log.count(ConfirmLeadership) == 1 and leader.renewals["commit"] == 0
         # A probe of its own only where a heartbeat came a quarter lease late (a stalled loop).
-        assert leader.renewals["heartbeat"] > 4 * max(1, len(probed)), (leader.renewals, probed)
+        assert leader.renewals["heartbeat"] > 4 * max(1, len(probe.terms)), (leader.renewals, probe.terms)
         assert beats.calls[0] == (1, True) and beats.calls[-1] == (1, False)  # stopped with the term
     asyncio.run(main())
 
 
 def test_heartbeats_that_stop_confirming_give_way_to_probes() -> None:
-    probed: list[int] = []
-
-    async def probe(term: int) -> bool:
-        probed.append(term)
-        await asyncio.sleep(0)
-        return True
-
     async def main() -> None:
-        beats = Heartbeats()
-        beats.mute = True  # members that do not echo, or heartbeats that never get through
+        beats = Heartbeats(mute=True)
         try:
-            leader, log = await _busy_term(probe, stream=beats, lease_ms=150,
+            leader, log = await _busy_term(Probes(), stream=beats, lease_ms=150,
                                            until=lambda leader, _log: leader.renewals["probe"] >= 5)
         finally:
             beats.stop()
@@ -461,13 +453,10 @@ def test_heartbeats_that_stop_confirming_give_way_to_probes() -> None:
 
 
 def test_heartbeats_renew_only_while_rounds_come_fast_and_only_the_term_they_belong_to() -> None:
-    async def probe(term: int) -> bool:
-        return True
-
     async def main() -> None:
         beats = Heartbeats()
         log = Log(QuorumStateMachine())
-        leader = LeaderTerm("n1", log.machine, log.submit, lease=LeaseSettings(lease_ms=150), probe=probe,
+        leader = LeaderTerm("n1", log.machine, log.submit, lease=LeaseSettings(lease_ms=150), probe=Probes(),
                             stream=beats)
         try:
             leader.start(1)

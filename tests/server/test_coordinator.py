@@ -9,7 +9,9 @@ Real Raft is exercised by the integration tests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from typing import Any, Callable
 
 import pytest
@@ -642,6 +644,28 @@ def raw(rid: str) -> bytes:
     return pb.LighthouseQuorumRequest(requester=pb.QuorumMember(replica_id=rid)).SerializeToString()
 
 
+@contextlib.asynccontextmanager
+async def forwarding_to(answer: Callable[..., Any]) -> AsyncIterator[tuple[str, Any]]:
+    """A leader's forwarding service on loopback answering with ``answer``, and a follower's
+    forwarder: ``(leader address, forwarder)``; both closed on the way out."""
+    import grpc
+
+    from lighthouse_cluster.server.forwarding import PeerChannels, QuorumForwarder, QuorumForwardingService
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((QuorumForwardingService(answer).handler(),))
+    leader = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    channels = PeerChannels()
+    fwd = QuorumForwarder(channels, "n2")
+    try:
+        yield leader, fwd
+    finally:
+        fwd.close()
+        await channels.close()
+        await server.stop(grace=None)
+
+
 @pytest.mark.integration
 def test_forwarded_calls_travel_batched_and_keep_their_semantics() -> None:
     """Calls a follower forwards in the same event-loop turn go to the leader in one stream
@@ -734,10 +758,6 @@ def test_waiting_forwarded_calls_hold_no_task_on_either_side() -> None:
     """A round of N forwarded calls is collected with one future per call on each side, not a
     task per call (benchmarks F21: before, the follower ran a task per forward and the leader one
     per forwarded call, 2N tasks for N waiting calls); calls that go away are withdrawn."""
-    import grpc
-
-    from lighthouse_cluster.server.forwarding import PeerChannels, QuorumForwarder, QuorumForwardingService
-
     async def main() -> None:
         coord, _log, _ = make(min_replicas=1000)  # the round never completes
         coord.start_leading(1)
@@ -746,30 +766,22 @@ def test_waiting_forwarded_calls_hold_no_task_on_either_side() -> None:
         def answer(request: bytes, timeout: float | None, job: str = "default") -> asyncio.Future[bytes]:
             return coord.request(Member(pb.LighthouseQuorumRequest.FromString(request).requester.replica_id), timeout)
 
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers((QuorumForwardingService(answer).handler(),))
-        leader = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-        await server.start()
-        channels = PeerChannels()
-        fwd = QuorumForwarder(channels, "n2")
         try:
-            first = fwd.forward(leader, raw("g-first"), 30.0)  # opens the stream (its tasks, both sides)
-            await wait_for_async("the first call at the leader", lambda: len(coord.pending()) == 1, 5.0,
-                                 interval=0.001)
-            tasks = len(asyncio.all_tasks())
-            calls = [fwd.forward(leader, raw(f"g{i}"), 30.0) for i in range(200)]
-            await wait_for_async("every call at the leader", lambda: len(coord.pending()) == 201, 5.0,
-                                 interval=0.001)
-            assert len(asyncio.all_tasks()) == tasks
-            assert not any(c.done() for c in calls)
-            for c in [first, *calls]:
-                c.cancel()
-            await wait_for_async("every call withdrawn at the leader", lambda: coord.pending() == [], 5.0,
-                                 interval=0.001)
+            async with forwarding_to(answer) as (leader, fwd):
+                first = fwd.forward(leader, raw("g-first"), 30.0)  # opens the stream (its tasks, both sides)
+                await wait_for_async("the first call at the leader", lambda: len(coord.pending()) == 1, 5.0,
+                                     interval=0.001)
+                tasks = len(asyncio.all_tasks())
+                calls = [fwd.forward(leader, raw(f"g{i}"), 30.0) for i in range(200)]
+                await wait_for_async("every call at the leader", lambda: len(coord.pending()) == 201, 5.0,
+                                     interval=0.001)
+                assert len(asyncio.all_tasks()) == tasks
+                assert not any(c.done() for c in calls)
+                for c in [first, *calls]:
+                    c.cancel()
+                await wait_for_async("every call withdrawn at the leader", lambda: coord.pending() == [], 5.0,
+                                     interval=0.001)
         finally:
-            fwd.close()
-            await channels.close()
-            await server.stop(grace=None)
             coord.stop_leading()
 
     asyncio.run(main())
@@ -783,8 +795,7 @@ def test_a_forwarded_call_the_leader_fails_unimplemented_fails_alone() -> None:
     after it on the stream, waited out its deadline.)"""
     import grpc
 
-    from lighthouse_cluster.server.forwarding import (PeerChannels, QuorumForwarder, QuorumForwardingService,
-                                                      forward_error)
+    from lighthouse_cluster.server.forwarding import forward_error
 
     async def main() -> None:
         async def answer(request: bytes, timeout: float | None, job: str = "default") -> bytes:
@@ -792,22 +803,12 @@ def test_a_forwarded_call_the_leader_fails_unimplemented_fails_alone() -> None:
                 raise forward_error(grpc.StatusCode.UNIMPLEMENTED, "")  # no details: gRPC's own may be empty
             return b"answered"
 
-        server = grpc.aio.server()
-        server.add_generic_rpc_handlers((QuorumForwardingService(answer).handler(),))
-        leader = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-        await server.start()
-        channels = PeerChannels()
-        fwd = QuorumForwarder(channels, "n2")
-        try:
+        async with forwarding_to(answer) as (leader, fwd):
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await asyncio.wait_for(fwd.forward(leader, raw("old"), 30.0), 5.0)
             assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
             assert await asyncio.wait_for(fwd.forward(leader, raw("new"), 30.0), 5.0) == b"answered"
             assert fwd.streams_opened == 1
-        finally:
-            fwd.close()
-            await channels.close()
-            await server.stop(grace=None)
 
     asyncio.run(main())
 
