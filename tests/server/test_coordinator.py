@@ -775,7 +775,9 @@ def test_waiting_forwarded_calls_hold_no_task_on_either_side() -> None:
                 calls = [fwd.forward(leader, raw(f"g{i}"), 30.0) for i in range(200)]
                 await wait_for_async("every call at the leader", lambda: len(coord.pending()) == 201, 5.0,
                                      interval=0.001)
-                assert len(asyncio.all_tasks()) == tasks
+                # None more (a task of the stream's opening may end meanwhile: CI saw one fewer);
+                # a task per call on either side would be 200-400 more.
+                assert len(asyncio.all_tasks()) <= tasks
                 assert not any(c.done() for c in calls)
                 for c in [first, *calls]:
                     c.cancel()
