@@ -48,6 +48,7 @@ from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.core.restarts import RestartBackoff, describe_exit
 from lighthouse_cluster.server.aio_server import aio_server
 from lighthouse_cluster.server.bind_check import start_listening
+from lighthouse_cluster.server.child_process import ChildProcess
 from lighthouse_cluster.server.config import parse_host_port
 from lighthouse_cluster.server.grpc_services import (
     ClusterServiceAdapter,
@@ -95,7 +96,7 @@ class _JobServer:
     max_member_bytes: int
     server: grpc.aio.Server | None = None
     lighthouse: LighthouseServiceAdapter | None = None
-    process: asyncio.subprocess.Process | None = None  # with --job-port-processes
+    process: ChildProcess | None = None  # with --job-port-processes
     started_at: float = 0.0
     error: str = ""
     next_try: float = 0.0
@@ -263,29 +264,28 @@ class JobPorts:
                         nice=how.nice)
         # From the event loop's thread (the node's main thread): Linux's parent-death signal is
         # tied to the thread that started the process.
+        # Not asyncio's subprocess: on uvloop that is a fork() that runs gRPC's fork handlers
+        # in this serving process (child_process.py).
         try:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "lighthouse_cluster.server.job_port_process",
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+            proc = ChildProcess.start([sys.executable, "-m", "lighthouse_cluster.server.job_port_process"])
         except OSError as e:  # no memory, too many processes
             self._failed(js, f"cannot start its port process: {e.strerror or e}", RETRY_S)
             return
         started = time.monotonic()
-        assert proc.stdin is not None and proc.stdout is not None
         try:
-            proc.stdin.write(spec.encode())
-            await proc.stdin.drain()
-            proc.stdin.close()
+            proc.write_stdin(spec.encode())
             line = (await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S)).decode(errors="replace").strip()
         except (asyncio.TimeoutError, ConnectionError) as e:
             line = f"error its process did not start ({type(e).__name__})"
         except BaseException:  # cancelled: the node stops
             proc.kill()
+            proc.close()
             raise
         if not line.startswith("listening"):
             if proc.returncode is None:
                 proc.kill()
             rc = await proc.wait()
+            proc.close()
             why = line[len("error "):] if line.startswith("error ") else \
                 f"its process exited ({describe_exit(rc)}) before it listened"
             self._failed(js, why, RETRY_S if rc == EXIT_CANNOT_BIND else self._backoff.next_delay(js.job, 0.0))
@@ -298,7 +298,7 @@ class JobPorts:
         self._watching.add(task)
         task.add_done_callback(self._watching.discard)
 
-    async def _watch_process(self, js: _JobServer, proc: asyncio.subprocess.Process) -> None:
+    async def _watch_process(self, js: _JobServer, proc: ChildProcess) -> None:
         """Until ``proc`` exits: its stdout is drained; an exit this node did not ask for is
         reported (``port_error``) and the process started again after the backoff."""
         assert proc.stdout is not None
@@ -328,7 +328,7 @@ class JobPorts:
         task.add_done_callback(self._stopping.discard)
 
 
-async def _stop_process(proc: asyncio.subprocess.Process, grace_s: float) -> None:
+async def _stop_process(proc: ChildProcess, grace_s: float) -> None:
     """SIGTERM (its calls get ``grace_s``), then SIGKILL if it has not exited a second later."""
     if proc.returncode is not None:
         return
