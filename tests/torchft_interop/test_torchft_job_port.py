@@ -64,12 +64,19 @@ def test_torchfts_client_gets_quorums_from_a_followers_job_port(tmp_path, extra_
             assert all(v.ids == ("job-0", "job-1") for v in job_views), job_views
             assert len({v.quorum_id for v in job_views}) == 1
             assert results["default-0"].quorum.ids == ("default-0",)
-        # The leader counts the trainers' heartbeats (sent to the follower's job port) for the job.
-        with grpc.insecure_channel(cluster.client_addresses[leader]) as ch:
-            stub = cpb_grpc.LighthouseClusterStub(ch)
-            job = stub.GetJob(cpb.JobRequest(name="torchft-job"), timeout=2)
-            assert {"job-0", "job-1"} <= {h.replica_id for h in job.heartbeats}
-            status = stub.Status(cpb.StatusRequest(), timeout=2)
-            assert not {"job-0", "job-1"} & {h.replica_id for h in status.heartbeats}
+        # The leader counts the trainers' heartbeats (sent to the follower's job port) for the job,
+        # not for the default job. Asked of the node that leads now: under load the leader can
+        # change meanwhile (the quorums above re-route), and a new one counts them from the
+        # follower's next batch (every 50 ms); a follower's own view has none.
+        def leaders_heartbeats() -> tuple[set[str], set[str]]:
+            with grpc.insecure_channel(cluster.client_addresses[cluster.wait_for_leader(timeout=30)]) as ch:
+                stub = cpb_grpc.LighthouseClusterStub(ch)
+                job = stub.GetJob(cpb.JobRequest(name="torchft-job"), timeout=2)
+                status = stub.Status(cpb.StatusRequest(), timeout=2)
+            return {h.replica_id for h in job.heartbeats}, {h.replica_id for h in status.heartbeats}
+
+        _, default_job = wait_for("the leader counting the trainers' heartbeats for the job", leaders_heartbeats, 20,
+                                  ready=lambda seen: {"job-0", "job-1"} <= seen[0], context=cluster)
+        assert not {"job-0", "job-1"} & default_job
         for r in [*trainers, plain]:
             assert not r.heartbeat_errors, r.heartbeat_errors[:3]
