@@ -7,8 +7,8 @@ calling into gRPC, skipping fork() handlers" at each such spawn). When no gRPC t
 busy, they run: the node's gRPC server is paused and reset around the fork while it serves. Seen
 as clients of that node failing calls on live connections while it started a port process
 ("Stream removed (Socket closed)", "Failed parsing HTTP/2 (Received unexpected settings ack)"):
-2 of 39 runs of tests/torchft_interop/test_torchft_job_port.py's port-processes case under load
-(and in CI); started as here, 0 of 40.
+6 of 99 runs of tests/torchft_interop/test_torchft_job_port.py's port-processes case under load
+(and in CI); started as here, 0 of 100.
 
 ``subprocess.Popen`` starts it with ``vfork()`` + ``exec`` (CPython on Linux), where no atfork
 handler runs, and the parent's thread is suspended only until the ``exec``. The pipes are then
