@@ -161,8 +161,10 @@ class ChildProcess:
         return rc
 
     def close(self) -> None:
-        """Release this object's descriptors (the child is not signalled)."""
+        """Release this object's descriptors (the child is not signalled; a ``wait`` still pending
+        looks for its exit every ``EXIT_POLL_S`` from now on)."""
         self._close_pidfd()
+        self._exited.set()
         self._close_stdin()
         if self._stdout_fd is not None:
             self._close_stdout()

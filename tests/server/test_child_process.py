@@ -148,3 +148,14 @@ def test_a_program_that_cannot_start_raises_oserror(run) -> None:
 
     with pytest.raises(OSError):
         run(main())
+
+
+def test_a_wait_pending_when_the_descriptors_are_closed_still_sees_the_exit(run) -> None:
+    async def main() -> int:
+        child = ChildProcess.start([sys.executable, "-c", "import time; time.sleep(0.3)"])
+        waiting = asyncio.ensure_future(child.wait())
+        await asyncio.sleep(0.05)
+        child.close()
+        return await asyncio.wait_for(waiting, 30)
+
+    assert run(main()) == 0
