@@ -93,10 +93,17 @@ class Server:
 
 
 def thread_cpu_s(pid: int) -> dict[int, float]:
-    """CPU seconds (user + system) of each thread of ``pid``."""
+    """CPU seconds (user + system) of each thread of ``pid``: the scheduler's run time in ns
+    (``schedstat``), else ``stat``'s clock ticks (10 ms each: a short run of a small server is a
+    few ticks per thread, too coarse to compare two of them)."""
     tick = os.sysconf("SC_CLK_TCK")
     out: dict[int, float] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out[int(task.name)] = int((task / "schedstat").read_text().split()[0]) / 1e9
+            continue
+        except (OSError, ValueError, IndexError):
+            pass
         try:
             fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
