@@ -113,6 +113,12 @@ class ChildProcess:
             self._loop.remove_writer(fd)
             os.close(fd)
 
+    def _unwatch(self, fd: int | None) -> None:
+        """Stop reading ``fd`` on the loop and close it (None: already done)."""
+        if fd is not None:
+            self._loop.remove_reader(fd)
+            os.close(fd)
+
     def _read_stdout(self) -> None:
         fd = self._stdout_fd
         if fd is None:

@@ -263,9 +263,8 @@ class JobPorts:
                         log_level=how.log_level, log_format=how.log_format, server_options=tuple(self._options),
                         nice=how.nice)
         # From the event loop's thread (the node's main thread): Linux's parent-death signal is
-        # tied to the thread that started the process.
-        # Not asyncio's subprocess: on uvloop that is a fork() that runs gRPC's fork handlers
-        # in this serving process (child_process.py).
+        # tied to the thread that started the process. Not asyncio's subprocess: on uvloop that
+        # is a fork() that runs gRPC's fork handlers in this serving process (child_process.py).
         try:
             proc = ChildProcess.start([sys.executable, "-m", "lighthouse_cluster.server.job_port_process"])
         except OSError as e:  # no memory, too many processes
@@ -275,7 +274,7 @@ class JobPorts:
         try:
             proc.write_stdin(spec.encode())
             line = (await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S)).decode(errors="replace").strip()
-        except (asyncio.TimeoutError, ConnectionError) as e:
+        except asyncio.TimeoutError as e:
             line = f"error its process did not start ({type(e).__name__})"
         except BaseException:  # cancelled: the node stops
             proc.kill()
@@ -301,7 +300,6 @@ class JobPorts:
     async def _watch_process(self, js: _JobServer, proc: ChildProcess) -> None:
         """Until ``proc`` exits: its stdout is drained; an exit this node did not ask for is
         reported (``port_error``) and the process started again after the backoff."""
-        assert proc.stdout is not None
         while await proc.stdout.read(4096):
             pass
         rc = await proc.wait()
@@ -338,5 +336,3 @@ async def _stop_process(proc: ChildProcess, grace_s: float) -> None:
     except asyncio.TimeoutError:
         proc.kill()
         await proc.wait()
-    except ProcessLookupError:
-        pass

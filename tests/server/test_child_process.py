@@ -154,7 +154,7 @@ def test_a_wait_pending_when_the_descriptors_are_closed_still_sees_the_exit(run)
     async def main() -> int:
         child = ChildProcess.start([sys.executable, "-c", "import time; time.sleep(0.3)"])
         waiting = asyncio.ensure_future(child.wait())
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # one step of the loop: the wait now awaits the pidfd
         child.close()
         return await asyncio.wait_for(waiting, 30)
 
