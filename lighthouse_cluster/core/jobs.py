@@ -29,6 +29,7 @@ __all__ = [
     "parse_config_items",
     "parse_ports",
     "port_conflict",
+    "reserved_port_clash",
 ]
 
 DEFAULT_JOB = "default"
@@ -185,6 +186,17 @@ def port_conflict(spec: JobSpec, others: Iterable[JobSpec]) -> str | None:
             if mine is not None and mine == theirs:
                 where = f"node {node}" if node is not None else "every node"
                 return f"port {mine} on {where} is job {other.name!r}'s already"
+    return None
+
+
+def reserved_port_clash(spec: JobSpec, reserved: Mapping[str, Mapping[int, str]]) -> str | None:
+    """Why one of ``spec``'s ports is one a node already listens on for itself, or None.
+    ``reserved``: node id -> {port: what it is there ("client port", "Raft port", ...)}. Such a
+    job port could never be bound: the node would retry it for as long as the job lives."""
+    for node in sorted(reserved):
+        port = spec.port_for(node)
+        if port is not None and port in reserved[node]:
+            return f"port {port} on node {node} is {node}'s {reserved[node][port]}; give the job a port of its own"
     return None
 
 

@@ -35,6 +35,20 @@ ADMIN_TOKEN_ENV = "LIGHTHOUSE_CLUSTER_ADMIN_TOKEN"
 # and bind(0)), from this port up, when that leaves room; else the kernel is asked.
 _DRAWN_PORTS_START = 10_000
 _DRAWN_PORTS_MIN = 2_000
+# The ports free_ports handed out lately in this process, never drawn again while remembered: a
+# port is free until its taker binds it, and a test that drew a job's ports and then started a
+# cluster once got one of them twice (a node's client port given to the job as well).
+_HANDED_OUT: dict[int, None] = {}
+_HANDED_OUT_MAX = 4_096
+
+
+def _hand_out(ports: list[int]) -> list[int]:
+    for port in ports:
+        _HANDED_OUT.pop(port, None)
+        _HANDED_OUT[port] = None
+    while len(_HANDED_OUT) > _HANDED_OUT_MAX:
+        del _HANDED_OUT[next(iter(_HANDED_OUT))]
+    return ports
 
 
 def _drawable_ports() -> tuple[int, int] | None:
@@ -49,7 +63,8 @@ def _drawable_ports() -> tuple[int, int] | None:
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct TCP ports free now on ``host`` and on every interface, released again.
+    """``n`` distinct TCP ports free now on ``host`` and on every interface, released again, and
+    none of them handed out by an earlier call of this process (of the last few thousand ports).
 
     They are drawn at random from below the kernel's ephemeral range where it leaves room: a port
     the kernel hands out (bind(0), an outgoing connection's) is the kind another process gets
@@ -57,7 +72,7 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     failed with "Address already in use"). Elsewhere the kernel picks them."""
     drawable = _drawable_ports()
     if drawable is None:
-        return _kernel_ports(n, host)
+        return _hand_out(_kernel_ports(n, host))
     draw = random.SystemRandom()
     ipv6 = can_bind("[::]", 0)
     chosen: list[int] = []
@@ -65,11 +80,11 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
         if len(chosen) == n:
             break
         port = draw.randint(*drawable)
-        if port in chosen or not can_bind(host, port) or not can_bind("0.0.0.0", port) \
+        if port in chosen or port in _HANDED_OUT or not can_bind(host, port) or not can_bind("0.0.0.0", port) \
                 or (ipv6 and not can_bind("[::]", port)):
             continue
         chosen.append(port)
-    return chosen if len(chosen) == n else _kernel_ports(n, host)
+    return _hand_out(chosen if len(chosen) == n else _kernel_ports(n, host))
 
 
 def _kernel_ports(n: int, host: str) -> list[int]:

@@ -14,7 +14,7 @@ import functools
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from lighthouse_cluster.core.codec import MEMBERS_SCHEMA_VERSION as MIN_WRITABLE_VERSION
 from lighthouse_cluster.core.codec import SCHEMA_VERSION
@@ -27,6 +27,7 @@ from lighthouse_cluster.core.jobs import (
     JobSpec,
     check_job_name,
     parse_ports,
+    reserved_port_clash,
 )
 from lighthouse_cluster.core.lease import DEFAULT_LEASE_MS, default_lease_ms
 from lighthouse_cluster.core.quorum import QuorumOptions
@@ -189,6 +190,23 @@ class NodeConfig:
     def self_peer(self) -> PeerSpec:  # cached: read on every forwarded call (a frozen config)
         return next(p for p in self.peers if p.node_id == self.node_id)
 
+    @functools.cached_property
+    def reserved_ports(self) -> dict[str, dict[int, str]]:
+        """The ports each node listens on for itself (node id -> {port: what}), as far as this
+        node's configuration knows them: every peer's client and Raft ports, and this node's
+        binds and HTTP port. No job may be given one of these (``reserved_port_clash``)."""
+        reserved: dict[str, dict[int, str]] = {}
+        for peer in self.peers:
+            own = reserved.setdefault(peer.node_id, {})
+            own[parse_host_port(peer.raft_address, "Raft address")[1]] = "Raft port"
+            own[parse_host_port(peer.client_address, "client address")[1]] = "client port"
+        mine = reserved.setdefault(self.node_id, {})
+        for address, what in ((self.raft_bind, "Raft port"), (self.client_bind, "client port"),
+                              (self.http_bind, "HTTP port")):
+            if address is not None:
+                mine[parse_host_port(address, what)[1]] = what
+        return reserved
+
     @property
     def other_peers(self) -> tuple[PeerSpec, ...]:
         return tuple(p for p in self.peers if p.node_id != self.node_id)
@@ -264,10 +282,10 @@ def _declared_config(where: str, value: Any) -> tuple[tuple[str, str], ...]:
 
 
 def parse_declared_jobs(tables: Any, base: JobSettings, node_id: str | None = None,
-                        reserved_ports: tuple[int, ...] = ()) -> tuple[JobSpec, ...]:
+                        reserved_ports: Mapping[str, Mapping[int, str]] | None = None) -> tuple[JobSpec, ...]:
     """The ``[[jobs]]`` tables of a config file as ``JobSpec``s, each setting it leaves out taken
-    from ``base``. ``reserved_ports``: this node's own ports (client, HTTP), which a job's port
-    for ``node_id`` may not be. ``ConfigError`` naming the table on the first problem."""
+    from ``base``. ``reserved_ports``: the nodes' own ports (``NodeConfig.reserved_ports``), which
+    a job's port on that node may not be. ``ConfigError`` naming the table on the first problem."""
     if tables is None:
         return ()
     if isinstance(tables, dict):
@@ -299,9 +317,9 @@ def parse_declared_jobs(tables: Any, base: JobSettings, node_id: str | None = No
                            config=_declared_config(where, table.get("config", {}))).check()
         except JobError as e:
             raise ConfigError(f"{where}: {e}") from None
-        own = spec.port_for(node_id) if node_id is not None else None
-        if own is not None and own in reserved_ports:
-            raise ConfigError(f"{where}: port {own} is already this node's client or HTTP port")
+        clash = reserved_port_clash(spec, reserved_ports or {})
+        if clash is not None:
+            raise ConfigError(f"{where}: {clash}")
         specs.append(spec)
     _check_port_clashes(specs, node_id)
     return tuple(specs)
@@ -455,5 +473,4 @@ def build_node_config(
         base = config.new_job_settings.check()
     except JobError as e:
         raise ConfigError(f"[[jobs]]: the serve flags cannot be a job's settings: {e}") from None
-    reserved = tuple(parse_host_port(a, "address")[1] for a in (bind, http) if a is not None)
-    return replace(config, jobs=parse_declared_jobs(jobs, base, node_id, reserved))
+    return replace(config, jobs=parse_declared_jobs(jobs, base, node_id, config.reserved_ports))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import replace
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 import grpc
 
@@ -35,6 +35,7 @@ from lighthouse_cluster.core.jobs import (
     JobSpec,
     check_job_name,
     port_conflict,
+    reserved_port_clash,
 )
 from lighthouse_cluster.core.state_machine import JobResult, JobState, QuorumStateMachine
 from lighthouse_cluster.core.torchft_wire import member_to_proto, quorum_to_proto
@@ -87,13 +88,16 @@ class JobAdmin:
 
     def __init__(self, node_id: str, machine: QuorumStateMachine, registry: JobRegistry,
                  require_leader: Callable[[str], None], commit: Callable[[codec.Command], Awaitable[Any]],
-                 ports: PortStates | None = None) -> None:
+                 ports: PortStates | None = None,
+                 reserved_ports: Mapping[str, Mapping[int, str]] | None = None) -> None:
         self.node_id = node_id
         self.machine = machine
         self.registry = registry
         self._require_leader = require_leader
         self._commit = commit
         self.ports = ports
+        # Each node's own ports (NodeConfig.reserved_ports), refused as a job's.
+        self.reserved_ports = reserved_ports or {}
         self._lock = asyncio.Lock()
 
     # -- views ------------------------------------------------------------------------------------
@@ -144,6 +148,9 @@ class JobAdmin:
             spec.check()
         except JobError as e:
             raise AdminError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        reserved = reserved_port_clash(spec, self.reserved_ports)
+        if reserved is not None:
+            raise AdminError(grpc.StatusCode.INVALID_ARGUMENT, f"job {spec.name!r}: {reserved}")
         jobs = dict(self.machine.jobs)  # one copy: Raft's thread applies changes
         clash = port_conflict(spec, (j.spec for j in jobs.values()))
         if clash is not None:

@@ -149,7 +149,7 @@ class LighthouseNode:
         self._schema_task: asyncio.Task[None] | None = None
         self.admin = NodeAdmin(self)
         self.job_admin = JobAdmin(config.node_id, self.machine, self.jobs, self.admin.require_leader,
-                                  self.admin.commit)
+                                  self.admin.commit, reserved_ports=config.reserved_ports)
         self.job_ports = JobPorts(config.node_id, config.client_bind, config.tls, SERVER_OPTIONS, self.machine,
                                   self.router, self.router, self, self.watch_streams, self.job_admin, self.health,
                                   processes=port_processes(config))

@@ -93,7 +93,9 @@ def test_without_jobs_nothing_is_declared_and_auto_creation_is_off(tmp_path: Pat
     ('[[jobs]]\nname = "a"\nport = 1\nports = ["2"]\n', "either port or ports"),
     ('[[jobs]]\nname = "a"\nport = 70000\n', "port 70000 is outside 1-65535"),
     ('[[jobs]]\nname = "a"\nport = "n1=x"\n', "is not PORT or NODE=PORT"),
-    ('[[jobs]]\nname = "a"\nport = 8001\n', "port 8001 is already this node's client or HTTP port"),
+    ('[[jobs]]\nname = "a"\nport = 8001\n', "port 8001 on node n1 is n1's client port"),
+    ('[[jobs]]\nname = "a"\nports = ["n2=7002"]\n', "port 7002 on node n2 is n2's Raft port"),
+    ('[[jobs]]\nname = "a"\nport = 7001\n', "port 7001 on node n1 is n1's Raft port"),
     ('[[jobs]]\nname = "a"\nport = 9000\n[[jobs]]\nname = "b"\nports = ["n2=9000"]\n',
      "port 9000 on node n2 is also job 'a''s"),
     ('[[jobs]]\nname = "a"\nconfig = {k = [1]}\n', "config value of 'k' must be a string, number or boolean"),
@@ -120,3 +122,15 @@ def test_parse_declared_jobs_directly() -> None:
     with pytest.raises(ConfigError, match="port 5 on every node is also job 'a''s"):
         parse_declared_jobs([{"name": "a", "port": 5}, {"name": "b", "port": "n2=6"}, {"name": "c", "port": 5}],
                             config.new_job_settings, "n1")
+
+
+def test_the_ports_no_job_may_have_are_every_nodes_own() -> None:
+    config = build_node_config(**{**COMMON, "client_bind": "0.0.0.0:8101", "raft_bind": "0.0.0.0:7101"},
+                               http_bind="127.0.0.1:9001")
+    assert config.reserved_ports == {
+        "n1": {7001: "Raft port", 8001: "client port", 7101: "Raft port", 8101: "client port", 9001: "HTTP port"},
+        "n2": {7002: "Raft port", 8002: "client port"},
+        "n3": {7003: "Raft port", 8003: "client port"},
+    }
+    with pytest.raises(ConfigError, match="port 9001 on node n1 is n1's HTTP port"):
+        build_node_config(**COMMON, http_bind="127.0.0.1:9001", jobs=[{"name": "a", "port": "n1=9001"}])

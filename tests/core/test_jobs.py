@@ -18,6 +18,7 @@ from lighthouse_cluster.core.jobs import (
     parse_config_items,
     parse_ports,
     port_conflict,
+    reserved_port_clash,
     spec_from_wire,
     spec_to_wire,
 )
@@ -313,6 +314,27 @@ def _spec(name: str, *ports: tuple[str, int]) -> JobSpec:
 ])
 def test_two_jobs_never_share_a_port_on_one_node(mine: tuple, theirs: tuple, clash: str | None) -> None:
     assert port_conflict(_spec("a", *mine), [_spec("b", *theirs), _spec("a", ("*", 29600))]) == clash
+
+
+RESERVED = {"n1": {7001: "Raft port", 8001: "client port", 9001: "HTTP port"},
+            "n2": {7002: "Raft port", 8002: "client port"}}
+
+
+@pytest.mark.parametrize("ports, clash", [
+    ((("n1", 8001),), "port 8001 on node n1 is n1's client port; give the job a port of its own"),
+    ((("*", 7002),), "port 7002 on node n2 is n2's Raft port; give the job a port of its own"),
+    ((("n1", 9001),), "port 9001 on node n1 is n1's HTTP port; give the job a port of its own"),
+    # Another node's port on this node's host is free: nodes are one host each.
+    ((("n1", 8002),), None),
+    # n2 has a port of its own, so the ``*`` port (n1's client port) applies to n1 only.
+    ((("*", 7002), ("n2", 29600)), None),
+    ((("*", 29600),), None),
+    ((), None),
+    # A node the configuration does not know (joined later) reserves nothing.
+    ((("n9", 8001),), None),
+])
+def test_a_job_never_gets_a_port_a_node_has_for_itself(ports: tuple, clash: str | None) -> None:
+    assert reserved_port_clash(_spec("a", *ports), RESERVED) == clash
 
 
 def test_the_state_machine_refuses_a_job_whose_port_another_job_has() -> None:

@@ -281,6 +281,24 @@ def test_a_port_in_use_is_reported_and_bound_once_free(shared) -> None:
     assert log.count("job blocked: cannot listen on") == 1, "a failing port is logged once"
 
 
+def test_a_nodes_own_client_or_raft_port_is_refused_as_a_jobs(shared) -> None:
+    # Once accepted: the node retried binding its own port for as long as the job lived.
+    cluster, nodes = shared
+    follower = follower_of(cluster)
+    peer = cluster.peers[follower]
+    client_port = int(peer.client_address.rsplit(":", 1)[1])
+    raft_port = int(peer.raft_address.rsplit(":", 1)[1])
+    for entries, what in (([cpb.JobPort(node_id=peer.node_id, port=client_port)], "client port"),
+                          ([cpb.JobPort(port=raft_port)], "Raft port")):
+        with pytest.raises(grpc.RpcError) as e:
+            nodes.admin().AddJob(cpb.AddJobRequest(name="own-port", ports=entries), metadata=AUTH, timeout=10)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
+        port = entries[0].port
+        assert e.value.details() == (f"job 'own-port': port {port} on node {peer.node_id} is {peer.node_id}'s "
+                                     f"{what}; give the job a port of its own"), e.value.details()
+        assert all(nodes.job(i, "own-port") is None for i in range(cluster.nodes))
+
+
 def test_without_auto_creation_unknown_jobs_are_not_found(shared) -> None:
     cluster, nodes = shared
     follower = follower_of(cluster)
