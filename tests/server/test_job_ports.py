@@ -297,6 +297,15 @@ def test_a_nodes_own_client_or_raft_port_is_refused_as_a_jobs(shared) -> None:
         assert e.value.details() == (f"job 'own-port': port {port} on node {peer.node_id} is {peer.node_id}'s "
                                      f"{what}; give the job a port of its own"), e.value.details()
         assert all(nodes.job(i, "own-port") is None for i in range(cluster.nodes))
+    # Nor can a job's port be moved onto one.
+    ports = free_ports(3, HOST)
+    nodes.admin().AddJob(cpb.AddJobRequest(name="own-port", ports=per_node(ports)), metadata=AUTH, timeout=10)
+    with pytest.raises(grpc.RpcError) as e:
+        nodes.admin().SetJob(cpb.SetJobRequest(name="own-port", set_ports=True, ports=[cpb.JobPort(port=client_port)]),
+                             metadata=AUTH, timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "client port" in e.value.details(), e.value
+    wait_listening(nodes, "own-port", ports)
+    nodes.admin().RemoveJob(cpb.RemoveJobRequest(name="own-port", force=True), metadata=AUTH, timeout=10)
 
 
 def test_without_auto_creation_unknown_jobs_are_not_found(shared) -> None:
