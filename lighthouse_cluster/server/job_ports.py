@@ -23,7 +23,9 @@ the new port is bound); a removed job's server stops gracefully: its calls, whic
 answers NOT_FOUND, end within ``STOP_GRACE_S``. A port that cannot be bound (in use, no
 permission) is recorded with the reason (``state(job)``, shown as the job's ``listening_port``
 and ``port_error``), logged once, and tried again every ``RETRY_S``; it never stops the node or
-touches another job's port. ``close()`` stops every server when the node stops.
+touches another job's port. A port this node has for itself (its client, Raft or HTTP port; the
+leader refuses the ones it knows of, but not another node's HTTP port) is reported as such and
+not tried until the job's port changes. ``close()`` stops every server when the node stops.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -66,6 +68,7 @@ log = logging.getLogger(__name__)
 
 # A port that could not be bound is tried again this often.
 RETRY_S = 2.0
+NEVER = float("inf")  # a _JobServer's next_try that no time reaches
 # A stopped job port's calls get this long to end before they are cancelled.
 STOP_GRACE_S = 1.0
 # A job port process that exited is started again after this long (doubling, up to RETRY_S,
@@ -113,8 +116,10 @@ class JobPorts:
     def __init__(self, node_id: str, client_bind: str, tls: ServerTLS | None, options: Sequence[tuple[str, Any]],
                  machine: QuorumStateMachine, router: QuorumRouting, heartbeats: HeartbeatBatchSink,
                  node: NodeStatusSource, watch: Callable[[str], WatchStreams | None], jobs: JobViews,
-                 health_servicer: health.aio.HealthServicer, processes: PortProcesses | None = None) -> None:
+                 health_servicer: health.aio.HealthServicer, processes: PortProcesses | None = None,
+                 own_ports: Mapping[int, str] | None = None) -> None:
         self._node_id = node_id
+        self._own_ports = dict(own_ports or {})  # port -> what it is ("HTTP port", ...)
         self._processes = processes
         self._backoff = RestartBackoff(initial_s=RESTART_S, max_s=RETRY_S)
         self._watching: set[asyncio.Task[None]] = set()  # one per running port process
@@ -190,7 +195,7 @@ class JobPorts:
                 await self._apply()
             except Exception:  # noqa: BLE001 -- a job port never takes the node down
                 log.exception("job ports: unexpected error; trying again in %.0f s", RETRY_S)
-            waiting = [js.next_try for js in self._servers.values() if not js.listening]
+            waiting = [js.next_try for js in self._servers.values() if not js.listening and js.next_try != NEVER]
             timeout = max(0.05, min(waiting) - loop.time()) if waiting else None
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
@@ -219,7 +224,10 @@ class JobPorts:
             if js.lighthouse is not None:
                 js.lighthouse.max_member_bytes = max_member_bytes
             if not js.listening and now >= js.next_try:
-                if self._processes is not None:
+                own = self._own_ports.get(port)
+                if own is not None:  # never free while this node runs; the job's next port is tried
+                    self._failed(js, f"port {port} is this node's {own}", NEVER)
+                elif self._processes is not None:
                     await self._start_process(js, self._processes)
                 else:
                     await self._bind(js)
@@ -254,7 +262,8 @@ class JobPorts:
         js.next_try = asyncio.get_running_loop().time() + retry_in
         if js.error != js.logged:
             js.logged = js.error
-            log.warning("job %s: %s; trying again in %.1f s", js.job, js.error, retry_in)
+            log.warning("job %s: %s; %s", js.job, js.error, "not trying it" if retry_in == NEVER
+                        else f"trying again in {retry_in:.1f} s")
 
     async def _start_process(self, js: _JobServer, how: PortProcesses) -> None:
         spec = PortSpec(job=js.job, host=self._host, port=js.port, node_id=self._node_id,

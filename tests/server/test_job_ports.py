@@ -24,6 +24,7 @@ import contextlib
 import os
 import signal
 import socket
+import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -108,7 +109,8 @@ SERVED = {"in-node": [], "port-processes": ["--job-port-processes"]}
 @pytest.fixture(scope="module", params=sorted(SERVED))
 def shared(request: pytest.FixtureRequest,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, Nodes]]:
-    with started(tmp_path_factory.mktemp("job-ports"), extra_args=SERVED[request.param]) as both:
+    with started(tmp_path_factory.mktemp("job-ports"), extra_args=SERVED[request.param],
+                 http_ports=free_ports(3)) as both:
         yield both
 
 
@@ -306,6 +308,31 @@ def test_a_nodes_own_client_or_raft_port_is_refused_as_a_jobs(shared) -> None:
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "client port" in e.value.details(), e.value
     wait_listening(nodes, "own-port", ports)
     nodes.admin().RemoveJob(cpb.RemoveJobRequest(name="own-port", force=True), metadata=AUTH, timeout=10)
+
+
+def test_a_port_only_its_node_has_is_reported_as_its_own_and_not_bound(shared) -> None:
+    # The leader knows its peers' client and Raft ports, not their HTTP ports: the node does.
+    cluster, nodes = shared
+    follower = follower_of(cluster)
+    http_port = cluster.http_ports[follower]
+    ports = free_ports(3, HOST)
+    ports[follower] = http_port
+    nodes.admin().AddJob(cpb.AddJobRequest(name="on-http", ports=per_node(ports)), metadata=AUTH, timeout=10)
+    job = wait_for("the node's own port reported", lambda: nodes.job(follower, "on-http"), 15,
+                   ready=lambda j: j is not None and j.port_error, context=cluster)
+    assert (job.listening_port, job.port_error) == (0, f"port {http_port} is this node's HTTP port")
+    wait_listening(nodes, "on-http", [0 if i == follower else p for i, p in enumerate(ports)], 15)
+    with urllib.request.urlopen(f"http://{cluster.http_address(follower)}/livez", timeout=5) as r:
+        assert r.status == 200
+    # Moved to a port of its own, the job is served there.
+    ports[follower] = free_ports(1, HOST)[0]
+    nodes.admin().SetJob(cpb.SetJobRequest(name="on-http", set_ports=True, ports=per_node(ports)), metadata=AUTH,
+                         timeout=10)
+    wait_listening(nodes, "on-http", ports, 15)
+    assert nodes.job(follower, "on-http").port_error == ""
+    nodes.admin().RemoveJob(cpb.RemoveJobRequest(name="on-http", force=True), metadata=AUTH, timeout=10)
+    log = cluster.members[follower].log_path.read_text()
+    assert log.count(f"job on-http: port {http_port} is this node's HTTP port; not trying it") == 1, log[-3000:]
 
 
 def test_without_auto_creation_unknown_jobs_are_not_found(shared) -> None:
