@@ -153,7 +153,7 @@ class LighthouseNode:
         self.job_ports = JobPorts(config.node_id, config.client_bind, config.tls, SERVER_OPTIONS, self.machine,
                                   self.router, self.router, self, self.watch_streams, self.job_admin, self.health,
                                   processes=port_processes(config),
-                                  own_ports=config.reserved_ports.get(config.node_id))
+                                  own_ports=config.reserved_ports[config.node_id])
         self.job_admin.ports = self.job_ports  # each job's listening_port / port_error
         self.creator = JobCreator(config.jobs, config.auto_create_jobs, self.job_admin, self.machine,
                                   self.serving_term)

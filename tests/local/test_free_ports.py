@@ -43,11 +43,12 @@ def test_without_room_below_the_ephemeral_range_the_kernel_picks(monkeypatch: py
 def test_no_port_is_handed_out_twice_while_its_taker_has_not_bound_it(monkeypatch: pytest.MonkeyPatch) -> None:
     # A test drew a job's three ports, then started a cluster, whose own draw gave one of them
     # again as a node's client port: the job's port could never be bound there.
-    low = cluster._drawable_ports()
-    if low is None:
+    drawable = cluster._drawable_ports()
+    if drawable is None:
         pytest.skip("this machine's ephemeral port range leaves no room below it")
     monkeypatch.setattr(cluster, "_HANDED_OUT", {})
-    start = next(p for p in range(low[0], low[1] - 20, 20) if all(can_bind("0.0.0.0", p + i) for i in range(20)))
+    start = next(p for p in range(drawable[0], drawable[1] - 20, 20)
+                 if all(can_bind("0.0.0.0", p + i) for i in range(20)))
     monkeypatch.setattr(cluster, "_drawable_ports", lambda: (start, start + 19))
     drawn = [p for _ in range(4) for p in free_ports(5)]
     assert sorted(drawn) == list(range(start, start + 20))
