@@ -8,17 +8,18 @@
   the fast run it says it is (no processes, no servers; under a minute).
 * **No silent skips in CI** (``support.skips``): with ``LIGHTHOUSE_TESTS_STRICT=1`` or ``CI`` set,
   a skip that is not on the expected list fails.
+
+Under pytest-xdist, integration tests run two at a time and those marked ``exclusive`` alone
+(``support.run_lock``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import multiprocessing.process
 import os
 import socket
 import subprocess
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import grpc
@@ -27,6 +28,8 @@ import pytest
 
 from lighthouse_cluster.local.cluster import LocalCluster
 from support import skips
+# Two integration tests at a time under xdist, the exclusive ones alone (a hook: pytest finds it here).
+from support.run_lock import pytest_runtest_protocol  # noqa: F401
 
 
 @pytest.fixture
@@ -44,42 +47,6 @@ def make_cluster(tmp_path: Any) -> Iterator[Callable[..., LocalCluster]]:
             return stack.enter_context(cluster)
 
         yield make
-
-
-# -- two tests at a time (pytest-xdist), some alone ------------------------------------------------
-#
-# The README's test command runs two pytest-xdist workers. An integration test marked
-# ``exclusive`` (tight timing bounds, CPU measurements, a machine-wide check) runs alone: it holds
-# a file lock exclusively while every other integration test holds it shared. A turnstile lock
-# in front keeps a waiting exclusive test from being overtaken by the other worker's next tests.
-# Unit tests take no lock. Without xdist nothing is locked.
-
-
-@contextlib.contextmanager
-def _run_lock(directory: Path, exclusive: bool) -> Iterator[None]:
-    with open(directory / "xdist-turnstile.lock", "a") as turnstile, open(directory / "xdist-run.lock", "a") as run:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        if exclusive:
-            fcntl.flock(run, fcntl.LOCK_EX)  # the turnstile stays held: no new test starts meanwhile
-        else:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
-            fcntl.flock(run, fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(run, fcntl.LOCK_UN)
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
-
-
-@pytest.fixture(autouse=True)
-def _alone_or_beside_another(request: pytest.FixtureRequest,
-                             tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    if not hasattr(request.config, "workerinput") or request.node.get_closest_marker("integration") is None:
-        yield
-        return
-    # Every worker's base temporary directory is a child of the same directory.
-    with _run_lock(tmp_path_factory.getbasetemp().parent, request.node.get_closest_marker("exclusive") is not None):
-        yield
 
 
 # -- unit tests start nothing ----------------------------------------------------------------------

@@ -3,17 +3,21 @@ serves nothing, and in CI (``LIGHTHOUSE_TESTS_STRICT=1``) only an expected skip 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
 import pytest
 
 from support import skips
+from support.run_lock import LOCK_DIR_ENV, RUN_LOCK
+from support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -107,3 +111,36 @@ def test_exclusive_tests_run_alone_and_the_others_two_at_a_time(tmp_path) -> Non
         assert not beside, f"{a['name']} ran beside {beside}"
     shared = [r for r in runs if r["kind"] == "shared"]
     assert any(overlap(a, b) for i, a in enumerate(shared) for b in shared[i + 1:]), "no two tests ran at once"
+
+
+def _blocked_on(path: Path) -> bool:
+    """Whether a process waits for a flock on ``path`` (a "->" line of /proc/locks)."""
+    inode = f":{os.stat(path).st_ino} "
+    return any("->" in line and inode in line for line in Path("/proc/locks").read_text().splitlines())
+
+
+@pytest.mark.integration
+def test_a_test_waiting_for_its_turn_is_not_timed_out_before_it_starts(tmp_path) -> None:
+    """A test that waits behind an exclusive one (a minute, for some) got pytest-timeout's
+    "Timeout" at setup while the lock was a fixture: its timer ran while it waited."""
+    locks, started = tmp_path / "locks", tmp_path / "started"
+    locks.mkdir()
+    env = {**os.environ, LOCK_DIR_ENV: str(locks), "RUN_LOCK_SAMPLES_LOG": str(started)}
+    hold_s = 2.5  # the sample's timeout is 1 s: it must wait well past it
+    with open(locks / RUN_LOCK, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # an exclusive test running on another worker
+        sub = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "1",
+                                "tests/project/run_lock_samples.py"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+        try:
+            wait_for("the sub-run's test waiting for the run lock", lambda: _blocked_on(locks / RUN_LOCK), 60,
+                     context=lambda: f"sub-run exit code: {sub.poll()}")
+            time.sleep(hold_s)  # the subject of the test: a wait longer than the waiting test's timeout
+        except BaseException:
+            sub.kill()
+            raise
+        released = time.time()
+        fcntl.flock(held, fcntl.LOCK_UN)
+    out, _ = sub.communicate(timeout=120)
+    assert sub.returncode == 0, out
+    assert float(started.read_text()) >= released, "the test ran while the lock was held"
