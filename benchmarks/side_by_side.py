@@ -43,11 +43,14 @@ import click
 from .procs import CHECKOUT, GrpcFloor
 
 # The client: N channels (group g on the g-th of the comma-separated addresses, in turn), one
-# Quorum call per group per round, a round every 1/rate seconds.
+# Quorum call per group per round, a round every 1/rate seconds, for the given seconds and at
+# least min_rounds rounds (a host that stalls for a second still yields enough rounds to divide
+# its CPU by: a stalled process spends none).
 CLIENT = r'''
 import asyncio, sys, grpc, uvloop
 from lighthouse_cluster.proto import torchft_pb2 as pb
 addresses, n, rate, seconds = sys.argv[1].split(","), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+min_rounds = int(sys.argv[5])
 
 async def main():
     channels = [grpc.aio.insecure_channel(addresses[g % len(addresses)]) for g in range(n)]
@@ -69,7 +72,7 @@ async def main():
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     loop = asyncio.get_running_loop()
     start, done = loop.time(), 0
-    while loop.time() - start < seconds:
+    while loop.time() - start < seconds or done < min_rounds:
         due = start + done / rate
         if due > loop.time():
             await asyncio.sleep(due - loop.time())
@@ -166,7 +169,10 @@ class PairResult:
     per_process_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # each process, per round
 
 
-def run_pair(specs: tuple[str, str], n: int, rate: float, seconds: float, workdir: Path) -> PairResult:
+def run_pair(specs: tuple[str, str], n: int, rate: float, seconds: float, workdir: Path,
+             min_rounds: int = 0) -> PairResult:
+    """Run the two servers of ``specs`` side by side, each asked for rounds of ``n`` Quorum calls
+    at ``rate`` a second for ``seconds`` and at least ``min_rounds`` rounds; their CPU per round."""
     servers: list[Server] = []
     clients: list[subprocess.Popen[str]] = []
     try:
@@ -174,7 +180,7 @@ def run_pair(specs: tuple[str, str], n: int, rate: float, seconds: float, workdi
             servers.append(start_server(spec, n, workdir))
         for s in servers:
             clients.append(subprocess.Popen([sys.executable, "-c", CLIENT, ",".join(s.addresses), str(n), str(rate),
-                                             str(seconds)],
+                                             str(seconds), str(min_rounds)],
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                             env=_checkout_env(CHECKOUT)))
         for c in clients:
