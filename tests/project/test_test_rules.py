@@ -136,11 +136,12 @@ def test_a_test_waiting_for_its_turn_is_not_timed_out_before_it_starts(tmp_path)
             wait_for("the sub-run's test waiting for the run lock", lambda: _blocked_on(locks / RUN_LOCK), 60,
                      context=lambda: f"sub-run exit code: {sub.poll()}")
             time.sleep(hold_s)  # the subject of the test: a wait longer than the waiting test's timeout
-        except BaseException:
-            sub.kill()
-            raise
-        released = time.time()
-        fcntl.flock(held, fcntl.LOCK_UN)
-    out, _ = sub.communicate(timeout=120)
+            released = time.time()
+            fcntl.flock(held, fcntl.LOCK_UN)
+            out, _ = sub.communicate(timeout=120)
+        finally:
+            if sub.poll() is None:  # a failed wait above: no sub-run outlives the test
+                sub.kill()
+                sub.wait()
     assert sub.returncode == 0, out
     assert float(started.read_text()) >= released, "the test ran while the lock was held"
