@@ -11,6 +11,10 @@
 
 Under pytest-xdist, integration tests run two at a time and those marked ``exclusive`` alone
 (``support.run_lock``).
+
+Tests marked ``torchtitan_full`` (the full matrix of torchtitan's trainer on the cluster: minutes
+each) run only when the ``-m`` expression names the marker (``pytest -m torchtitan_full``); every
+other run deselects them.
 """
 
 from __future__ import annotations
@@ -47,6 +51,24 @@ def make_cluster(tmp_path: Any) -> Iterator[Callable[..., LocalCluster]]:
             return stack.enter_context(cluster)
 
         yield make
+
+
+# -- the heavy matrix runs when asked for ---------------------------------------------------------
+
+OPT_IN_MARKERS = ("torchtitan_full",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    asked = config.getoption("markexpr", "") or ""
+    opt_in = [m for m in OPT_IN_MARKERS if m not in asked]
+    if not opt_in:
+        return
+    kept, deselected = [], []
+    for item in items:
+        (deselected if any(item.get_closest_marker(m) for m in opt_in) else kept).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
 
 
 # -- unit tests start nothing ----------------------------------------------------------------------
