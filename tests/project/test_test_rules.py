@@ -145,3 +145,21 @@ def test_a_test_waiting_for_its_turn_is_not_timed_out_before_it_starts(tmp_path)
                 sub.wait()
     assert sub.returncode == 0, out
     assert float(started.read_text()) >= released, "the test ran while the lock was held"
+
+
+def _collected(*args: str) -> list[str]:
+    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
+                          "tests/torchtitan/test_torchtitan_ft.py", *args], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return [line for line in res.stdout.splitlines() if "::" in line]
+
+
+@pytest.mark.integration
+def test_the_torchtitan_matrix_runs_only_when_its_marker_is_asked_for() -> None:
+    default = _collected()
+    full = _collected("-m", "torchtitan_full")
+    assert default and full and not set(default) & set(full), (default, full)
+    assert any("ftclient_diloco" in t for t in full) and not any("ftclient_diloco" in t for t in default)
+    both = _collected("-m", "torchtitan_full or not torchtitan_full")
+    assert set(both) == set(default) | set(full)

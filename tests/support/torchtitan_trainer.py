@@ -115,8 +115,10 @@ class TorchtitanTrainer(TrainerProcess):
                 "--training.steps", str(self.steps), "--dump_folder", str(self.dump_folder), *self.args]
 
     def kind_env(self) -> dict[str, str]:
-        # One thread per rank: the groups share 2 cores.
-        return {"OMP_NUM_THREADS": "1", "TORCHFT_TIMEOUT_SEC": "30"}
+        # One thread per rank: the groups share 2 cores. The assets are local: Hugging Face's
+        # datasets library is told not to look for the hub.
+        return {"OMP_NUM_THREADS": "1", "TORCHFT_TIMEOUT_SEC": "30", "HF_DATASETS_OFFLINE": "1",
+                "HF_HUB_OFFLINE": "1"}
 
     def kill(self) -> None:
         """SIGKILL torchrun and every process under it, then reap torchrun. torchrun starts each

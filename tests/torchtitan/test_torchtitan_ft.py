@@ -39,6 +39,7 @@ the rest carry the ``torchtitan_full`` marker, which the default run deselects::
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -48,7 +49,7 @@ pytest.importorskip("torch", reason="torch is not installed: the torchtitan test
 pytest.importorskip("torchtitan", reason="torchtitan is not installed (pip install -e '.[interop]')")
 
 from support.torchtitan_trainer import TorchtitanTrainer, compare_states, final_state, make_assets  # noqa: E402
-from support.training import TrainingRun  # noqa: E402
+from support.training import Kill, TrainingRun  # noqa: E402
 from support.waiting import wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -85,9 +86,21 @@ def start_groups(run: TrainingRun, line: str, *, steps: int, args: list[str], mi
                      for g in range(groups))
 
 
-def kill_leader(run: TrainingRun) -> float:
-    """SIGKILL the Raft leader while Quorum calls wait at it; returns the failover's seconds."""
-    kill = run.kill_while_calls_wait(timeout=60)
+def kill_leader(run: TrainingRun, *, while_calls_wait: bool = True) -> float:
+    """SIGKILL the Raft leader, while Quorum calls wait at it (a round of several groups: the
+    calls are in flight when it dies) or, with ``while_calls_wait=False``, at once (one group's
+    quorum is issued without a wait); returns the failover's seconds."""
+    if while_calls_wait:
+        kill = run.kill_while_calls_wait(timeout=60)
+    else:
+        cluster = run.cluster
+        assert cluster is not None
+        leader = cluster.leader_index()
+        st = cluster.status(leader, timeout=1.0) if leader is not None else None
+        run.check(st is not None, "no leader to kill")
+        cluster.kill(leader)
+        kill = Kill(node=leader, leader=leader, term=st.term, at=time.time(), waiting=0)
+        run.note(f"SIGKILLed n{leader + 1} (the leader, term {st.term})")
     _, failover_s = run.wait_new_leader(kill)
     return failover_s
 
@@ -202,7 +215,7 @@ def test_torchft_per_step_survives_a_leader_kill_with_one_group(run: TrainingRun
     run.start_cluster(min_replicas=1)
     (g0,) = start_groups(run, line, steps=steps, args=PER_STEP, groups=1)
     run.wait_all_steps(3, timeout=STARTUP_S)
-    kill_leader(run)
+    kill_leader(run, while_calls_wait=False)
     run.wait_finished([g0])
     assert_no_failed_step(run, [g0])
     run.check(committed(g0) == steps, f"{g0.name} committed {committed(g0)} of {steps} steps")
