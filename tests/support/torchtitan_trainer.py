@@ -58,6 +58,10 @@ BASE_ARGS = [
     "--metrics.log_freq", "1", "--metrics.disable_color_printing",
     "--checkpoint.enable", "--checkpoint.interval", "100000",
     "--checkpoint.no-enable-ft-dataloader-checkpoints",
+    # The timeout order docs/torchtitan.md gives: the group's own process group (15 s in this
+    # config) above the SDK's quorum and transfer timeouts (30 s here, BASE_ENV and kind_env): a
+    # rank whose peer in its group still waits for a quorum or a heal must not time out first.
+    "--comm.train_timeout_seconds", "90",
 ]
 
 RANK_PREFIX = re.compile(r"^\[default(?P<rank>\d+)\]:")
