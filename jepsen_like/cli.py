@@ -3,6 +3,7 @@
     python -m jepsen_like run --time-limit 60 --nodes 3 --nemesis halves,kill --seed 7
     python -m jepsen_like run --time-limit 60 --nemesis kill-client     # kill and restart replica groups
     python -m jepsen_like run --time-limit 60 --jobs 1                  # the default job only
+    python -m jepsen_like run --time-limit 60 --nemesis lose-power,lose-power-majority   # power losses
     python -m jepsen_like check jepsen-runs/<run>        # exit status 1 if any checker fails
     python -m jepsen_like replay jepsen-runs/<run>       # the same schedule, again
 """
@@ -123,8 +124,8 @@ def main() -> None:
 @click.option("--clients", type=click.IntRange(1), default=None,
               help="simulated replica groups (default: 2 per job, 4 with one job)")
 @click.option("--nemesis", "nemeses", multiple=True,
-              help=f"comma-separated faults (default all but clock and kill-client; 'all,kill-client' adds "
-                   f"client kills to the default set): {', '.join(ALL_FAULTS)}")
+              help=f"comma-separated faults (default all but clock, kill-client and the power losses; "
+                   f"'all,kill-client' adds client kills to the default set): {', '.join(ALL_FAULTS)}")
 @click.option("--seed", type=int, default=None, help="random seed (default: random, printed)")
 @click.option("--backend", type=click.Choice(["auto", *BACKENDS]), default="auto", show_default=True,
               help="network faults: netns (root), proxy, none")
@@ -137,11 +138,13 @@ def main() -> None:
 @click.option("--survivor-wait-bound", type=float, default=None,
               help="seconds within which every surviving client must get a quorum without a killed one "
                    "(default: the nodes' heartbeat timeout + join timeout + 2 s)")
+@click.option("--unsafe-no-fsync", is_flag=True,
+              help="run the nodes with --unsafe-no-fsync (to see what lose-power faults find when nothing syncs)")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="run directory")
 def run(time_limit: float, nodes: str, jobs: int, clients: int | None, nemeses: tuple[str, ...], seed: int | None,
         backend: str,
         fault_seconds: tuple[float, float], quiet_seconds: tuple[float, float], recovery_bound: float,
-        survivor_wait_bound: float | None, out: Path | None) -> None:
+        survivor_wait_bound: float | None, unsafe_no_fsync: bool, out: Path | None) -> None:
     """Start a cluster, inject faults while clients run, check the history."""
     seed = seed if seed is not None else random.randrange(2**31)
     if clients is None:
@@ -158,7 +161,7 @@ def run(time_limit: float, nodes: str, jobs: int, clients: int | None, nemeses: 
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
     options = RunOptions(backend=backend, recovery_bound_s=recovery_bound,
-                         cluster=ClusterSettings(nodes=int(nodes)),
+                         cluster=ClusterSettings(nodes=int(nodes), unsafe_no_fsync=unsafe_no_fsync),
                          clients=ClientSettings(clients=clients, jobs=job_names(jobs)),
                          survivor_wait_bound_s=survivor_wait_bound)
     try:

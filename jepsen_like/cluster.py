@@ -3,9 +3,10 @@
 ``HarnessCluster`` owns a ``LocalCluster`` (node processes, each with its own data directory and
 log under ``<run>/cluster/``), the network backend the nodes are wired through, and optionally
 the libfaketime clock backend. It adds what a nemesis needs on top of ``LocalCluster``: the
-current leader, ``restart_all``, ``recover`` (the fully healthy cluster again), a parallel
-status poll, and a ``close()`` that always kills every process and removes every namespace,
-whatever failed before (use it as a context manager), and ``add_job`` (the nodes get an admin
+current leader, ``restart_all``, ``recover`` (the fully healthy cluster again), with
+``power=True`` each data directory on a lazy filesystem and ``lose_power`` (lazyfs.py), a parallel
+status poll, and a ``close()`` that always kills every process, removes every namespace and
+unmounts every filesystem, whatever failed before (use it as a context manager), and ``add_job`` (the nodes get an admin
 token of the run's own, never written anywhere, so the runner can create the run's jobs).
 """
 
@@ -28,6 +29,7 @@ from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 
 from . import clock as clock_skew
 from . import network
+from .lazyfs import LazyMount
 
 ROLE_NAMES = {cpb.FOLLOWER: "follower", cpb.CANDIDATE: "candidate", cpb.LEADER: "leader", cpb.ROLE_UNKNOWN: "unknown"}
 
@@ -46,11 +48,18 @@ class ClusterSettings:
     # runs nodes' clocks at 0.25x-4x, beyond the lease's assumption (rates within 2x of each
     # other): there the lease is off (0) unless set explicitly.
     quorum_lease_ms: int | None = None
+    # The nodes run with --unsafe-no-fsync (they never sync their Raft state): what a power-loss
+    # fault then finds (tests/fault_injection/test_power_loss.py). Never for a real check.
+    unsafe_no_fsync: bool = False
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "ClusterSettings":
         known = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         return cls(**known)
+
+
+class PowerUnavailable(RuntimeError):
+    """Power-loss faults cannot run (no lazy filesystem); the message says why."""
 
 
 class ClockUnavailable(RuntimeError):
@@ -74,7 +83,10 @@ class HarnessCluster:
     settings: ClusterSettings = field(default_factory=ClusterSettings)
     backend: str = "auto"
     clock: bool = False
+    # Each node's data directory on a lazy filesystem (lazyfs.py): power-loss faults.
+    power: bool = False
     net: network.NetworkBackend | None = field(init=False, default=None)
+    mounts: list[LazyMount] = field(init=False, default_factory=list)
     skew: clock_skew.ClockNemesis | None = field(init=False, default=None)
     local: LocalCluster | None = field(init=False, default=None)
     clock_error: str = field(init=False, default="")   # why clock skew is off although asked for
@@ -99,6 +111,8 @@ class HarnessCluster:
                     self.clock_error = str(e)   # optional: the run goes on without clock faults
             kwargs["launch_prefix"] = self._launch_prefix(kwargs.get("launch_prefix"))
             s = self.settings
+            if s.unsafe_no_fsync:
+                kwargs["extra_args"] = [*kwargs.get("extra_args", []), "--unsafe-no-fsync"]
             self.local = LocalCluster(
                 root=self.root / "cluster", nodes=s.nodes, min_replicas=s.min_replicas,
                 join_timeout_ms=s.join_timeout_ms, heartbeat_timeout_ms=s.heartbeat_timeout_ms,
@@ -106,6 +120,12 @@ class HarnessCluster:
                 quorum_lease_ms=s.quorum_lease_ms if s.quorum_lease_ms is not None or self.skew is None else 0,
                 admin_token=self._admin_token, **kwargs)
             net.attach(self.local)
+            if self.power:
+                # Mounted before any node starts, so that a node's mount namespace (netns exec
+                # copies the host's) has it; it stays mounted across power losses, as a disk does.
+                for m in self.local.members:
+                    self.mounts.append(LazyMount(m.data_dir, log_path=m.log_path.with_suffix(".lazyfs.log")))
+                    self.mounts[-1].start()
             self.local.start()
             self.local.wait_for_leader(timeout=leader_timeout_s)
         except BaseException:
@@ -136,6 +156,12 @@ class HarnessCluster:
                     obj.teardown()
                 except Exception as e:
                     problems.append(f"tearing down {what}: {e}")
+        for mount in self.mounts:  # after the nodes: unmounted, each directory keeps the files
+            try:
+                mount.close()
+            except Exception as e:  # pragma: no cover - best effort
+                problems.append(f"unmounting {mount.directory}: {e}")
+        self.mounts = []
         return problems
 
     def __enter__(self) -> "HarnessCluster":
@@ -240,6 +266,17 @@ class HarnessCluster:
     def resume(self, i: int) -> None:
         if self.running(i) and self.paused(i):
             self.cluster.resume(i)
+
+    def lose_power(self, nodes: list[int]) -> dict[str, Any]:
+        """Cut the power of ``nodes`` at once: each is SIGKILLed (all of them before any disk is
+        touched), then its data directory loses every write it had not synced. Returns, per node
+        id, what its filesystem lost (``LazyFiles.lose_power``). They stay down until restarted."""
+        if not self.mounts:
+            raise PowerUnavailable("power-loss faults need the nodes' data directories on lazy filesystems "
+                                   "(HarnessCluster(power=True))")
+        for i in nodes:
+            self.cluster.kill(i)
+        return {self.node_id(i): self.mounts[i].lose_power() for i in nodes}
 
     def restart_all(self) -> None:
         for i in range(self.nodes):

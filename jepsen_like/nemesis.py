@@ -4,6 +4,11 @@ Every action is an ``invoke`` then an ``ok`` (done; ``value`` says exactly what 
 leader-relative targets resolved and the cluster's state afterwards) or ``info`` (it failed
 half-way, ``error`` says why). Process ``nemesis``, ``f`` the action's name.
 
+Power losses (``lose-power``, ``lose-power-majority``) SIGKILL the nodes, all of them first, then
+make each one's data directory forget what it had not fsynced (``HarnessCluster.lose_power``);
+``lost`` in the completion says, per node, which files went back and by how many bytes. The nodes
+stay down until ``restart`` or ``recover``.
+
 Client actions act on the replica groups (``clients``, a ``ProcessClientPool``): ``kill-client``
 SIGKILLs one (its ``ok`` comes once the process is reaped and its open calls are completed as
 ``info`` in the history), ``restart-client`` starts it again, and ``recover`` also restarts
@@ -103,6 +108,15 @@ class Nemesis:
                 node, done = c.node_id(i), {"node": i}
             elif op.f == "restart-all":
                 c.restart_all()
+            elif op.f == "lose-power":
+                i = self._node(node_arg)
+                node, done = c.node_id(i), {"node": i}
+                done["lost"] = c.lose_power([i])
+            elif op.f == "lose-power-majority":
+                targets = sorted({self._node(n) for n in op.args["nodes"]})
+                if len(targets) <= c.nodes // 2:
+                    raise NemesisError(f"lose-power-majority needs a majority of the {c.nodes} nodes, got {targets}")
+                done = {"nodes": targets, "lost": c.lose_power(targets)}
             elif op.f == "clock":
                 i = self._node(node_arg)
                 c.set_clock_rate(i, float(op.args.get("rate", 2.0)))

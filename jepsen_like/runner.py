@@ -36,7 +36,7 @@ from .history import INFO, JOURNAL, MONITOR, OK, Event, HistoryWriter, read_hist
 from .journal import parse_journal, read_meta_commit_index, summarize
 from .monitor import Monitor
 from .nemesis import Nemesis
-from .schedule import FaultOp, Schedule, uses_client_faults
+from .schedule import FaultOp, Schedule, uses_client_faults, uses_power_faults
 
 WARMUP_TIMEOUT_S = 20.0
 CONVERGE_TIMEOUT_S = 15.0
@@ -141,7 +141,10 @@ class Session:
         try:
             self.history = HistoryWriter(self.dir / "history.jsonl")
             self.cluster = HarnessCluster(self.dir, self.options.cluster, backend=self.options.backend,
-                                          clock=wants_clock).start()
+                                          clock=wants_clock, power=uses_power_faults(self.schedule)).start()
+            if self.options.cluster.unsafe_no_fsync:
+                self.printer.line("[yellow]the nodes run with --unsafe-no-fsync: a power loss may lose what they "
+                                  "acknowledged[/]")
             if self.cluster.clock_error:
                 self.printer.line(f"[yellow]clock skew unavailable: {self.cluster.clock_error}[/]")
             self._add_jobs()

@@ -34,6 +34,10 @@ kill-client        client ("c1" ...)                       SIGKILL a replica gro
 restart-client     client                                  start a killed replica group again (a
                                                            new process, from step 0)
 clock              node, rate                              the node's clocks run ``rate`` x (libfaketime)
+lose-power         node (index or "leader"/"follower")     SIGKILL, then its data directory loses
+                                                           every write not fsynced (lazyfs.py)
+lose-power-majority nodes=[..] (a majority)                the same for a majority at once (a rack,
+                                                           a zone): 2 of 3, 3 of 5
 heal               (none)                                  remove every network cut
 recover            (none)                                  heal, resume, restart, reset clocks, restart
                                                            killed clients: the fully healthy cluster again
@@ -50,10 +54,14 @@ from typing import Any, Sequence
 NETWORK_FAULTS = ("isolate", "isolate-leader", "isolate-follower", "halves", "bridge", "ring", "oneway")
 PROCESS_FAULTS = ("kill", "kill-leader", "pause", "pause-leader", "restart-all")
 CLOCK_FAULTS = ("clock",)
+# Power losses: the nodes' data directories on the lazy filesystem (lazyfs.py), which forgets
+# what was not fsynced. Opt-in, as clock: they need FUSE, and adding them to the default set
+# would change the schedule every existing seed draws.
+POWER_FAULTS = ("lose-power", "lose-power-majority")
 # Faults of the replica groups (the clients), not of the cluster: they need the clients to run
 # as processes of their own (``clients.ProcessClientPool``).
 CLIENT_FAULTS = ("kill-client",)
-ALL_FAULTS = NETWORK_FAULTS + PROCESS_FAULTS + CLOCK_FAULTS + CLIENT_FAULTS
+ALL_FAULTS = NETWORK_FAULTS + PROCESS_FAULTS + CLOCK_FAULTS + CLIENT_FAULTS + POWER_FAULTS
 # What `run` uses without --nemesis: every fault but the optional clock skew and client kills
 # (opt-in: adding them would change the schedule every existing seed draws).
 DEFAULT_FAULTS = NETWORK_FAULTS + PROCESS_FAULTS
@@ -217,6 +225,10 @@ def fault_op(rng: random.Random, kind: str, nodes: int, at: float, clients: int 
         return FaultOp(at, kind, {"node": rng.randrange(nodes), "rate": rng.choice([0.25, 0.5, 2.0, 4.0])})
     if kind == "kill-client":
         return FaultOp(at, kind, {"client": client_name(rng.randrange(clients))})
+    if kind == "lose-power":
+        return FaultOp(at, kind, {"node": rng.randrange(nodes)})
+    if kind == "lose-power-majority":
+        return FaultOp(at, kind, {"nodes": sorted(rng.sample(range(nodes), nodes // 2 + 1))})
     raise ValueError(f"unknown fault {kind!r}; known: {', '.join(ALL_FAULTS)}")
 
 
@@ -245,6 +257,11 @@ def generate(seed: int, nodes: int = 3, time_limit_s: float = 30.0, nemeses: Seq
         t += quiet
     return Schedule(seed=seed, nodes=nodes, clients=clients, time_limit_s=time_limit_s, nemeses=list(nemeses),
                     ops=ops, settings=dict(settings or {}), name=name)
+
+
+def uses_power_faults(s: Schedule) -> bool:
+    """Whether ``s`` cuts the power of nodes (their data directories must be on lazy filesystems)."""
+    return any(op.f in POWER_FAULTS for op in s.ops) or any(n in POWER_FAULTS for n in s.nemeses)
 
 
 def uses_client_faults(s: Schedule) -> bool:

@@ -25,6 +25,8 @@ from typing import Any, Mapping, Sequence
 
 import grpc
 
+from lighthouse_cluster.durable_files import make_directory_durably, write_durably
+
 ENV_CA = "LIGHTHOUSE_CLUSTER_TLS_CA"
 ENV_CLIENT_CERT = "LIGHTHOUSE_CLUSTER_TLS_CLIENT_CERT"
 ENV_CLIENT_KEY = "LIGHTHOUSE_CLUSTER_TLS_CLIENT_KEY"
@@ -173,7 +175,7 @@ def generate_pki(directory: str | Path, hosts: Sequence[str] = ("127.0.0.1", "lo
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    make_directory_durably(out)
     now = datetime.datetime.now(datetime.timezone.utc)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
 
@@ -213,11 +215,11 @@ def generate_pki(directory: str | Path, hosts: Sequence[str] = ("127.0.0.1", "lo
     server = issue("lighthouse-cluster node", sans, [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH])
     client = issue("lighthouse-cluster client", [], [ExtendedKeyUsageOID.CLIENT_AUTH])
     files = PKIFiles(out / "ca.pem", out / "server.pem", out / "server.key", out / "client.pem", out / "client.key")
-    files.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    # Each file durably (temp file, fsync, rename, directory fsync): the nodes trust them after a
+    # restart, and a power loss must not leave a key half written. Keys readable by their owner only.
+    write_durably(files.ca_cert, ca.public_bytes(serialization.Encoding.PEM))
     for path, data in ((files.server_cert, server[0]), (files.client_cert, client[0])):
-        path.write_bytes(data)
+        write_durably(path, data)
     for path, data in ((files.server_key, server[1]), (files.client_key, client[1])):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        write_durably(path, data, mode=0o600)
     return files

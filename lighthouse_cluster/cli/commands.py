@@ -25,6 +25,7 @@ import click
 from lighthouse_cluster import __version__
 from lighthouse_cluster.core.codec import SCHEMA_VERSION
 from lighthouse_cluster.core.lease import DEFAULT_LEASE_MS
+from lighthouse_cluster.durable_files import make_directory_durably, write_durably
 from lighthouse_cluster.server.config import (
     DEFAULT_JOB_PORT_PROCESS_NICE,
     DEFAULT_LIVENESS_TIMEOUT_MS,
@@ -225,6 +226,11 @@ def main() -> None:
               envvar=ENV + "LOG_LEVEL", show_default=True)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", envvar=ENV + "LOG_FORMAT",
               show_default=True)
+@click.option("--unsafe-no-fsync", "unsafe_no_fsync", is_flag=True, envvar=ENV + "UNSAFE_NO_FSYNC",
+              help="UNSAFE, for tests and benchmarks only: never fsync the Raft journal, term, vote and snapshots. "
+                   "A process crash still loses nothing; a power loss or machine crash can lose quorums this node "
+                   "acknowledged (with two of three nodes: committed ones). The node logs a warning and "
+                   "`lighthouse-cluster status` shows it.")
 @click.option("--schema-version", type=int, default=SCHEMA_VERSION, hidden=True,
               help="Write and report at most this replicated schema version: act as an older version "
                    "(rolling-upgrade tests).")
@@ -236,7 +242,7 @@ def serve(ctx: click.Context, node_id: str, peers: tuple[str, ...], client_bind:
           quorum_tick_ms: int, heartbeat_timeout_ms: int, election_timeout_ms: int | None, quiesce_after_ms: int,
           quorum_lease_ms: int | None, liveness_timeout_ms: int, watch_manager_connections: bool, auto_create_jobs: bool,
           job_port_processes: bool, job_port_process_nice: int, event_loop: str, log_level: str, log_format: str,
-          schema_version: int) -> None:
+          unsafe_no_fsync: bool, schema_version: int) -> None:
     """Run one lighthouse node in the foreground (SIGTERM hands leadership over, then exits)."""
     from lighthouse_cluster.local.supervise import die_with_parent_from_env
     from lighthouse_cluster.server.logs import configure_logging
@@ -263,7 +269,8 @@ def serve(ctx: click.Context, node_id: str, peers: tuple[str, ...], client_bind:
             join=join, quorum_lease_ms=quorum_lease_ms, schema_version=schema_version,
             liveness_timeout_ms=liveness_timeout_ms, watch_manager_connections=watch_manager_connections,
             jobs=ctx.meta.get(DECLARED_JOBS), auto_create_jobs=auto_create_jobs, quiesce_after_ms=quiesce_after_ms,
-            job_port_processes=job_port_processes, job_port_process_nice=job_port_process_nice)
+            job_port_processes=job_port_processes, job_port_process_nice=job_port_process_nice,
+            unsafe_no_fsync=unsafe_no_fsync)
     except ConfigError as e:
         _exit_config_error(e)
     configure_logging(log_level, log_format, node_id)
@@ -454,10 +461,8 @@ def up(nodes: int, bind: str, http_bind: str | None, raft_port: int | None, data
 
         admin_token = secrets.token_urlsafe(24)
         token_file = root / "admin-token"
-        root.mkdir(parents=True, exist_ok=True)  # a --data-dir that does not exist yet
-        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(admin_token + "\n")
+        make_directory_durably(root)  # a --data-dir that does not exist yet
+        write_durably(token_file, (admin_token + "\n").encode(), mode=0o600)
     reach = plan.client.reach_host
     pki = None
     if tls or mtls:
@@ -1075,12 +1080,9 @@ def snapshot_save(file: Path, endpoints: str | None, tls_ca: str | None, tls_cli
     meta = {"format": SNAPSHOT_FORMAT, "format_version": 1, "leader_id": snap.leader_id, "term": snap.term,
             "last_applied": snap.last_applied, "quorum_id": snap.quorum_id, "taken_ms": snap.taken_ms,
             "schema_version": snap.schema_version}
-    tmp = file.with_name(file.name + ".tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({**meta, "state": base64.b64encode(snap.state).decode()}, f, indent=1)
-        os.replace(tmp, file)
+    try:  # a backup: on disk (temp file, fsync, rename, directory fsync) before "saved" is printed
+        write_durably(file, json.dumps({**meta, "state": base64.b64encode(snap.state).decode()}, indent=1).encode(),
+                      mode=0o600)
     except OSError as e:
         click.echo(f"error: cannot write {file}: {e.strerror}", err=True)
         sys.exit(1)

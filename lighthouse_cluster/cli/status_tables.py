@@ -7,7 +7,7 @@ from typing import Any
 
 from lighthouse_cluster.cli.job_tables import render_status_jobs
 from lighthouse_cluster.cli.output import Cell, print_table
-from lighthouse_cluster.client.cluster_view import ClusterView, Health, upgrade_note
+from lighthouse_cluster.client.cluster_view import ClusterView, Health, unsafe_storage_note, upgrade_note
 
 
 def render(view: ClusterView, console: Any) -> None:
@@ -22,6 +22,9 @@ def render(view: ClusterView, console: Any) -> None:
     upgrading = upgrade_note(view)
     if upgrading:
         console.print(upgrading, markup=False)
+    unsafe = unsafe_storage_note(view)
+    if unsafe:
+        console.print(unsafe, style="bold red", markup=False, soft_wrap=True)
     if view.quorum is None:
         console.print("quorum: none issued yet")
     else:

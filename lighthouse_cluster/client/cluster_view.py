@@ -38,6 +38,7 @@ class NodeRow:
     version: str = ""
     schema_writes: int = 0    # the newest replicated schema the node's version writes
     schema_enabled: int = 0   # the schema the cluster has enabled, as applied on the node
+    fsync: bool = True        # False: the node runs with --unsafe-no-fsync
 
 
 @dataclass
@@ -99,7 +100,7 @@ def build_view(answers: Sequence[tuple[str, cpb.NodeStatus | None]]) -> ClusterV
         rows[st.node.id] = NodeRow(id=st.node.id, address=st.node.client_address, role=_ROLE_NAMES[st.role],
                                    term=st.term, commit_index=st.commit_index, reachable=True,
                                    leader_id=st.leader_id, version=st.version, schema_writes=st.schema_version,
-                                   schema_enabled=st.enabled_schema_version)
+                                   schema_enabled=st.enabled_schema_version, fsync=not st.unsafe_no_fsync)
         for p in st.peers:
             known.setdefault(p.node.id, p.node)
         if st.role == cpb.LEADER and (leader_status is None or st.term > leader_status.term):
@@ -150,7 +151,8 @@ def to_json(view: ClusterView) -> dict[str, Any]:
         "term": view.term,
         "nodes": [{"id": r.id, "address": r.address, "role": r.role, "term": r.term,
                    "commit_index": r.commit_index, "reachable": r.reachable, "version": r.version,
-                   "schema": {"writes": r.schema_writes, "enabled": r.schema_enabled}} for r in view.nodes],
+                   "schema": {"writes": r.schema_writes, "enabled": r.schema_enabled},
+                   "fsync": r.fsync} for r in view.nodes],
         "quorum": view.quorum,
         "quorum_reason": view.quorum_reason,
         "pending": view.pending,
@@ -172,6 +174,15 @@ def upgrade_note(view: ClusterView) -> str:
         return ""
     return (f"rolling upgrade: versions {', '.join(versions) or '?'}; replicated schema {enabled} enabled"
             + (f", {writes} once the leader sees every node run it" if writes > enabled else ""))
+
+
+def unsafe_storage_note(view: ClusterView) -> str:
+    """One warning line when a reachable node runs with --unsafe-no-fsync; empty otherwise."""
+    unsafe = [r.id for r in view.nodes if r.reachable and not r.fsync]
+    if not unsafe:
+        return ""
+    return (f"warning: {', '.join(unsafe)} run{'s' if len(unsafe) == 1 else ''} with --unsafe-no-fsync: "
+            "a power loss can lose acknowledged quorums (tests and benchmarks only)")
 
 
 # -- health ----------------------------------------------------------------------------------------

@@ -74,7 +74,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("node", "role", "term", "commit_index", "last_applied", "leader_id", "leader_client_address", "peers", "has_quorum", "quorum", "heartbeats", "pending", "quorum_reason", "serving", "uptime_ms", "version", "schema_version", "settings", "ready", "ready_reason", "members_version", "tls", "rounds_on_lease", "rounds_committed", "enabled_schema_version", "jobs")
+    __slots__ = ("node", "role", "term", "commit_index", "last_applied", "leader_id", "leader_client_address", "peers", "has_quorum", "quorum", "heartbeats", "pending", "quorum_reason", "serving", "uptime_ms", "version", "schema_version", "settings", "ready", "ready_reason", "members_version", "tls", "rounds_on_lease", "rounds_committed", "enabled_schema_version", "jobs", "unsafe_no_fsync")
     NODE_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class NodeStatus(_message.Message):
     ROUNDS_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     ENABLED_SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    UNSAFE_NO_FSYNC_FIELD_NUMBER: _ClassVar[int]
     node: NodeInfo
     role: Role
     term: int
@@ -127,7 +128,8 @@ class NodeStatus(_message.Message):
     rounds_committed: int
     enabled_schema_version: int
     jobs: _containers.RepeatedCompositeFieldContainer[Job]
-    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., role: _Optional[_Union[Role, str]] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_client_address: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerState, _Mapping]]] = ..., has_quorum: _Optional[bool] = ..., quorum: _Optional[_Union[_torchft_pb2.Quorum, _Mapping]] = ..., heartbeats: _Optional[_Iterable[_Union[HeartbeatAge, _Mapping]]] = ..., pending: _Optional[_Iterable[_Union[PendingRequester, _Mapping]]] = ..., quorum_reason: _Optional[str] = ..., serving: _Optional[bool] = ..., uptime_ms: _Optional[int] = ..., version: _Optional[str] = ..., schema_version: _Optional[int] = ..., settings: _Optional[_Union[QuorumSettings, _Mapping]] = ..., ready: _Optional[bool] = ..., ready_reason: _Optional[str] = ..., members_version: _Optional[int] = ..., tls: _Optional[bool] = ..., rounds_on_lease: _Optional[int] = ..., rounds_committed: _Optional[int] = ..., enabled_schema_version: _Optional[int] = ..., jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ...) -> None: ...
+    unsafe_no_fsync: bool
+    def __init__(self, node: _Optional[_Union[NodeInfo, _Mapping]] = ..., role: _Optional[_Union[Role, str]] = ..., term: _Optional[int] = ..., commit_index: _Optional[int] = ..., last_applied: _Optional[int] = ..., leader_id: _Optional[str] = ..., leader_client_address: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerState, _Mapping]]] = ..., has_quorum: _Optional[bool] = ..., quorum: _Optional[_Union[_torchft_pb2.Quorum, _Mapping]] = ..., heartbeats: _Optional[_Iterable[_Union[HeartbeatAge, _Mapping]]] = ..., pending: _Optional[_Iterable[_Union[PendingRequester, _Mapping]]] = ..., quorum_reason: _Optional[str] = ..., serving: _Optional[bool] = ..., uptime_ms: _Optional[int] = ..., version: _Optional[str] = ..., schema_version: _Optional[int] = ..., settings: _Optional[_Union[QuorumSettings, _Mapping]] = ..., ready: _Optional[bool] = ..., ready_reason: _Optional[str] = ..., members_version: _Optional[int] = ..., tls: _Optional[bool] = ..., rounds_on_lease: _Optional[int] = ..., rounds_committed: _Optional[int] = ..., enabled_schema_version: _Optional[int] = ..., jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ..., unsafe_no_fsync: _Optional[bool] = ...) -> None: ...
 
 class LeaderRequest(_message.Message):
     __slots__ = ()

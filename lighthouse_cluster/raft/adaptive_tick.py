@@ -31,7 +31,8 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from lighthouse_cluster.raft.pysyncobj_internals import RAFT_STATE, SyncObjInternals, monotonic
+from lighthouse_cluster.raft.durability import DurableSyncObj
+from lighthouse_cluster.raft.pysyncobj_internals import RAFT_STATE, monotonic
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class _DeadlinePoller:
         self._inner.poll(0.0)
 
 
-class AdaptiveTickSyncObj(SyncObjInternals):
+class AdaptiveTickSyncObj(DurableSyncObj):
     """``SyncObj`` whose tick thread sleeps until its next deadline (see the module docstring).
 
     ``longest_s``: the longest wait (keyword argument; ``RaftSettings.idle_tick_max_s``). The
@@ -91,7 +92,7 @@ class AdaptiveTickSyncObj(SyncObjInternals):
         # Set before SyncObj.__init__: pysyncobj puts the attributes a SyncObj gains after it into
         # its snapshots (and the tick thread starts inside it).
         self._longest_s = longest_s
-        self._message_cipher = cipher  # SyncObjInternals.encryptor
+        self._message_cipher = cipher  # pysyncobj_internals.SyncObjInternals.encryptor
         self._tick_deadline_fns: list[Callable[[], float | None]] = []
         self._tick_started = 0.0
         self._poll_due = float("inf")  # monotonic() time at which the last wait was to end

@@ -1,15 +1,22 @@
-"""A node's Raft files in its data directory, read from outside the node: the journal's entries,
-the commit index pysyncobj last saved, the snapshot, and our command inside a journal entry.
+"""The format of a node's Raft files in its data directory: the journal's entries, the commit
+index pysyncobj last saved, the snapshot, and our command inside a journal entry; read from
+outside the node (``parse_journal``: tools, the fault-injection monitor) and by the node's own
+journal (``raft.durable_journal``: ``read_records``, ``encode_record``, ``journal_header``).
 
 pysyncobj's ``FileJournal`` (``raft.journal``) is an mmap'd file: a header (``PYSYNCOBJ``,
 version, format, the offset after the last record) then records ``[len][index, term, entry][len]``.
-``parse_journal`` reads it *read-only*: the node may be running, so the file is read twice and only
-the longest self-consistent prefix both reads agree on is kept. An entry is pysyncobj's: a command
-type byte, then, for ``ReplicatedState.apply_command(payload)``, the pickled call
-(``command_payload`` returns the payload, ``journal_entry`` builds an entry). ``raft.journal.meta``
-holds the commit index pysyncobj saved last (about once a second); ``raft.snapshot`` is a gzipped
-pickle of (consumers' states, last included entry, ...). These formats are pysyncobj 0.3.17's, the
-pinned version (``pysyncobj_internals``).
+``DurableJournal`` writes the very same bytes (with write + fdatasync instead of an mmap), so a
+data directory written by either reads with the other: no migration, and a rolling upgrade or a
+downgrade keeps its journal. ``read_records`` keeps the longest self-consistent prefix (sizes and
+trailers match, indexes consecutive, terms never decreasing): a write torn by a power loss ends
+the journal there instead of being read as garbage. ``parse_journal`` reads *read-only*: the node
+may be running, so the file is read twice and only the longest self-consistent prefix both reads
+agree on is kept. An entry is pysyncobj's: a command type byte, then, for
+``ReplicatedState.apply_command(payload)``, the pickled call (``command_payload`` returns the
+payload, ``journal_entry`` builds an entry). ``raft.journal.meta`` holds the term, the vote and
+the commit index (saved about once a second); ``raft.snapshot`` is a gzipped pickle of
+(consumers' states, last included entry, ...). These formats are pysyncobj 0.3.17's, the pinned
+version (``pysyncobj_internals``).
 """
 
 from __future__ import annotations
@@ -18,8 +25,10 @@ import gzip
 import struct
 from pathlib import Path
 
-from lighthouse_cluster.raft.pysyncobj_internals import (COMMAND_TYPE, JOURNAL_APP_NAME, JOURNAL_FIRST_RECORD_OFFSET,
-                                                       JOURNAL_LAST_RECORD_OFFSET_OFFSET, pso_pickle)
+from lighthouse_cluster.raft.pysyncobj_internals import (COMMAND_TYPE, JOURNAL_APP_NAME, JOURNAL_APP_VERSION,
+                                                       JOURNAL_FIRST_RECORD_OFFSET, JOURNAL_FORMAT_VERSION,
+                                                       JOURNAL_LAST_RECORD_OFFSET_OFFSET, JOURNAL_NAME_SIZE,
+                                                       JOURNAL_VERSION_SIZE, pso_pickle)
 
 JOURNAL_FILE = "raft.journal"
 META_FILE = JOURNAL_FILE + ".meta"     # pysyncobj's name for the journal's metadata
@@ -30,10 +39,31 @@ Entry = tuple[int, int, bytes]   # (index, term, entry bytes as pysyncobj stores
 _RECORD_HEADER = 16              # index, term: two little-endian uint64
 
 
-def parse_journal_bytes(data: bytes) -> list[Entry]:
-    """The records of a journal file's bytes, up to the last self-consistent one."""
+def journal_header(last_record_offset: int = JOURNAL_FIRST_RECORD_OFFSET) -> bytes:
+    """The journal file's header, as pysyncobj writes it, saying the records end at
+    ``last_record_offset``."""
+    return (JOURNAL_APP_NAME.ljust(JOURNAL_NAME_SIZE, b"\0") + JOURNAL_APP_VERSION.ljust(JOURNAL_VERSION_SIZE, b"\0")
+            + struct.pack("<II", JOURNAL_FORMAT_VERSION, last_record_offset))
+
+
+def last_record_offset_bytes(offset: int) -> bytes:
+    """The header's last field (written at ``JOURNAL_LAST_RECORD_OFFSET_OFFSET``)."""
+    return struct.pack("<I", offset)
+
+
+def encode_record(idx: int, term: int, entry: bytes) -> bytes:
+    """One journal record: ``[len][index, term, entry][len]``."""
+    body = struct.pack("<QQ", idx, term) + entry
+    size = struct.pack("<I", len(body))
+    return size + body + size
+
+
+def read_records(data: bytes) -> tuple[list[Entry], int]:
+    """The records of a journal file's bytes, up to the last self-consistent one, and the offset
+    after it (where the next record goes). A file that is not a journal (empty, or a header torn
+    by a crash) reads as no records, ending at ``JOURNAL_FIRST_RECORD_OFFSET``."""
     if len(data) < JOURNAL_FIRST_RECORD_OFFSET or not data.startswith(JOURNAL_APP_NAME):
-        return []
+        return [], JOURNAL_FIRST_RECORD_OFFSET
     last = struct.unpack_from("<I", data, JOURNAL_LAST_RECORD_OFFSET_OFFSET)[0]
     last = min(last, len(data))
     out: list[Entry] = []
@@ -46,11 +76,16 @@ def parse_journal_bytes(data: bytes) -> list[Entry]:
         if trailer != size:
             break
         idx, term = struct.unpack_from("<QQ", data, off + 4)
-        if out and idx != out[-1][0] + 1:
+        if out and (idx != out[-1][0] + 1 or term < out[-1][1]):
             break
         out.append((idx, term, bytes(data[off + 4 + _RECORD_HEADER: off + 4 + size])))
         off += size + 8
-    return out
+    return out, off
+
+
+def parse_journal_bytes(data: bytes) -> list[Entry]:
+    """The records of a journal file's bytes, up to the last self-consistent one."""
+    return read_records(data)[0]
 
 
 def parse_journal(path: Path) -> list[Entry]:

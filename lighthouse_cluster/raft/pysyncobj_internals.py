@@ -3,8 +3,10 @@
 pysyncobj has no API for what ``FastElectionSyncObj`` and ``RaftNode`` do (keep-alives between
 followers, an election started early, elections held back on a joining node, connects stuck in
 SYN-SENT dropped, a tick thread that sleeps until its next deadline, idle heartbeats acknowledged
-a few times a second, a quiet leader) nor for reading its journal and snapshot files, so those
-reach into its private attributes and submodules. They do so only through this module:
+a few times a second, a quiet leader), for reading its journal and snapshot files, nor for
+plugging in a journal that syncs (``use_durable_storage``: ``createJournal`` and the snapshot's
+``atomicReplace`` replaced for a ``StoragePath``), so those reach into its private attributes and
+submodules. They do so only through this module:
 
 * ``INTERNALS``: the table of every private name used (a ``self.__x`` attribute of a class, a
   private method, a name in a submodule), with what the check verifies for each;
@@ -103,6 +105,24 @@ SHOULD_CONNECT = Internal("pysyncobj.transport", "_shouldConnect", CLASS, "TCPTr
 # whose leader's connection closed stands sooner; fast_election.py).
 NODE_DISCONNECTED_CALLBACK_ATTR = Internal("pysyncobj.transport", "_onNodeDisconnectedCallback", INSTANCE, "Transport")
 
+# Where pysyncobj creates its journal and renames its snapshot (use_durable_storage).
+CREATE_JOURNAL = Internal("pysyncobj.syncobj", "createJournal")
+ATOMIC_REPLACE = Internal("pysyncobj.serializer", "atomicReplace")
+JOURNAL_INTERFACE = tuple(Internal("pysyncobj.journal", name, CLASS, "FileJournal", params) for name, params in (
+    ("add", ("self", "command", "idx", "term")),
+    ("clear", ("self",)),
+    ("deleteEntriesFrom", ("self", "entryFrom")),
+    ("deleteEntriesTo", ("self", "entryTo")),
+    ("__getitem__", ("self", "idx")),
+    ("__len__", ("self",)),
+    ("_destroy", ("self",)),
+    ("flush", ("self",)),
+    ("setCurrentTerm", ("self", "term", "votedForNodeId")),
+    ("getCurrentTerm", ("self",)),
+    ("getVotedForNodeId", ("self",)),
+    ("onOneSecondTimer", ("self",)),
+))
+
 INTERNALS: tuple[Internal, ...] = (
     Internal("pysyncobj.version", "VERSION"),
     RAFT_STATE_ATTR, VOTED_FOR_ATTR, TRANSPORT_ATTR, RAFT_LOG_ATTR, ELECTION_DEADLINE_ATTR,
@@ -136,8 +156,21 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("pysyncobj.encryptor", "getEncryptor"),
     # FileJournal's layout: a header (name, version, format, offset after the last record).
     Internal("pysyncobj.journal", "APP_NAME"),
+    Internal("pysyncobj.journal", "APP_VERSION"),
+    Internal("pysyncobj.journal", "NAME_SIZE"),
+    Internal("pysyncobj.journal", "VERSION_SIZE"),
+    Internal("pysyncobj.journal", "JOURNAL_FORMAT_VERSION"),
     Internal("pysyncobj.journal", "LAST_RECORD_OFFSET_OFFSET"),
     Internal("pysyncobj.journal", "FIRST_RECORD_OFFSET"),
+    # Durable storage (use_durable_storage): the two names through which pysyncobj creates its
+    # journal (``createJournal(conf.journalFile)`` in SyncObj.__init__) and renames a finished
+    # snapshot into place (``atomicReplace(tmp, conf.fullDumpFile)``, written and received alike),
+    # each replaced by a function that hands a ``StoragePath`` to this project's own storage.
+    CREATE_JOURNAL,
+    ATOMIC_REPLACE,
+    # The journal interface SyncObj calls, as FileJournal defines it (raft/durable_journal.py
+    # implements the same methods; a changed signature here means a changed interface).
+    *JOURNAL_INTERFACE,
 )
 
 
@@ -213,8 +246,12 @@ from pysyncobj import pickle as pso_pickle  # pysyncobj's pickle (journal, snaps
 from pysyncobj.dns_resolver import globalDnsResolver
 from pysyncobj.encryptor import SALT as ENCRYPTOR_SALT  # with ENCRYPTOR_ITERATIONS: getEncryptor's key
 from pysyncobj.journal import APP_NAME as JOURNAL_APP_NAME
+from pysyncobj.journal import APP_VERSION as JOURNAL_APP_VERSION
 from pysyncobj.journal import FIRST_RECORD_OFFSET as JOURNAL_FIRST_RECORD_OFFSET
+from pysyncobj.journal import JOURNAL_FORMAT_VERSION
 from pysyncobj.journal import LAST_RECORD_OFFSET_OFFSET as JOURNAL_LAST_RECORD_OFFSET_OFFSET
+from pysyncobj.journal import NAME_SIZE as JOURNAL_NAME_SIZE
+from pysyncobj.journal import VERSION_SIZE as JOURNAL_VERSION_SIZE
 from pysyncobj.monotonic import monotonic  # pysyncobj's clock (its deadlines)
 from pysyncobj.node import TCPNode
 from pysyncobj.poller import POLL_EVENT_TYPE
@@ -227,10 +264,57 @@ ENCRYPTOR_ITERATIONS = 100_000
 
 __all__ = [
     "COMMAND_TYPE", "CONNECTION_STATE", "ENCRYPTOR_ITERATIONS", "ENCRYPTOR_SALT", "INTERNALS", "JOURNAL_APP_NAME",
-    "JOURNAL_FIRST_RECORD_OFFSET", "JOURNAL_LAST_RECORD_OFFSET_OFFSET", "PINNED_VERSION", "RAFT_STATE", "Internal",
+    "JOURNAL_APP_VERSION", "JOURNAL_FIRST_RECORD_OFFSET", "JOURNAL_FORMAT_VERSION", "JOURNAL_LAST_RECORD_OFFSET_OFFSET",
+    "JOURNAL_NAME_SIZE", "JOURNAL_VERSION_SIZE", "PINNED_VERSION", "RAFT_STATE", "Internal", "StoragePath",
     "SyncObjInternals", "TCPNode", "check", "connecting_since", "message", "monotonic", "problems", "pso_pickle",
-    "resolve_host", "save_commit_index_when_changed", "use_message_compression", "count_arrivals_as_reads",
+    "resolve_host", "save_commit_index_when_changed", "use_durable_storage", "use_message_compression",
+    "count_arrivals_as_reads",
 ]
+
+
+class StoragePath(str):
+    """A file name in a ``SyncObjConf`` (``journalFile``, ``fullDumpFile``) that this project's
+    storage handles (``use_durable_storage``), with ``sync``: whether it is fsynced (False only
+    with ``--unsafe-no-fsync``). A ``str``, as pysyncobj expects (``os.path.isfile``, ``+ '.tmp'``):
+    pysyncobj hands these two names, and only them, to the journal factory and to the snapshot's
+    rename, so the name itself says which storage and which durability a node asked for, with no
+    state outside the node's own conf."""
+
+    sync: bool
+
+    def __new__(cls, path: str, *, sync: bool = True) -> "StoragePath":
+        self = super().__new__(cls, path)
+        self.sync = sync
+        return self
+
+
+def use_durable_storage(open_journal: Callable[[StoragePath], Any],
+                        replace: Callable[[str, StoragePath], None]) -> None:
+    """Make pysyncobj create the journal of a conf whose ``journalFile`` is a ``StoragePath`` with
+    ``open_journal(path)``, and rename a snapshot whose ``fullDumpFile`` is one into place with
+    ``replace(tmp, path)``. Any other conf keeps pysyncobj's own (FileJournal, ``os.rename``).
+    Idempotent; process-wide, as pysyncobj's names are, but only StoragePath files are affected."""
+    from pysyncobj import serializer, syncobj
+
+    create, rename = getattr(syncobj, CREATE_JOURNAL.name), getattr(serializer, ATOMIC_REPLACE.name)
+    original_create = getattr(create, "pysyncobj_original", create)
+    original_rename = getattr(rename, "pysyncobj_original", rename)
+
+    def create_journal(journal_file: Any = None) -> Any:
+        if isinstance(journal_file, StoragePath):
+            return open_journal(journal_file)
+        return original_create(journal_file)
+
+    def atomic_replace(tmp: str, final: Any) -> Any:
+        if isinstance(final, StoragePath):
+            replace(tmp, final)
+            return True
+        return original_rename(tmp, final)
+
+    create_journal.pysyncobj_original = original_create  # type: ignore[attr-defined]
+    atomic_replace.pysyncobj_original = original_rename  # type: ignore[attr-defined]
+    setattr(syncobj, CREATE_JOURNAL.name, create_journal)
+    setattr(serializer, ATOMIC_REPLACE.name, atomic_replace)
 
 
 def use_message_compression(codec: Any) -> None:
@@ -441,6 +525,12 @@ class SyncObjInternals(SyncObj):
         (``message_cipher.MessageCipher``), else pysyncobj's own Fernet (None without a secret)."""
         cipher = self.__dict__.get("_message_cipher")
         return cipher if cipher is not None else SyncObj.encryptor.fget(self)  # type: ignore[attr-defined]
+
+    @property
+    def pso_journal(self) -> Any:
+        """pysyncobj's journal (``raft.durable_journal.DurableJournal`` for a node with a data
+        directory: ``use_durable_storage``)."""
+        return getattr(self, RAFT_LOG_ATTR.name)
 
     def pso_save_commit_index_when_changed(self) -> None:
         """See ``save_commit_index_when_changed``: on this node's journal."""

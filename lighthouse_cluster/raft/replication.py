@@ -15,8 +15,10 @@ confirms its leadership with an acknowledged heartbeat, for the quorum lease), b
 ``quiescence`` (``QuiescentSyncObj``: a leader with no clients heartbeats slowly), built on
 ``stall_tolerance`` (``StallTolerantSyncObj``: a stalled tick thread does not depose a live
 leader), built on ``fast_election`` (``FastElectionSyncObj``, built on ``adaptive_tick``'s tick
-that sleeps until its next deadline and ``idle_acks``), ``journal`` (reading a node's Raft
-files) and ``pysyncobj_internals`` (every private pysyncobj name used, checked at import).
+that sleeps until its next deadline and ``idle_acks``, built on ``durability``'s
+``DurableSyncObj``: nothing acknowledged or counted before it is on disk), ``durable_journal``
+(the journal, term and vote, synced), ``journal`` (the format of a node's Raft files, read from
+outside too) and ``pysyncobj_internals`` (every private pysyncobj name used, checked at import).
 ``RaftSettings``, ``DialNode``, ``peer_nodes`` and ``FastElectionSyncObj`` are importable from
 here too.
 
@@ -38,11 +40,12 @@ from pysyncobj import FAIL_REASON, SyncObjConsumer, replicated
 
 from lighthouse_cluster.core import codec
 from lighthouse_cluster.core.state_machine import QuorumStateMachine
+from lighthouse_cluster.durable_files import make_directory_durably
 from lighthouse_cluster.raft.dial import DialNode, peer_nodes
 from lighthouse_cluster.raft.fast_election import FastElectionSyncObj
 from lighthouse_cluster.raft.journal import JOURNAL_FILE, SNAPSHOT_FILE
 from lighthouse_cluster.raft.message_cipher import MessageCipher
-from lighthouse_cluster.raft.pysyncobj_internals import RAFT_STATE, TCPNode, connecting_since, monotonic
+from lighthouse_cluster.raft.pysyncobj_internals import RAFT_STATE, StoragePath, TCPNode, connecting_since, monotonic
 from lighthouse_cluster.raft.lease_probes import LeaseProbeSyncObj
 from lighthouse_cluster.raft.settings import RaftSettings, syncobj_conf
 
@@ -126,9 +129,13 @@ class RaftNode:
         dial: Mapping[str, str] | None = None,
         hold_elections_until_leader: bool = False,
         on_view_changed: Callable[[], None] | None = None,
+        fsync: bool = True,
     ) -> None:
-        """``dial`` maps a peer's Raft address to the ``host:port`` to connect to instead
-        (identity unchanged; see ``DialNode``). ``hold_elections_until_leader``: a node joining
+        """``fsync=False`` (``--unsafe-no-fsync``; tests and benchmarks only): the journal, term,
+        vote and snapshots in ``data_dir`` are written at the same moments but never synced, so a
+        power loss can lose what this node acknowledged (``raft.durable_journal``). ``dial`` maps
+        a peer's Raft address to the ``host:port`` to connect to instead (identity unchanged; see
+        ``DialNode``). ``hold_elections_until_leader``: a node joining
         a running cluster with an empty journal starts no election until it has heard from a
         leader (see ``_release_elections``). ``on_view_changed()``: on the tick thread, after a
         tick that changed what the rest of the node reads here (role, term, leader, which peers
@@ -144,10 +151,16 @@ class RaftNode:
             bind_address = f"{host[1:-1]}:{port}"
         journal = dump = None
         fresh = data_dir is None or not (data_dir / JOURNAL_FILE).exists()
+        self.fsync = fsync
         if data_dir is not None:
-            data_dir.mkdir(parents=True, exist_ok=True)
-            journal = str(data_dir / JOURNAL_FILE)
-            dump = str(data_dir / SNAPSHOT_FILE)
+            make_directory_durably(data_dir, sync=fsync)
+            # pysyncobj hands these names to this project's durable journal and snapshot rename.
+            journal = StoragePath(str(data_dir / JOURNAL_FILE), sync=fsync)
+            dump = StoragePath(str(data_dir / SNAPSHOT_FILE), sync=fsync)
+        if not fsync and data_dir is not None:
+            log.warning("--unsafe-no-fsync: the Raft journal, term, vote and snapshots in %s are never fsynced; "
+                        "a power loss (not a process crash) can lose quorums this node acknowledged. "
+                        "For tests and benchmarks only.", data_dir)
 
         self._led_term: int | None = None
 
@@ -225,6 +238,14 @@ class RaftNode:
         leader's last append_entries said so."""
         syncobj = self._syncobj
         return syncobj.quiet or syncobj.leader_quiet
+
+    @property
+    def journal_syncs(self) -> tuple[int, int, float]:
+        """(syncs that wrote something, entries they made durable, seconds spent) of this node's
+        journal since it started; zeros without a data directory."""
+        journal = self._syncobj.pso_journal
+        return (getattr(journal, "syncs", 0), getattr(journal, "entries_synced", 0),
+                getattr(journal, "sync_seconds", 0.0))
 
     @property
     def tick_stalls(self) -> int:

@@ -175,6 +175,9 @@ class NodeConfig:
     job_port_processes: bool = False
     # --job-port-process-nice: steps of CPU priority the port processes run below this node.
     job_port_process_nice: int = DEFAULT_JOB_PORT_PROCESS_NICE
+    # --unsafe-no-fsync: nothing in the data directory is fsynced (raft/durable_journal.py); a
+    # power loss can then lose acknowledged quorums. Tests and benchmarks only; never the default.
+    unsafe_no_fsync: bool = False
 
     @property
     def new_job_settings(self) -> JobSettings:
@@ -377,6 +380,7 @@ def build_node_config(
     quiesce_after_ms: int = DEFAULT_QUIESCE_AFTER_MS,
     job_port_processes: bool = False,
     job_port_process_nice: int = DEFAULT_JOB_PORT_PROCESS_NICE,
+    unsafe_no_fsync: bool = False,
 ) -> NodeConfig:
     """Validate raw settings into a NodeConfig, or raise ConfigError naming the problem."""
     check_node_id(node_id)
@@ -466,6 +470,7 @@ def build_node_config(
         auto_create_jobs=bool(auto_create_jobs),
         job_port_processes=bool(job_port_processes),
         job_port_process_nice=job_port_process_nice,
+        unsafe_no_fsync=unsafe_no_fsync,
     )
     if jobs is None:
         return config

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 
+from lighthouse_cluster.durable_files import write_durably
 from lighthouse_cluster.server.config import NodeConfig, PeerSpec
 
 log = logging.getLogger(__name__)
@@ -41,14 +41,15 @@ def load_members(config: NodeConfig) -> tuple[PeerSpec, ...] | None:
 
 
 def save_members(config: NodeConfig, version: int, members: tuple[PeerSpec, ...]) -> None:
-    """Write ``members`` (replicated table ``version``) atomically; a failure is logged, not raised."""
+    """Write ``members`` (replicated table ``version``) atomically and durably; a failure is logged,
+    not raised."""
     if config.data_dir is None:
         return
     path = config.data_dir / MEMBERS_FILE
-    tmp = path.with_suffix(".tmp")
     try:
-        tmp.write_text(json.dumps({"version": version, "members": [
-            [m.node_id, m.raft_address, m.client_address] for m in members]}, indent=1))
-        os.replace(tmp, path)
+        # Durably (durable_files): a restart after a power loss must not find the file half written.
+        write_durably(path, json.dumps({"version": version, "members": [
+            [m.node_id, m.raft_address, m.client_address] for m in members]}, indent=1).encode(),
+            sync=not config.unsafe_no_fsync)
     except OSError as e:
         log.warning("cannot save the member table to %s: %s", path, e)

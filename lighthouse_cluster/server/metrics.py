@@ -67,6 +67,14 @@ class RaftReadings(Protocol):
     def election_patience_s(self) -> float:
         """What the leader's heartbeats add to its followers' election timeouts after its stalls."""
 
+    @property
+    def fsync(self) -> bool:
+        """False with ``--unsafe-no-fsync`` (``raft/durable_journal.py``)."""
+
+    @property
+    def journal_syncs(self) -> tuple[int, int, float]:
+        """(journal syncs, entries they made durable, seconds spent in them)."""
+
 
 class RoundReadings(Protocol):
     """What is read from a job's coordinator on the leader (``coordinator.QuorumCoordinator``)."""
@@ -225,6 +233,19 @@ class NodeCollector(Collector):
                                      "or more late (no CPU, or the GIL held elsewhere)", labels=["node"])
         stalls.add_metric([node_id], raft.tick_stalls if raft is not None else 0)
         yield stalls
+        yield gauge("raft_fsync", "0 when this node runs with --unsafe-no-fsync (its Raft state is never synced: "
+                    "a power loss can lose what it acknowledged); 1 otherwise", 0 if raft is not None and not raft.fsync
+                    else 1)
+        syncs, entries, sync_s = raft.journal_syncs if raft is not None else (0, 0, 0.0)
+        for name, help_text, value in (
+                ("raft_journal_syncs", "Batches of Raft entries (and truncations) this node wrote and synced before "
+                 "acknowledging or counting them", syncs),
+                ("raft_journal_entries_synced", "Raft entries made durable by those batches", entries),
+                ("raft_journal_sync_seconds", "Time this node's Raft thread spent writing and syncing its journal",
+                 sync_s)):
+            family = CounterMetricFamily(PREFIX + name, help_text, labels=["node"])
+            family.add_metric([node_id], value)
+            yield family
         ready, _ = node.readiness()
         yield gauge("ready", "1 when /readyz answers 200", 1 if ready else 0)
         yield gauge("jobs", "Jobs (quorum namespaces) this node serves, the default job included",

@@ -206,6 +206,7 @@ class LighthouseNode:
             dial=cfg.raft_dial_by_address,
             hold_elections_until_leader=cfg.join,
             on_view_changed=self._from_raft_thread,
+            fsync=not cfg.unsafe_no_fsync,
         )
         self.router.start()
         self.jobs.start()
@@ -589,6 +590,7 @@ class LighthouseNode:
             enabled_schema_version=self.machine.schema_version,
             members_version=self.machine.members_version,
             tls=cfg.tls is not None,
+            unsafe_no_fsync=cfg.unsafe_no_fsync,
             settings=cpb.QuorumSettings(min_replicas=cfg.options.min_replicas,
                                         join_timeout_ms=cfg.options.join_timeout_ms,
                                         quorum_tick_ms=cfg.quorum_tick_ms,

@@ -23,16 +23,17 @@ ROOT = Path(__file__).resolve().parents[2] / "lighthouse_cluster"
 PACKAGE = "lighthouse_cluster"
 
 # What each package may import from the project (itself always allowed). Top-level modules of the
-# package (``tls``, ``__init__``) and the generated ``proto`` package are shared leaves.
+# package (``durable_files``, ``tls``, ``__init__``) and the generated ``proto`` package are shared leaves.
 LAYERS: dict[str, set[str]] = {
     "proto": set(),
-    "tls": set(),
+    "durable_files": set(),  # writing a file so that it survives a power loss (standard library only)
+    "tls": {"durable_files"},
     "core": {"proto"},
-    "raft": {"core"},
+    "raft": {"core", "durable_files"},
     "client": {"proto", "tls", "core"},
-    "server": {"proto", "tls", "core", "raft", "client"},
-    "local": {"proto", "tls", "core", "raft", "client", "server"},
-    "cli": {"proto", "tls", "core", "raft", "client", "server", "local"},
+    "server": {"proto", "tls", "core", "raft", "client", "durable_files"},
+    "local": {"proto", "tls", "core", "raft", "client", "server", "durable_files"},
+    "cli": {"proto", "tls", "core", "raft", "client", "server", "local", "durable_files"},
     "__init__": {"local"},  # the lazy LighthouseServer attribute
     "__main__": {"cli"},
 }

@@ -187,8 +187,12 @@ def test_metrics_probes_health_and_reflection_on_a_formed_cluster(observed) -> N
                       "lighthouse_cluster_forwarded_heartbeats_total") >= batches >= 1
     for name in ("lighthouse_cluster_commit_index", "lighthouse_cluster_last_applied",
                  "lighthouse_cluster_rerouted_quorum_calls", "lighthouse_cluster_raft_tick_stalls",
-                 "lighthouse_cluster_raft_election_patience_seconds"):
+                 "lighthouse_cluster_raft_election_patience_seconds", "lighthouse_cluster_raft_journal_syncs",
+                 "lighthouse_cluster_raft_journal_sync_seconds", "lighthouse_cluster_raft_fsync"):
         assert name in fam
+    # Every node syncs its Raft journal (issue 32): a batch per acknowledged or counted append.
+    assert sample(fam, "lighthouse_cluster_raft_fsync") == 1
+    assert sample(fam, "lighthouse_cluster_raft_journal_syncs", "lighthouse_cluster_raft_journal_syncs_total") >= 1
     assert sample(fam, "lighthouse_cluster_raft_election_patience_seconds") <= 2.0
 
     with grpc.insecure_channel(cluster.client_addresses[0]) as ch:
