@@ -128,5 +128,9 @@ def report(results: Path, out_dir: Path | None) -> None:
     click.echo(f"wrote {paths['md']} and {paths['png']}")
 
 
+from .torchtitan import command as _torchtitan  # noqa: E402 -- issue 31: torchtitan's FT trainer on each lighthouse
+bench.add_command(_torchtitan)
+
+
 def main() -> None:
     bench(prog_name="python -m benchmarks")
