@@ -195,7 +195,14 @@ def _load_module_state(module: nn.Module, state: dict[str, Any]) -> None:
 def _load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
     """``optimizer.load_state_dict`` of a copy of ``state``, whose per-parameter tensors of a
     DTensor parameter may be local shards (as :func:`_clone_tree` / :func:`_localized` save
-    them): those shaped like the parameter's local shard become DTensors like the parameter."""
+    them): those shaped like the parameter's local shard become DTensors like the parameter.
+
+    Two layouts: torch's own (per-parameter state under ``"state"``, keyed by the parameter's
+    index), and any other whose ``state_dict()`` already holds this optimizer's state as DTensors
+    (torchtitan's ``OptimizersContainer``: DCP's flattened ``"state.<fqn>.exp_avg"`` keys). In the
+    second, an entry is made a DTensor like the receiver's own entry at the same place; a
+    plain tensor left there would meet DTensor parameters in the next step ("got mixed
+    torch.Tensor and DTensor", in fused AdamW)."""
     state = _clone_tree(state)
     params = [p for g in optimizer.param_groups for p in g["params"]]
     for index, per_param in state.get("state", {}).items():
@@ -206,7 +213,32 @@ def _load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[str, Any
         for key, value in list(per_param.items()):
             if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape == local_shape:
                 per_param[key] = _like(p, value)
+    if params and any(isinstance(p, DTensor) for p in params):
+        state = _as_dtensors_like(optimizer.state_dict(), state)
     optimizer.load_state_dict(state)
+
+
+def _as_dtensors_like(template: Any, value: Any) -> Any:
+    """``value`` with each plain tensor that sits where ``template`` (the same structure) has a
+    DTensor whose local shard is of its shape turned into a DTensor like that one."""
+    if isinstance(value, torch.Tensor):
+        if (isinstance(template, DTensor) and not isinstance(value, DTensor)
+                and value.shape == template.to_local().shape):
+            return _like(template, value)
+        return value
+    if isinstance(value, dict) and isinstance(template, dict):
+        out = type(value)() if isinstance(value, OrderedDict) else {}
+        for k, v in value.items():
+            out[k] = _as_dtensors_like(template.get(k), v)
+        metadata = getattr(value, "_metadata", None)
+        if metadata is not None:
+            out = OrderedDict(out)
+            out._metadata = metadata  # type: ignore[attr-defined]
+        return out
+    if isinstance(value, (list, tuple)) and isinstance(template, (list, tuple)) and len(value) == len(template):
+        items = [_as_dtensors_like(t, v) for t, v in zip(template, value)]
+        return type(value)(items) if isinstance(value, tuple) else items
+    return value
 
 
 def _is_ftclient_manager(manager: object) -> bool:
