@@ -15,7 +15,8 @@ The URL rule: the job belongs to the whole endpoint list, not to one endpoint (e
 every job). Any URL of the comma-separated list may carry ``?job=NAME``
 (``http://a:29510,http://b:29510?job=x`` and ``http://a:29510?job=x,http://b:29510?job=x`` both
 select ``x``); URLs naming different jobs are an error, as is any other query key or an empty
-name. A higher source naming another job than the URL's wins, with a warning naming both.
+name (the URL rule is ``lighthouse_cluster.client.discovery.split_job_query``, which parses
+every endpoint list). A higher source naming another job than the URL's wins, with a warning naming both.
 An empty argument or ``LIGHTHOUSE_JOB=""`` names nothing. Naming ``default`` selects the default
 job explicitly (and sends no metadata). Names follow the cluster's rule
 (``lighthouse_cluster.core.jobs.check_job_name``): 1-63 letters, digits, ``.``, ``_``, ``-``.
@@ -27,16 +28,13 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from urllib.parse import parse_qsl
 
+from lighthouse_cluster.client.discovery import JOB_ENV, JOB_QUERY, split_job_query
 from lighthouse_cluster.core.jobs import DEFAULT_JOB, JOB_HEADER, JobError, check_job_name
 
 __all__ = ["DEFAULT_JOB", "JOB_ENV", "JOB_HEADER", "JOB_QUERY", "JobSelection", "select_job", "split_job_query"]
 
 log = logging.getLogger(__name__)
-
-JOB_ENV = "LIGHTHOUSE_JOB"
-JOB_QUERY = "job"
 
 ARGUMENT = "the job argument"
 ENVIRONMENT = JOB_ENV
@@ -69,36 +67,6 @@ def _checked(name: str, source: str) -> str:
         return check_job_name(name)
     except JobError as e:
         raise ValueError(f"{source}: {e}") from None
-
-
-def split_job_query(value: str | Sequence[str]) -> tuple[list[str], str | None]:
-    """``"http://a:1,http://b:2?job=x"`` (or a list of such strings) -> ``(["http://a:1",
-    "http://b:2"], "x")``: the entries without their query, and the job the queries name (None:
-    none). ``ValueError`` for URLs naming different jobs, an unknown query key, an empty or
-    invalid name."""
-    parts = value.split(",") if isinstance(value, str) else [p for v in value for p in v.split(",")]
-    entries: list[str] = []
-    named: dict[str, str] = {}  # job -> the first URL naming it
-    for raw in parts:
-        entry, sep, query = raw.strip().partition("?")
-        entries.append(entry)
-        if not sep:
-            continue
-        try:
-            pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True)
-        except ValueError:
-            raise ValueError(f"lighthouse URL {raw.strip()!r}: the query must be ?{JOB_QUERY}=NAME") from None
-        keys = [k for k, _ in pairs]
-        if keys != [JOB_QUERY]:
-            raise ValueError(f"lighthouse URL {raw.strip()!r}: the only query understood is ?{JOB_QUERY}=NAME "
-                             f"(once), got {query!r}")
-        job = _checked(pairs[0][1], f"lighthouse URL {raw.strip()!r}")
-        named.setdefault(job, raw.strip())
-    if len(named) > 1:
-        which = "; ".join(f"{url} names {job!r}" for job, url in named.items())
-        raise ValueError(f"the lighthouse URLs name different jobs ({which}): a trainer belongs to one job; "
-                         f"name it once (?{JOB_QUERY}=NAME on any URL, or {JOB_ENV})")
-    return entries, next(iter(named), None)
 
 
 def select_job(job: str | None, urls: str | Sequence[str] | None = None,

@@ -4,10 +4,12 @@ discovery over a list of lighthouse endpoints.
 It owns *where* calls go and *when* they are re-sent; the lighthouse decides everything else.
 
 * Endpoints: one URL or a comma-separated list (``TORCHFT_LIGHTHOUSE``, or an argument), each
-  ``http://host:port`` or ``host:port``. :func:`parse_endpoints` normalizes them.
+  ``http://host:port``, ``grpc://``, ``https://``/``grpcs://`` (TLS) or ``host:port``.
+  :func:`parse_endpoints` normalizes them.
 * Discovery: every known endpoint is asked ``lighthouse_cluster.LighthouseCluster/Leader``
   concurrently (a dead first entry costs nothing); the answer naming a leader with the highest
-  Raft term wins (:func:`choose_target`, pure). The cluster's configured nodes are learned from
+  Raft term wins (:func:`choose_target`, pure). Parsing and discovery are
+  ``lighthouse_cluster.client.discovery``'s, shared with the CLI and the admin client. The cluster's configured nodes are learned from
   the answers, so one reachable node is enough to find the others later. An endpoint answering
   UNIMPLEMENTED is a single lighthouse without our cluster service (torchft's Rust
   ``torchft_lighthouse``): it is used as is.
@@ -40,13 +42,14 @@ import json
 import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import grpc
 import tenacity
 
+from lighthouse_cluster.client import discovery
+from lighthouse_cluster.client.discovery import Probe, Target, choose_target
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.proto import torchft_pb2 as pb
@@ -57,7 +60,7 @@ from lighthouse_cluster.tls import client_tls_for
 
 from ._env import lighthouse_addr as _lighthouse_addr_from_env
 from ._timeouts import Deadline, stop_at, to_seconds, wait_within
-from .job_selection import JobSelection, select_job, split_job_query
+from .job_selection import JobSelection, select_job
 
 __all__ = ["JobNotFoundError", "LighthouseClient", "LighthouseError", "Probe", "Target", "choose_target",
            "parse_endpoints", "read_job_config"]
@@ -76,7 +79,7 @@ CHANNEL_OPTIONS = [
 ]
 
 # After the first answer naming a leader, how long discovery waits for the other endpoints.
-PROBE_GRACE_S = 0.1
+PROBE_GRACE_S = discovery.PROBE_GRACE_S
 # A call failing this close to its deadline failed because of the deadline.
 _DEADLINE_SLACK_S = 0.25
 # What lighthouse-cluster nodes (and tonic clients) say when a Quorum call's deadline is reached.
@@ -117,76 +120,9 @@ class JobNotFoundError(LighthouseError):
 def parse_endpoints(value: str | Sequence[str]) -> list[str]:
     """``"http://a:1, b:2"`` (or a list of such strings) -> ``["a:1", "b:2"]``: the scheme is
     dropped, duplicates and empty entries removed, order kept. A ``?job=NAME`` query is checked
-    and dropped (:func:`ftclient.job_selection.split_job_query`)."""
-    parts, _ = split_job_query(value)
-    out: list[str] = []
-    for raw in parts:
-        entry = raw.strip()
-        if not entry:
-            continue
-        if "://" in entry:
-            scheme, entry = entry.split("://", 1)
-            if scheme.lower() not in ("http", "https", "grpcs"):
-                raise ValueError(f"lighthouse endpoint {raw.strip()!r}: use http:// (plaintext gRPC) or "
-                                 "https:// / grpcs:// (TLS)")
-        entry = entry.rstrip("/")
-        host, sep, port = entry.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"lighthouse endpoint {raw.strip()!r} is not http://host:port or host:port")
-        if entry not in out:
-            out.append(entry)
-    if not out:
-        raise ValueError(f"no lighthouse endpoint in {value!r}")
-    return out
-
-
-@dataclass(frozen=True)
-class Probe:
-    """One endpoint's answer to ``LighthouseCluster/Leader``."""
-
-    endpoint: str
-    leader_address: str = ""       # the leader's client address; "" when none is known
-    term: int = 0
-    nodes: tuple[str, ...] = ()    # client addresses of the configured cluster
-    unimplemented: bool = False    # a lighthouse without the cluster service
-    error: str = ""                # why it did not answer
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where lighthouse calls go: a cluster leader (``cluster``) or a single lighthouse."""
-
-    address: str
-    cluster: bool
-    term: int = 0
-
-
-def choose_target(probes: Sequence[Probe]) -> Target | None:
-    """The leader named with the highest term (the first such answer on a tie); else the first
-    endpoint without the cluster service; else None (no leader known yet)."""
-    best: Probe | None = None
-    for p in probes:
-        if p.leader_address and (best is None or p.term > best.term):
-            best = p
-    if best is not None:
-        return Target(best.leader_address, cluster=True, term=best.term)
-    for p in probes:
-        if p.unimplemented:
-            return Target(p.endpoint, cluster=False)
-    return None
-
-
-def _probe_result(endpoint: str, call: grpc.Future) -> Probe:
-    try:
-        r = call.result()
-    except grpc.FutureCancelledError:
-        return Probe(endpoint, error="no answer in time")
-    except grpc.RpcError as e:
-        if e.code() == grpc.StatusCode.UNIMPLEMENTED:
-            return Probe(endpoint, unimplemented=True)
-        return Probe(endpoint, error=f"{e.code().name}: {e.details()}")
-    return Probe(endpoint, leader_address=r.leader_client_address, term=r.term,
-                 nodes=tuple(n.client_address for n in r.nodes if n.client_address))
+    and dropped. The rules are ``lighthouse_cluster.client.discovery.parse_endpoints``' (the
+    CLI's too)."""
+    return list(discovery.parse_endpoints(value).addresses)
 
 
 class _Reroute(Exception):
@@ -300,34 +236,7 @@ class LighthouseClient:
         Returns when every endpoint has answered, when ``timeout`` has passed, or shortly
         (``PROBE_GRACE_S``) after the first answer naming a leader: an unreachable endpoint
         that swallows packets must not hold up discovery for the whole timeout."""
-        deadline = Deadline.after(timeout)
-        cond = threading.Condition()
-        done: dict[str, Probe] = {}
-        calls = []
-        for endpoint in self.endpoints:
-            stub = cpb_grpc.LighthouseClusterStub(self._channel(endpoint))
-            calls.append((endpoint, stub.Leader.future(cpb.LeaderRequest(), timeout=timeout)))
-
-        def on_done(endpoint: str, call: grpc.Future) -> None:
-            probe = _probe_result(endpoint, call)
-            with cond:
-                done[endpoint] = probe
-                cond.notify_all()
-
-        for endpoint, call in calls:
-            call.add_done_callback(lambda c, e=endpoint: on_done(e, c))
-        grace: Deadline | None = None
-        with cond:
-            while len(done) < len(calls):
-                if grace is None and any(p.leader_address for p in done.values()):
-                    grace = Deadline.after(PROBE_GRACE_S)
-                left = min(deadline.remaining(), grace.remaining() if grace is not None else float("inf"))
-                if left <= 0:
-                    break
-                cond.wait(left)
-            probes = [done.get(endpoint) or Probe(endpoint, error="no answer in time") for endpoint, _ in calls]
-        for _, call in calls:
-            call.cancel()  # a no-op for finished calls
+        probes = discovery.ask_every_node(self.endpoints, self._channel, timeout, PROBE_GRACE_S)
         with self._lock:
             for p in probes:
                 for node in p.nodes:

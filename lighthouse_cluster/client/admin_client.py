@@ -8,6 +8,8 @@ from typing import Any, Callable, Sequence
 
 import grpc
 
+from lighthouse_cluster.client.discovery import NotLeader, find_leader
+from lighthouse_cluster.client.discovery import not_leader as read_not_leader
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.tls import ClientTLS, channel
@@ -57,9 +59,9 @@ def explain_rpc_error(address: str, code: grpc.StatusCode, details: str, timeout
     return f"{address}: {why}"
 
 
-# admin.NodeAdmin's refusal on a node that does not lead (the leader moved): route again.
-NOT_LEADER_MARK = "must run on the leader"
 RETRY_S = 0.1
+# How long ``AdminClient.leader`` waits for the nodes' Leader answers (at most the call timeout).
+LEADER_TIMEOUT_S = 2.0
 
 
 # A node's answers that refuse the request itself: the command must change (its arguments, the
@@ -74,15 +76,19 @@ REFUSALS = frozenset({
 class AdminCallError(Exception):
     """An admin call failed; the message is one line for the operator."""
 
-    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+    def __init__(self, message: str, code: grpc.StatusCode | None = None,
+                 not_leader: NotLeader | None = None) -> None:
         super().__init__(message)
         self.code = code
+        # The node does not lead (``discovery.not_leader``: the typed detail, or an older node's
+        # sentence): the leader moved, so the call is routed again.
+        self.not_leader = not_leader if not_leader is not None else read_not_leader(code, message)
 
     @property
     def refused(self) -> bool:
         """The node refused the request (bad input, token, state), as opposed to a cluster that
         could not be reached or did not answer (no leader, a node down, a timeout)."""
-        return self.code in REFUSALS and NOT_LEADER_MARK not in str(self)
+        return self.code in REFUSALS and self.not_leader is None
 
 
 class AdminClient:
@@ -96,37 +102,38 @@ class AdminClient:
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
 
     def leader(self) -> tuple[str, cpb.LeaderResponse]:
-        """(leader's client address, the Leader answer naming it); AdminCallError when no
-        endpoint names a leader."""
-        errors = []
-        for address in self.endpoints:
-            try:
-                with channel(address, self.tls) as ch:
-                    r = cpb_grpc.LighthouseClusterStub(ch).Leader(cpb.LeaderRequest(), timeout=min(self.timeout, 2.0))
-            except grpc.RpcError as e:
-                errors.append(explain_rpc_error(address, e.code(), e.details() or "", min(self.timeout, 2.0),
-                                                self.tls is not None))
-                continue
-            if r.leader_client_address:
-                return r.leader_client_address, r
-            errors.append(f"{address}: no leader known")
+        """(leader's client address, the Leader answer naming it): every endpoint is asked at
+        once and the leader named in the highest term wins (``discovery.find_leader``);
+        AdminCallError when none names a leader."""
+        timeout = min(self.timeout, LEADER_TIMEOUT_S)
+        best, probes = find_leader(self.endpoints, self.tls, timeout)
+        if best is not None and best.response is not None:
+            return best.leader_address, best.response
+        errors = [f"{p.endpoint}: no leader known" if p.response is not None else
+                  explain_rpc_error(p.endpoint, p.code or grpc.StatusCode.DEADLINE_EXCEEDED, p.details, timeout,
+                                    self.tls is not None) for p in probes]
         raise AdminCallError("no leader found (" + "; ".join(errors) + ")")
 
     def call(self, method: str, request: Any, at: str | None = None) -> Any:
         """``LighthouseAdmin/<method>`` on ``at``, or on the leader: then re-routed while the
-        leader moves (an election, a node that just stepped down), until ``timeout``."""
+        leader moves (an election, a node that just stepped down), until ``timeout``. A node that
+        names the leader in its refusal is taken at its word for the next try."""
         if at is not None:
             return self._call_at(at, method, request, self.timeout)
         deadline = time.monotonic() + self.timeout
+        hint: str | None = None
         while True:
             try:
-                return self._call_at(self.leader()[0], method, request, max(0.5, deadline - time.monotonic()))
+                target = hint or self.leader()[0]
+                return self._call_at(target, method, request, max(0.5, deadline - time.monotonic()))
             except AdminCallError as e:
-                moving = e.code == grpc.StatusCode.UNAVAILABLE or (
-                    e.code == grpc.StatusCode.FAILED_PRECONDITION and NOT_LEADER_MARK in str(e)) or e.code is None
+                moving = e.code == grpc.StatusCode.UNAVAILABLE or e.not_leader is not None or e.code is None
                 if not moving or time.monotonic() + RETRY_S >= deadline:
                     raise
-            time.sleep(RETRY_S)
+                named = e.not_leader.leader_address if e.not_leader is not None else ""
+                hint = named if named and named != hint else None
+            if hint is None:
+                time.sleep(RETRY_S)
 
     def read(self, method: str, request: Any) -> tuple[Any, str]:
         """``LighthouseCluster/<method>`` (a read: no token sent) on the leader, whose answer has
@@ -166,7 +173,7 @@ class AdminClient:
                 message = explain_rpc_error(address, code, details, timeout, self.tls is not None)
             else:  # the node's own answer (a refused token, a bad argument): already one line for the operator
                 message = f"{address}: {code.name}: {details}"
-            raise AdminCallError(message, code) from None
+            raise AdminCallError(message, code, read_not_leader(code, details, e.trailing_metadata())) from None
 
     def any_node(self, method: str, request: Any) -> Any:
         """``method`` on the first endpoint that answers (read-only calls)."""

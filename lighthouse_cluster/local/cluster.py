@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from lighthouse_cluster.client.admin_client import query_status
+from lighthouse_cluster.client.discovery import agreed_leader, serving_leader
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.server.config import PeerSpec
 from lighthouse_cluster.tls import ClientTLS, PKIFiles
@@ -409,14 +410,11 @@ class LocalCluster:
         return query_status(self.members[i].peer.client_address, timeout, self.client_tls)
 
     def leader_index(self, among: list[int] | None = None) -> int | None:
-        """The index of a running node that reports itself serving leader, if any."""
-        for i in among if among is not None else range(self.nodes):
-            if not self.members[i].running or self.members[i].paused:
-                continue
-            st = self.status(i, timeout=0.5)
-            if st is not None and st.role == cpb.LEADER and st.serving:
-                return i
-        return None
+        """The index of the running node that reports itself serving leader in the highest term
+        (``discovery.serving_leader``: a deposed leader not yet told is passed over), if any."""
+        asked = [i for i in (among if among is not None else range(self.nodes))
+                 if self.members[i].running and not self.members[i].paused]
+        return serving_leader([(i, self.status(i, timeout=0.5)) for i in asked])
 
     def wait_for_leader(self, timeout: float = 15.0, among: list[int] | None = None,
                         exclude_term: int | None = None) -> int:
@@ -466,11 +464,11 @@ class LocalCluster:
                                should_stop: Callable[[], bool] | None = None,
                                on_poll: Callable[[], None] | None = None) -> tuple[int, int]:
         """``(index, term)`` of the leader that every running node names in the same term, while
-        it serves, unchanged for ``stable_for`` seconds (``up_core.agreed_leader``): a start-up
+        it serves, unchanged for ``stable_for`` seconds (``discovery.agreed_leader``): a start-up
         election followed by another one is waited out, not reported. ``on_poll`` runs between
         polls (e.g. a supervisor restarting nodes); ``should_stop()`` true raises InterruptedError.
         TimeoutError with the nodes' last log lines when no leader is agreed on in time."""
-        from lighthouse_cluster.local.up_plan import Stable, agreed_leader
+        from lighthouse_cluster.local.up_plan import Stable
 
         deadline = time.monotonic() + timeout
         stable = Stable(stable_for)

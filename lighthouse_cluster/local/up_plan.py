@@ -5,8 +5,9 @@ No processes, sockets or clocks here: ``cli.up`` (the shell) and ``supervise`` f
 * :func:`plan_addresses` turns ``--bind``, ``--http-bind`` and ``--raft-port`` into where each
   node listens and how it is reached from this host (a wildcard such as ``[::]`` is bound as
   given and reached at 127.0.0.1).
-* :func:`agreed_leader` and :class:`Stable`: the leader ``up`` names is the one every running
-  node names, in the same term, while it serves, and it has stayed so for a moment.
+* :class:`Stable` (with ``client.discovery.agreed_leader``, re-exported here): the leader ``up``
+  names is the one every running node names, in the same term, while it serves, and it has
+  stayed so for a moment.
 * :func:`plan_jobs` turns ``--job NAME[=PORT]`` into the jobs ``up`` creates once the cluster
   is up (node i serves the job on PORT + i: the nodes share one host), and :func:`job_banner`
   says what a torchft and an ftclient trainer set to train as that job.
@@ -17,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
+from lighthouse_cluster.client.discovery import agreed_leader as agreed_leader  # re-exported
 from lighthouse_cluster.core.jobs import DEFAULT_JOB, JobError, check_job_name
 from lighthouse_cluster.server.config import ConfigError, parse_host_port
 
@@ -145,26 +147,6 @@ def plan_addresses(nodes: int, bind: str, http_bind: str | None, raft_port: int 
             raise ConfigError(f"port {p} would serve both {seen[p]} and {kind}: pick other ports")
         seen[p] = kind
     return plan
-
-
-def agreed_leader(views: Sequence[Any]) -> tuple[str, int] | None:
-    """``(leader id, term)`` when every view (a ``NodeStatus`` of each running node; None: no
-    answer) names the same leader in the same term and that leader's own view says it leads
-    and serves; otherwise None."""
-    if not views or any(v is None for v in views):
-        return None
-    names = {(v.leader_id, v.term) for v in views}
-    if len(names) != 1:
-        return None
-    leader_id, term = names.pop()
-    if not leader_id:
-        return None
-    own = [v for v in views if v.node.id == leader_id]
-    from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
-
-    if len(own) != 1 or own[0].role != cpb.LEADER or not own[0].serving:
-        return None
-    return leader_id, term
 
 
 @dataclass

@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 import grpc
 
+from lighthouse_cluster.client.discovery import not_leader_metadata
 from lighthouse_cluster.core import codec
+from lighthouse_cluster.core.defaults import ADMIN_COMMIT_TIMEOUT_S, MEMBERSHIP_TIMEOUT_S
 from lighthouse_cluster.core.codec import CommitQuorum, EnableSchema, PutJob, SetMembers
 from lighthouse_cluster.core.jobs import DEFAULT_JOB
 from lighthouse_cluster.core.state_machine import CommitResult, QuorumStateMachine
@@ -46,8 +48,6 @@ AUTH_HEADER = "authorization"
 NO_TOKEN_MESSAGE = ("admin calls are disabled on this node: it has no admin token "
                     "(start it with LIGHTHOUSE_CLUSTER_ADMIN_TOKEN or --admin-token)")
 BAD_TOKEN_MESSAGE = "admin calls need 'authorization: Bearer <admin token>' metadata with this cluster's token"
-COMMIT_TIMEOUT_S = 5.0
-MEMBERSHIP_TIMEOUT_S = 10.0
 TRANSFER_TIMEOUT_S = 6.0
 # A TimeoutNow not followed by an election within this long is sent again.
 RESEND_S = 1.0
@@ -56,10 +56,14 @@ RESEND_S = 1.0
 class AdminError(Exception):
     """An admin call that cannot be carried out; ``code`` is the gRPC status to answer."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str,
+                 trailing: tuple[tuple[str, str | bytes], ...] = ()) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        # Trailing metadata sent with the refusal: ``discovery.not_leader_metadata`` on a node
+        # that does not lead.
+        self.trailing = trailing
 
 
 def check_token(metadata: Iterable[tuple[str, Any]] | None, token: str | None) -> AdminError | None:
@@ -153,6 +157,15 @@ class AdminNode(Protocol):
         """Adopt (and persist) the replicated member table after it changed."""
 
 
+def _named_leader(node: AdminNode, leader: PeerSpec | None) -> tuple[str, str, int]:
+    """(leader id, its client address, this node's term) for the "not the leader" detail; empty
+    names when no other node is known to lead."""
+    term = node.raft.term if node.raft is not None else 0
+    if leader is None or leader.node_id == node.config.node_id:
+        return "", "", term
+    return leader.node_id, leader.client_address, term
+
+
 class NodeAdmin:
     """The admin calls, carried out on ``node``; see the module docstring."""
 
@@ -169,12 +182,14 @@ class NodeAdmin:
             leader = node.leader_peer()
             where = f"the leader is {leader.node_id} at {leader.client_address}" if leader is not None and \
                 leader.node_id != node.config.node_id else "no leader is serving yet; retry shortly"
+            # The sentence stays for clients older than the typed detail (a rolling upgrade).
             raise AdminError(grpc.StatusCode.FAILED_PRECONDITION,
-                             f"{what} must run on the leader; node {node.config.node_id} is not ({where})")
+                             f"{what} must run on the leader; node {node.config.node_id} is not ({where})",
+                             not_leader_metadata(*_named_leader(node, leader)))
 
     async def commit(self, command: codec.Command) -> Any:
         try:
-            return await asyncio.wait_for(self.node.submit(command), COMMIT_TIMEOUT_S)
+            return await asyncio.wait_for(self.node.submit(command), ADMIN_COMMIT_TIMEOUT_S)
         except asyncio.TimeoutError:
             raise AdminError(grpc.StatusCode.ABORTED, "the change was not committed in time (outcome unknown; "
                              "check with `members list` / `status` and retry)") from None
@@ -185,7 +200,7 @@ class NodeAdmin:
         future, done = loop_future(asyncio.get_running_loop())
         assert self.node.raft is not None
         self.node.raft.call_on_tick_thread(fn, done)
-        return await asyncio.wait_for(future, COMMIT_TIMEOUT_S)
+        return await asyncio.wait_for(future, ADMIN_COMMIT_TIMEOUT_S)
 
     async def _raft_membership(self, add: bool, address: str) -> None:
         future, done = loop_future(asyncio.get_running_loop())

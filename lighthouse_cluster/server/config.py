@@ -114,14 +114,6 @@ def check_node_id(node_id: str) -> str:
     return node_id
 
 
-def split_endpoints(value: str) -> list[str]:
-    """``URL[,URL...]`` as given to --endpoints / TORCHFT_LIGHTHOUSE -> normalized host:port list."""
-    parts = [p for p in re.split(r"[,\s]+", value.strip()) if p]
-    if not parts:
-        raise ConfigError("no endpoints given (e.g. http://127.0.0.1:29510,http://127.0.0.1:29511)")
-    return [normalize_address(p, "endpoint") for p in parts]
-
-
 @dataclass(frozen=True)
 class NodeConfig:
     """Everything one node process needs."""

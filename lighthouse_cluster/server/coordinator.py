@@ -59,6 +59,7 @@ from dataclasses import replace
 
 import grpc
 
+from lighthouse_cluster.core.defaults import COMMIT_TIMEOUT_S
 from lighthouse_cluster.core.codec import CommitQuorum
 from lighthouse_cluster.core.jobs import DEFAULT_JOB
 from lighthouse_cluster.core.lease import LeaseSettings, QuorumLease
@@ -70,7 +71,6 @@ from lighthouse_cluster.server.leader_term import LeaderTerm
 
 log = logging.getLogger(__name__)
 
-COMMIT_TIMEOUT_S = 2.0
 # Rounds issued on the lease are written to the log at most this often (in the background), so
 # that every node's state (Status, the dashboard, a restart) shows steps at most this old.
 RECORD_INTERVAL_S = 1.0

@@ -19,6 +19,7 @@ from typing import Callable, Iterable, Protocol
 import grpc
 from google.protobuf.message import DecodeError
 
+from lighthouse_cluster.client.discovery import not_leader_metadata
 from lighthouse_cluster.core.jobs import DEFAULT_JOB, JOB_HEADER
 from lighthouse_cluster.core.quorum import Member
 from lighthouse_cluster.core.torchft_wire import member_from_proto, requester_bytes
@@ -201,7 +202,9 @@ class ClusterServiceAdapter(cpb_grpc.LighthouseClusterServicer):
     async def ForwardHeartbeats(self, request: cpb.HeartbeatBatch,
                                 context: grpc.aio.ServicerContext) -> cpb.HeartbeatBatchResponse:
         if not self.heartbeats.accept_heartbeat_batch(request.replica_ids, request.job or DEFAULT_JOB):
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"node {self.node_id} is not the leader")
+            info = self.node.leader_info()
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"node {self.node_id} is not the leader",
+                                not_leader_metadata(info.leader_id, info.leader_client_address, info.term))
         return cpb.HeartbeatBatchResponse()
 
     async def Watch(self, request_iterator: object, context: grpc.aio.ServicerContext) -> None:
@@ -220,7 +223,7 @@ class ClusterServiceAdapter(cpb_grpc.LighthouseClusterServicer):
         try:
             return self.jobs.get_job(request.name or call_job(context, self.job))
         except AdminError as e:
-            await context.abort(e.code, e.message)
+            await context.abort(e.code, e.message, e.trailing)
 
 
 class JobChanges(Protocol):
@@ -253,7 +256,7 @@ class AdminServiceAdapter(cpb_grpc.LighthouseAdminServicer):
         try:
             return await call()
         except AdminError as e:
-            await context.abort(e.code, e.message)
+            await context.abort(e.code, e.message, e.trailing)
 
     async def AddJob(self, request: cpb.AddJobRequest, context: grpc.aio.ServicerContext) -> cpb.Job:
         return await self._run(context, "jobs add", lambda: self.jobs.add_job(request))

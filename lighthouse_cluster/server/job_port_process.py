@@ -15,7 +15,7 @@ port with the job set (``x-lighthouse-job``; the caller's is ignored: the port i
 ``lighthouse_cluster.LighthouseCluster`` (Status, Leader, ListJobs, GetJob, Watch, ...) and gRPC
 health (the node's readiness); server reflection answers locally.
 
-The leader: asked of the node (``Leader``) every ``LEADER_POLL_S``; a change wakes the waiting
+The leader: asked of the node (``Leader``, read by ``client.discovery``) every ``LEADER_POLL_S``; a change wakes the waiting
 calls (``Router.leadership_changed``), and a forwarded call whose leader stops leading is re-sent
 as a follower's is. Unchanged semantics: the calls are the same bytes, with the same deadlines
 and errors, as through a follower.
@@ -43,6 +43,7 @@ import msgpack
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection
 
+from lighthouse_cluster.client.discovery import probe_from_response
 from lighthouse_cluster.core.jobs import JOB_HEADER
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
@@ -266,8 +267,8 @@ class JobPortProcess:
                 self._stop.set()
                 return
             try:
-                reply = await stub.Leader(cpb.LeaderRequest(), timeout=1.0)
-                leader = LeaderAddress(reply.leader_id, reply.leader_client_address) if reply.leader_id else None
+                said = probe_from_response(self.spec.node_address, await stub.Leader(cpb.LeaderRequest(), timeout=1.0))
+                leader = LeaderAddress(said.leader_id, said.leader_address) if said.leader_id else None
             except grpc.aio.AioRpcError:
                 leader = self.view.leader  # the node is (re)starting: keep what it said last
             if leader != self.view.leader:

@@ -43,6 +43,7 @@ import logging
 import time
 from typing import Any, Awaitable, Callable
 
+from lighthouse_cluster.core.defaults import COMMIT_TIMEOUT_S
 from lighthouse_cluster.core.codec import ConfirmLeadership, TermStart
 from lighthouse_cluster.core.lease import LeaseSettings, QuorumLease
 from lighthouse_cluster.core.state_machine import QuorumStateMachine, TermStartResult
@@ -50,7 +51,6 @@ from lighthouse_cluster.raft.replication import CommitError
 
 log = logging.getLogger(__name__)
 
-COMMIT_TIMEOUT_S = 2.0
 # Rounds (of any job) at least this close together keep the lease renewed in the background.
 BUSY_GAP_S = 0.5
 # A TermStart that was not committed is retried after this long.

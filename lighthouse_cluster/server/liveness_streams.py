@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 
 import grpc
 
+from lighthouse_cluster.client.discovery import not_leader_metadata
 from lighthouse_cluster.core.liveness import STREAM_CLOSED, Death, Liveness
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 
@@ -177,6 +178,14 @@ class LivenessStreams:
         if peer.node_id == self._node_id:
             return f"node {self._node_id} leads but does not serve quorum rounds yet; the leader is {peer.client_address}"
         return f"node {self._node_id} is not the leader; the leader is {peer.node_id} at {peer.client_address}"
+
+    def _not_leader_detail(self) -> tuple[tuple[str, str | bytes], ...]:
+        """The typed "not the leader" detail (``discovery.not_leader``) beside the sentence."""
+        peer = self._node.leader_peer()
+        named = peer is not None and peer.node_id != self._node_id
+        term = getattr(self._node.raft, "term", 0)
+        return not_leader_metadata(peer.node_id if named and peer else "", peer.client_address if named and peer else "",
+                                   term if isinstance(term, int) else 0)
 
     def leadership_changed(self) -> None:
         """The node saw its role or term change: streams of a term it no longer serves end now."""
@@ -321,7 +330,7 @@ class LivenessStreams:
                                 f"timeout ({timeout_ms} ms), or 0 for unspecified")
         rounds = self._serving_rounds()
         if rounds is None:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._not_leader_message())
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._not_leader_message(), self._not_leader_detail())
         if self._term != rounds.term:
             self.check()
         watcher = _Watcher(rid, next(self._ids))

@@ -184,7 +184,7 @@ class LighthouseNode:
         if cfg.http_bind:
             from lighthouse_cluster.server.http_endpoints import HttpEndpoints
 
-            self.http = HttpEndpoints(self, cfg.http_bind, cfg.admin_token)
+            self.http = HttpEndpoints(self, cfg.http_bind, cfg.admin_token, cfg.tls)  # HTTPS with TLS
             await self.http.start()
         try:
             if cfg.tls is not None:
@@ -214,8 +214,8 @@ class LighthouseNode:
         self.job_ports.start()
         self._watch_task = asyncio.get_running_loop().create_task(self._watch())
         if self.http is not None:
-            log.info("node %s serving /metrics, /livez, /readyz and the dashboard on http://%s", cfg.node_id,
-                     self.http.address)
+            log.info("node %s serving /metrics, /livez, /readyz and the dashboard on %s", cfg.node_id,
+                     self.http.url)
         log.info("node %s serving torchft.LighthouseService on %s%s (Raft %s, peers %s; %s event loop, gc thresholds %s)",
                  cfg.node_id, cfg.client_bind,
                  "" if cfg.tls is None else (" with mutual TLS" if cfg.tls.mutual else " with TLS"),

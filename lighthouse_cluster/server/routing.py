@@ -278,7 +278,7 @@ class Router:
                     await context.abort(grpc.StatusCode.NOT_FOUND, missing)
                 error = await self._create_job(job, left)
                 if error is not None:
-                    await context.abort(error.code, error.message)
+                    await context.abort(error.code, error.message, getattr(error, "trailing", ()))
                 continue
             if forwarded_by is not None:
                 # Never forward twice: the origin re-routes once it knows the new leader.

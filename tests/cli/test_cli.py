@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from lighthouse_cluster.cli.commands import main
-from lighthouse_cluster.server.config import ConfigError, build_node_config, parse_peer, split_endpoints
+from lighthouse_cluster.client.discovery import parse_endpoints
+from lighthouse_cluster.server.config import ConfigError, build_node_config, parse_peer
 from lighthouse_cluster.local.cluster import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -127,9 +128,10 @@ def test_config_file_errors(tmp_path: Path) -> None:
 def test_peer_and_endpoint_parsing() -> None:
     p = parse_peer("lh-0=lh-0.lh.svc:29610,lh-0.lh.svc:29510")
     assert (p.node_id, p.raft_address, p.client_address) == ("lh-0", "lh-0.lh.svc:29610", "lh-0.lh.svc:29510")
-    assert split_endpoints("http://a:1, b:2,,http://[::1]:3/") == ["a:1", "b:2", "[::1]:3"]
-    with pytest.raises(ConfigError, match="no endpoints"):
-        split_endpoints(" , ")
+    # The endpoint rules are client.discovery's (tests/cli/test_discovery.py).
+    assert parse_endpoints("http://a:1, b:2,,http://[::1]:3/").addresses == ("a:1", "b:2", "[::1]:3")
+    with pytest.raises(ValueError, match="no endpoints"):
+        parse_endpoints(" , ")
 
 
 def test_status_with_no_reachable_node_exits_1_with_one_line() -> None:

@@ -47,8 +47,8 @@ port = "n3=29700"
 def serve_with(tmp_path: Path, text: str, monkeypatch: pytest.MonkeyPatch, *extra: str) -> tuple[Any, list[Any]]:
     """`serve --config FILE` up to the node's start: the NodeConfig it would run with."""
     started: list[Any] = []
-    monkeypatch.setattr("lighthouse_cluster.cli.commands._serve", lambda config: started.append(config))
-    monkeypatch.setattr("lighthouse_cluster.cli.commands.run_event_loop", lambda coro, loop: None)
+    monkeypatch.setattr("lighthouse_cluster.cli.serve._serve", lambda config: started.append(config))
+    monkeypatch.setattr("lighthouse_cluster.cli.serve.run_event_loop", lambda coro, loop: None)
     monkeypatch.setattr("lighthouse_cluster.server.logs.configure_logging", lambda *a, **k: None)
     cfg = tmp_path / "node.toml"
     cfg.write_text(text)

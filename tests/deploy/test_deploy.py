@@ -45,6 +45,7 @@ from click.testing import CliRunner
 
 from support.waiting import wait_for
 from lighthouse_cluster.cli import commands as cli
+from lighthouse_cluster.cli import serve as serve_command
 from lighthouse_cluster.server.config import NodeConfig
 from lighthouse_cluster.local.cluster import free_ports
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
@@ -78,7 +79,7 @@ def run_serve(args: list[str], env: dict[str, str] | None = None) -> tuple[int, 
         captured.append(config)
 
     clean = {k: None for k in os.environ if k.startswith(cli.ENV) or k == "TORCHFT_LIGHTHOUSE"}
-    with mock.patch.object(cli, "_serve", fake_serve), \
+    with mock.patch.object(serve_command, "_serve", fake_serve), \
             mock.patch("lighthouse_cluster.server.logs.configure_logging", lambda *a, **k: None):
         res = CliRunner().invoke(cli.main, args, env={**clean, **(env or {})}, catch_exceptions=False)
     return res.exit_code, res.output, captured[0] if captured else None
@@ -225,8 +226,33 @@ def k8s_http_probe(kind: str) -> tuple[str, int]:
     port = get["port"]
     assert isinstance(port, str), f"{kind}: name the port (it then follows the container port)"
     assert port in container_ports(), f"{kind}: no container port named {port}"
-    assert get.get("scheme", "HTTP") == "HTTP" and "host" not in get
+    assert get.get("scheme", "HTTP") == k8s_http_scheme().upper() and "host" not in get, (
+        f"{kind}: the HTTP port serves HTTPS exactly when the node has TLS (scheme: HTTPS then)")
     return get["path"], container_ports()[port]
+
+
+def node_has_tls(container: dict[str, Any], configmap: dict[str, str]) -> bool:
+    """Whether the node in ``container`` serves TLS (--tls-cert, or its variable in the env or the
+    ConfigMap): its HTTP port then speaks HTTPS only."""
+    names = set(configmap) | {e["name"] for e in container.get("env", [])}
+    return ("LIGHTHOUSE_CLUSTER_TLS_CERT" in names
+            or any(str(a).startswith("--tls-cert") for a in container.get("args", [])))
+
+
+def k8s_http_scheme() -> str:
+    """``http``, or ``https`` when the StatefulSet's node has TLS."""
+    return "https" if node_has_tls(statefulset_container(), configmap_env()) else "http"
+
+
+def test_a_tls_node_needs_https_probes() -> None:
+    """The check above follows the node's TLS: turning TLS on in the manifest (a flag or a
+    variable) makes plain-HTTP probes wrong."""
+    container = statefulset_container()
+    assert not node_has_tls(container, {})
+    assert node_has_tls({**container, "args": [*container["args"], "--tls-cert=/tls/server.pem"]}, {})
+    assert node_has_tls({**container, "env": [*container["env"], {"name": "LIGHTHOUSE_CLUSTER_TLS_CERT",
+                                                                    "value": "/tls/server.pem"}]}, {})
+    assert node_has_tls(container, {"LIGHTHOUSE_CLUSTER_TLS_CERT": "/tls/server.pem"})
 
 
 def http_get(host: str, port: int, path: str, timeout: float) -> tuple[int | None, str]:
@@ -873,7 +899,8 @@ def test_servicemonitor_scrapes_every_pod_once_on_the_http_port() -> None:
     assert container_ports()[target] == http_port
     annotations = sts["spec"]["template"]["metadata"]["annotations"]
     assert endpoint["path"] == annotations["prometheus.io/path"] == "/metrics"
-    assert endpoint.get("scheme", "http") == "http"
+    assert endpoint.get("scheme", "http") == k8s_http_scheme()
+    assert annotations.get("prometheus.io/scheme", "http") == k8s_http_scheme()
     seconds = {k: float(endpoint[k].removesuffix("s")) for k in ("interval", "scrapeTimeout")}
     assert seconds["scrapeTimeout"] < seconds["interval"]
 

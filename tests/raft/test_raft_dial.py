@@ -19,6 +19,7 @@ from click.testing import CliRunner
 from support.waiting import wait_for
 from jepsen_like.proxy import ProxyNetwork
 from lighthouse_cluster.cli import commands as cli
+from lighthouse_cluster.cli import serve as serve_command
 from lighthouse_cluster.raft import replication
 from lighthouse_cluster.server.config import ConfigError, build_node_config
 from lighthouse_cluster.local.cluster import free_ports
@@ -75,7 +76,7 @@ def served(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     async def fake_serve(cfg: Any) -> None:
         seen.append(cfg)
 
-    monkeypatch.setattr(cli, "_serve", fake_serve)
+    monkeypatch.setattr(serve_command, "_serve", fake_serve)
     monkeypatch.setattr("lighthouse_cluster.server.logs.configure_logging", lambda *a, **k: None)
     return seen
 

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import grpc
 import pytest
 
+from lighthouse_cluster.client.discovery import NOT_LEADER_KEY, NotLeader, not_leader
 from lighthouse_cluster.core.liveness import STREAM_CLOSED
 from lighthouse_cluster.core.quorum import Member, Quorum
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
@@ -54,8 +55,9 @@ class FakeContext:
     async def write(self, message: cpb.WatchEvent) -> None:
         self.written.append(message)
 
-    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+    async def abort(self, code: grpc.StatusCode, details: str, trailing_metadata: tuple = ()) -> None:
         self.status = (code, details)
+        self.trailing = trailing_metadata
         raise Aborted(details)
 
     def send(self, replica_id: str = "", keepalive_interval_ms: int = 0) -> None:
@@ -183,6 +185,10 @@ def test_a_follower_refuses_naming_the_leader() -> None:
         await hub.open("a")
         assert await hub.ended("a") == (grpc.StatusCode.FAILED_PRECONDITION,
                                         "node n1 is not the leader; the leader is n2 at 127.0.0.1:4")
+        # The same, typed (client.discovery.not_leader), beside the sentence older clients read.
+        context = hub.contexts["a"]
+        assert not_leader(*context.status, context.trailing) == NotLeader("n2", "127.0.0.1:4", 0)
+        assert context.trailing[0][0] == NOT_LEADER_KEY
         hub.node.leader = None
         await hub.open("b")
         code, message = await hub.ended("b")

@@ -1,6 +1,6 @@
 """The dashboard's ``/status.json`` jobs (``client/job_view.py``, ``server/http_endpoints.py``): every
 job as plain data, the leader's live view preferred to this node's, and the kill endpoint naming a
-job. No processes or sockets: the endpoint's handlers are called directly."""
+job. No processes or sockets: the endpoint's routes are resolved and called on mocked requests."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from lighthouse_cluster.core.quorum import Member, Quorum
 from lighthouse_cluster.core.state_machine import QuorumStateMachine
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import torchft_pb2 as pb
-from lighthouse_cluster.server.http_endpoints import HttpEndpoints, Response, read_request
+from aiohttp.test_utils import make_mocked_request
+
+from lighthouse_cluster.server.http_endpoints import HttpEndpoints
 
 SETTINGS = dict(min_replicas=2, join_timeout_ms=1000, quorum_tick_ms=50, heartbeat_timeout_ms=3000,
                 quorum_lease_ms=0, max_replicas=16, max_member_bytes=4096)
@@ -115,11 +117,12 @@ def test_kill_names_the_job_of_the_member() -> None:
     endpoints = HttpEndpoints(FakeNode(), "127.0.0.1:0", admin_token="tok")
 
     def kill(target: str) -> tuple[int, str]:
-        async def send() -> Response:
-            reader = asyncio.StreamReader()
-            reader.feed_data(f"POST {target} HTTP/1.1\r\nAuthorization: Bearer tok\r\n\r\n".encode())
-            reader.feed_eof()
-            return await endpoints.dispatch(await read_request(reader))
+        async def send() -> Any:
+            headers = {"Authorization": "Bearer tok"}
+            app = endpoints.server.app
+            route = await app.router.resolve(make_mocked_request("POST", target, headers=headers, app=app))
+            return await route.handler(make_mocked_request("POST", target, headers=headers, app=app,
+                                                           match_info=route))
         response = asyncio.run(send())
         return response.status, response.body.decode()
 
