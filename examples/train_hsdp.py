@@ -17,9 +17,16 @@ gradients through ftclient, the way torchtitan's fault-tolerant HSDP does:
 * ``ftclient.Optimizer`` starts the quorum in ``zero_grad()`` and steps only if every group may
   commit.
 
-A replica group that restarts heals from a peer: rank r fetches rank r's shards (the parameters'
-and the optimizer's local tensors; ``state_dict`` / ``load_state_dict`` below turn DTensors into
-local tensors and back). Run two groups against a lighthouse::
+A replica group that restarts heals from a peer: rank r fetches rank r's shards of the parameters
+and of the optimizer state. The state dict functions are torchtitan's: ``model.state_dict()`` and
+``optimizer.state_dict()`` (DTensors; only each rank's shard travels). ftclient takes them on the
+training thread just before the forward pass (its first module call after ``start_quorum``), never
+while FSDP2 runs a forward or backward; torchft 0.2.0's Manager takes them on its quorum thread
+during the forward pass, where FSDP2's state-dict hook swaps the parameters under the running step
+(``--sdk torchft`` shows it; ``--state-dict shards`` is the workaround that reads the shards
+without FSDP2's hooks). Every rank counts the state-dict reads that happened while a forward or
+backward ran in its process (``state_dict_reads_during_compute`` in its summary; a line is printed
+for each). Run two groups against a lighthouse::
 
     lighthouse-cluster up --min_replicas 2                 # prints the TORCHFT_LIGHTHOUSE value
     export TORCHFT_LIGHTHOUSE=http://127.0.0.1:29510,http://127.0.0.1:29511,http://127.0.0.1:29512
@@ -36,9 +43,19 @@ examples/train_hsdp.py`` (each group on a host its own ``--master_port``).
 Every rank prints ``group= rank= step= loss= quorum_id= participants= committed=`` per step
 (``loss`` is the loss averaged over every rank of every participating group) and, at the end, the
 sha256 of the full (unsharded) parameters and optimizer state: every rank of every group ends with
-the same digests. Environment: torchft's (``REPLICA_GROUP_ID``, ``TORCHFT_LIGHTHOUSE``,
-``TORCHFT_TIMEOUT_SEC`` (default 30), ``TORCHFT_QUORUM_TIMEOUT_SEC``,
-``TORCHFT_CONNECT_TIMEOUT_SEC``, ``TORCHFT_MANAGER_PORT``).
+the same digests.
+
+``--sdk torchft`` runs the same script on torchft's own Manager, ProcessGroupGloo,
+ManagedProcessGroup and Optimizer (``pip install torchft``; its client takes exactly one
+lighthouse URL). Fault injection, for tests and demonstrations: ``--fail-recovery-on-rank R``
+makes group rank R's first checkpoint fetch fail (the whole group then keeps its state and heals at
+a later quorum: every rank of a group always agrees on the step and the weights);
+``--skip-commit-every N`` makes the group vote against committing every N-th step, so that it falls
+one step behind its peers and heals from them at the next quorum.
+
+Environment: torchft's (``REPLICA_GROUP_ID``, ``TORCHFT_LIGHTHOUSE``, ``TORCHFT_TIMEOUT_SEC``
+(default 30), ``TORCHFT_QUORUM_TIMEOUT_SEC``, ``TORCHFT_CONNECT_TIMEOUT_SEC``,
+``TORCHFT_MANAGER_PORT``).
 """
 
 from __future__ import annotations
@@ -50,9 +67,10 @@ import logging
 import os
 import signal
 import socket
-import traceback
 import sys
+import threading
 import time
+import traceback
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -85,6 +103,12 @@ class Net(nn.Module):
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--sdk", choices=("ftclient", "torchft"), default="ftclient",
+                    help="the fault-tolerance SDK: ftclient, or torchft itself (one lighthouse URL)")
+    ap.add_argument("--state-dict", choices=("module", "shards"), default="module",
+                    help="what the Manager sends a healing group: module = model.state_dict() and "
+                         "optimizer.state_dict() (torchtitan's; DTensors), shards = the parameters' and the "
+                         "optimizer state's local shards, read without FSDP2's state-dict hooks")
     ap.add_argument("--steps", type=int, default=100, help="train until this many steps are committed")
     ap.add_argument("--step-sleep", type=float, default=0.0,
                     help="seconds slept at the start of every step (simulated data loading)")
@@ -102,12 +126,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--go-file", type=Path,
                     help="every rank waits (up to 10 minutes) for this file before its first step, so that groups "
                          "started together are all in the first quorum")
+    ap.add_argument("--stop-file", type=Path,
+                    help="go on past --steps until this file exists (for scripts that decide when the run ends)")
     ap.add_argument("--batch-size", type=int, default=16, help="samples per rank and step")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
-                    help="ftclient's log level (stderr)")
+                    help="the SDK's log level (stderr)")
+    faults = ap.add_argument_group("fault injection (tests and demonstrations)")
+    faults.add_argument("--fail-recovery-on-rank", type=int, metavar="R",
+                        help="group rank R's first checkpoint fetch fails: its group keeps its step and weights on "
+                             "every rank and heals at a later quorum")
+    faults.add_argument("--skip-commit-every", type=int, default=0, metavar="N",
+                        help="every N-th step in which another replica group is up to date, this group votes "
+                             "against committing (report_error): it falls one step behind and heals from a peer "
+                             "at the next quorum (not in the last 2N steps before the run may end, so that the "
+                             "groups end together)")
     return ap.parse_args(argv)
+
+
+def check_lighthouse(sdk: str, value: str) -> str | None:
+    """Why TORCHFT_LIGHTHOUSE cannot work with ``sdk``, or None: torchft's client connects to
+    exactly one URL (a list makes it wait out its connect timeout, then fail)."""
+    urls = [u.strip() for u in value.split(",") if u.strip()]
+    if sdk == "torchft" and len(urls) > 1:
+        return (f"torchft takes exactly one lighthouse URL, but TORCHFT_LIGHTHOUSE lists {len(urls)} ({value}): "
+                f"set it to one node's URL (e.g. {urls[0]}) or run with --sdk ftclient")
+    return None
 
 
 def say(line: str) -> None:
@@ -123,6 +168,81 @@ def batch(seed: int, group: int, rank: int, step: int, size: int) -> tuple[torch
     g = torch.Generator().manual_seed(seed * 1_000_003 + group * 10_007 + rank * 101 + step)
     x = torch.randn(size, IN, generator=g)
     return x, (x @ teacher).argmax(dim=1)
+
+
+# -- the SDK, and what its Manager reads ---------------------------------------------------------------
+
+
+def load_sdk(sdk: str) -> tuple[Any, type]:
+    """The module with Manager, ProcessGroupGloo and Optimizer, and its ManagedProcessGroup:
+    ftclient's, or torchft's own (same constructors, same training loop)."""
+    if sdk == "torchft":
+        import torchft
+        from torchft.process_group import ManagedProcessGroup as TorchftManagedProcessGroup
+
+        return torchft, TorchftManagedProcessGroup
+    return ftclient, ManagedProcessGroup
+
+
+def quorum_view(sdk: str, manager: Any, step_before: int, step_mid: int) -> tuple[int, bool, int]:
+    """(quorum id, whether this group heals from a peer in this step, the step it heals to);
+    ``step_mid`` is the manager's step once the step's quorum (and any heal) is done."""
+    if sdk == "torchft":
+        # torchft 0.2.0 has no public accessor for the quorum (the id is for display only). A group
+        # that heals takes no part in its step.
+        return getattr(manager, "_quorum_id", -1), not manager.is_participating(), step_mid
+    quorum = manager.last_quorum_result
+    healed = bool(quorum and quorum.heal)
+    return (quorum.quorum_id if quorum else -1), healed, (quorum.max_step if healed else step_before)
+
+
+def failing_first_recovery(sdk: str, timeout: timedelta, tag: str) -> Any:
+    """The SDK's HTTP checkpoint transport, whose first ``recv_checkpoint`` fails (fault injection)."""
+    if sdk == "torchft":
+        from torchft.checkpointing import HTTPTransport as Base
+    else:
+        Base = ftclient.HTTPTransport
+
+    class FailFirstRecovery(Base):  # type: ignore[misc, valid-type]
+        failed = False
+
+        def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
+            if not self.failed:
+                self.failed = True
+                say(f"{tag} injected: the checkpoint fetch of step {step} fails")
+                raise RuntimeError(f"injected failure of the checkpoint fetch of step {step}")
+            return super().recv_checkpoint(src_rank, metadata, step, timeout)
+
+    return FailFirstRecovery(timeout=timeout, num_chunks=0)
+
+
+class ComputeTracker:
+    """Whether a forward or backward pass is running in this process (from the model's forward
+    pre-hook until ``backward()`` returns), and the state-dict reads made meanwhile: FSDP2's
+    state-dict hook reshards the parameters, which a running forward or backward cannot survive."""
+
+    def __init__(self, model: nn.Module, tag: str) -> None:
+        self.tag = tag
+        self.phase: str | None = None  # "forward" / "backward" while one runs
+        self.reads = 0
+        self.reads_during_compute = 0
+        self._lock = threading.Lock()
+        model.register_forward_pre_hook(lambda module, args: self.enter("forward"))
+
+    def enter(self, phase: str) -> None:
+        self.phase = phase
+
+    def leave(self) -> None:
+        self.phase = None
+
+    def record_read(self) -> None:
+        phase = self.phase
+        with self._lock:
+            self.reads += 1
+            if phase is not None:
+                self.reads_during_compute += 1
+        if phase is not None:
+            say(f"{self.tag} state_dict read during {phase} on thread {threading.current_thread().name}")
 
 
 # -- DTensor state dicts: local shards on the wire ---------------------------------------------------
@@ -185,6 +305,7 @@ def env_seconds(name: str, default: float) -> timedelta:
 def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str, store_port: int) -> int:
     group = int(os.environ.get("REPLICA_GROUP_ID", 0))
     tag = f"group={group} rank={rank}"
+    sdk, managed_process_group = load_sdk(args.sdk)
     torch.manual_seed(args.seed)  # every replica group starts from the same weights
     torch.set_num_threads(1)
     timeout = env_seconds("TORCHFT_TIMEOUT_SEC", 30)
@@ -203,35 +324,50 @@ def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str,
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=False)
+    tracker = ComputeTracker(model, tag)
 
-    # The sharded parameters (DTensors), taken once: FSDP2 keeps these objects (the optimizer
-    # steps them) while it swaps the module's parameters for unsharded ones during forward and
-    # backward. The Manager asks for the state dict on its quorum thread while the forward runs
-    # (asynchronous quorum), so state_dict() must not call model.state_dict() (FSDP2's hooks
-    # would reshard under the running backward): it reads these shards' local tensors instead.
-    shards = dict(model.named_parameters())
+    if args.state_dict == "module":
+        # torchtitan's: FSDP2's state-dict hook reshards the module first (a no-op between steps).
+        # The Manager must call this between steps only: ftclient does (just before the forward
+        # pass), torchft 0.2.0 calls it on its quorum thread while the forward or backward runs.
+        def state_dict() -> dict[str, Any]:
+            tracker.record_read()
+            return {"model": model.state_dict(), "optim": inner.state_dict()}
 
-    def state_dict() -> dict[str, Any]:
-        with torch.no_grad():
-            return {"model": {name: local(p) for name, p in shards.items()},
-                    "optim": local_tree(inner.state_dict())}
+        def load_state_dict(sd: dict[str, Any]) -> None:  # in should_commit, between backward and step
+            model.load_state_dict(sd["model"])
+            inner.load_state_dict(sd["optim"])
+    else:
+        # The sharded parameters (DTensors), taken once: FSDP2 keeps these objects (the optimizer
+        # steps them) while it swaps the module's parameters for unsharded ones during forward and
+        # backward. Reading their local tensors needs none of FSDP2's hooks, so it is harmless even
+        # on a thread that runs during the forward pass (torchft's quorum thread).
+        shards = dict(model.named_parameters())
 
-    def load_state_dict(sd: dict[str, Any]) -> None:  # in should_commit, between backward and step
-        with torch.no_grad():
-            for name, p in shards.items():
-                local(p).copy_(sd["model"][name])
-        inner.load_state_dict(optimizer_state_to_dtensors(inner, sd["optim"]))
+        def state_dict() -> dict[str, Any]:
+            tracker.record_read()
+            with torch.no_grad():
+                return {"model": {name: local(p) for name, p in shards.items()},
+                        "optim": local_tree(inner.state_dict())}
 
-    manager = ftclient.Manager(
-        pg=ftclient.ProcessGroupGloo(timeout=timeout),
+        def load_state_dict(sd: dict[str, Any]) -> None:  # in should_commit, between backward and step
+            with torch.no_grad():
+                for name, p in shards.items():
+                    local(p).copy_(sd["model"][name])
+            inner.load_state_dict(optimizer_state_to_dtensors(inner, sd["optim"]))
+
+    transport = (failing_first_recovery(args.sdk, timeout, tag) if args.fail_recovery_on_rank == rank else None)
+    manager = sdk.Manager(
+        pg=sdk.ProcessGroupGloo(timeout=timeout),
         load_state_dict=load_state_dict, state_dict=state_dict,
         min_replica_size=args.min_replica_size, replica_id=f"train_hsdp_{group}",
         store_addr=store_addr, store_port=store_port, rank=rank, world_size=world_size, timeout=timeout,
         quorum_timeout=env_seconds("TORCHFT_QUORUM_TIMEOUT_SEC", 60),
         connect_timeout=env_seconds("TORCHFT_CONNECT_TIMEOUT_SEC", 60),
+        checkpoint_transport=transport,
     )
     # torchtitan's fault-tolerant HSDP: the replicate dimension is the Manager's group.
-    replicate_pg = ManagedProcessGroup(manager)
+    replicate_pg = managed_process_group(manager)
     replicate_pg.register("dp_replicate")
 
     def all_reduce_hook(output: torch.Tensor) -> None:
@@ -240,10 +376,11 @@ def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str,
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_all_reduce_hook(all_reduce_hook)
-    optimizer = ftclient.Optimizer(manager, inner)
+    optimizer = sdk.Optimizer(manager, inner)
     criterion = nn.CrossEntropyLoss()
     say(f"{tag} pid={os.getpid()} attempt={os.environ.get('TRAIN_HSDP_ATTEMPT', '0')} world_size={world_size} "
-        f"lighthouse={os.environ.get('TORCHFT_LIGHTHOUSE', '')}")
+        f"sdk={args.sdk} state_dict={args.state_dict} lighthouse={os.environ.get('TORCHFT_LIGHTHOUSE', '')}")
+    skipped_at: int | None = None  # the step whose commit was last skipped (--skip-commit-every)
 
     records: list[dict[str, Any]] = []
     try:
@@ -259,22 +396,29 @@ def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str,
             step_before = manager.current_step()
             optimizer.zero_grad()  # starts this step's quorum (in the background)
             x, y = batch(args.seed, group, rank, step_before, args.batch_size)
-            loss = criterion(model(x), y)
+            loss = criterion(model(x), y)  # the forward pre-hook marks the forward pass
+            tracker.enter("backward")
             loss.backward()  # FSDP2 reduce-scatters in the group; the hook averages across groups
+            tracker.leave()
             # The loss over every rank of every participating group, and the samples behind it.
             group_loss = funcol.all_reduce(loss.detach(), "avg", dist.group.WORLD)
             job_loss = funcol.all_reduce(group_loss, "avg", replicate_pg)
             samples = funcol.all_reduce(torch.tensor([float(len(x) * world_size)]), "sum", replicate_pg)
             manager.wait_quorum()
-            quorum = manager.last_quorum_result
-            healed = bool(quorum and quorum.heal)
-            healed_to = quorum.max_step if quorum and healed else step_before
+            quorum_id, healed, healed_to = quorum_view(args.sdk, manager, step_before, manager.current_step())
+            if (args.skip_commit_every and not healed and step_before != skipped_at
+                    and step_before % args.skip_commit_every == args.skip_commit_every - 1
+                    and not finishing(args, step_before + 2 * args.skip_commit_every)
+                    and manager.num_participants() >= 2):
+                skipped_at = step_before
+                say(f"{tag} injected: skipping the commit of step {step_before}")
+                manager.report_error(RuntimeError(f"injected: skipping the commit of step {step_before}"))
             optimizer.step()  # steps iff every replica group in the quorum may commit
             step = manager.current_step()
             committed = step == healed_to + 1
             err = manager.errored()
             rec = {"step_before": step_before, "step": step, "loss": round(float(job_loss.item()), 6),
-                   "samples": int(samples.item()), "quorum_id": quorum.quorum_id if quorum else -1,
+                   "samples": int(samples.item()), "quorum_id": quorum_id,
                    "participants": manager.num_participants(), "committed": committed, "healed": healed,
                    "errored": None if err is None else str(err.original_exception)[:300],
                    "t_start": t0, "t_end": time.time()}
@@ -283,9 +427,9 @@ def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str,
             say(f"{tag} step={step} loss={rec['loss']:.4f} quorum_id={rec['quorum_id']} "
                 f"participants={rec['participants']} committed={committed} samples={rec['samples']}"
                 + (f" healed_to={healed_to}" if healed else "") + f" time={rec['duration_s']:.3f}s")
-            if committed and step >= args.steps and rec["participants"] >= args.min_final_participants:
+            if committed and finishing(args, step) and rec["participants"] >= args.min_final_participants:
                 break
-        finish(args, tag, rank, world_size, group, model, inner, manager, records)
+        finish(args, tag, rank, world_size, group, model, inner, manager, records, tracker)
     finally:
         manager.shutdown(wait=False)
     # The store's host (rank 0) leaves last: the others' managers use the store until they are shut down.
@@ -297,6 +441,11 @@ def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str,
     return 0
 
 
+def finishing(args: argparse.Namespace, step: int) -> bool:
+    """Whether the run may end at ``step`` (--steps reached, and --stop-file there if given)."""
+    return step >= args.steps and (args.stop_file is None or args.stop_file.exists())
+
+
 def wait_for_file(path: Path | None, timeout_s: float = 600.0) -> None:
     deadline = time.monotonic() + timeout_s
     while path is not None and not path.exists():
@@ -306,14 +455,16 @@ def wait_for_file(path: Path | None, timeout_s: float = 600.0) -> None:
 
 
 def finish(args: argparse.Namespace, tag: str, rank: int, world_size: int, group: int, model: nn.Module,
-           inner: torch.optim.Optimizer, manager: Any, records: list[dict[str, Any]]) -> None:
+           inner: torch.optim.Optimizer, manager: Any, records: list[dict[str, Any]], tracker: ComputeTracker) -> None:
     params, optim_state = full_digests(model, inner)
-    say(f"{tag} final step={manager.current_step()} params_sha256={params} optim_sha256={optim_state}")
+    say(f"{tag} final step={manager.current_step()} params_sha256={params} optim_sha256={optim_state} "
+        f"state_dict_reads={tracker.reads} during_compute={tracker.reads_during_compute}")
     if args.output is not None:
-        summary = {"replica_group": group, "rank": rank, "world_size": world_size, "pid": os.getpid(),
-                   "attempt": int(os.environ.get("TRAIN_HSDP_ATTEMPT", "0")), "final_step": manager.current_step(),
-                   "params_sha256": params, "optim_sha256": optim_state,
-                   "batches_committed": manager.batches_committed(), "steps": records}
+        summary = {"sdk": args.sdk, "replica_group": group, "rank": rank, "world_size": world_size,
+                   "pid": os.getpid(), "attempt": int(os.environ.get("TRAIN_HSDP_ATTEMPT", "0")),
+                   "final_step": manager.current_step(), "params_sha256": params, "optim_sha256": optim_state,
+                   "batches_committed": manager.batches_committed(), "state_dict_reads": tracker.reads,
+                   "state_dict_reads_during_compute": tracker.reads_during_compute, "steps": records}
         path = args.output.with_name(f"{args.output.stem}.rank{rank}{args.output.suffix}")
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(summary, indent=1))
@@ -405,7 +556,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
-    logging.getLogger("ftclient").setLevel(args.log_level.upper())
+    logging.getLogger(args.sdk).setLevel(args.log_level.upper())
+    if (problem := check_lighthouse(args.sdk, os.environ.get("TORCHFT_LIGHTHOUSE", ""))) is not None:
+        print(f"train_hsdp: error: {problem}", file=sys.stderr, flush=True)
+        return 2
     env = os.environ
     if "RANK" in env and "MASTER_PORT" in env:  # torchrun, or a rank started by run_group
         return train(args, int(env["RANK"]), int(env.get("WORLD_SIZE", 1)), env.get("MASTER_ADDR", "localhost"),

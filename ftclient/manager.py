@@ -18,6 +18,28 @@ Per step, every rank of every replica group:
    failure (reported to the lighthouse with the next quorum) and raises after ``max_retries``
    consecutive ones.
 
+Healing (issue 31). The state a healing group receives is the source's state dict of
+``max_step``: with the asynchronous quorum, the training thread takes it at every step just
+before its forward pass (its first module call after ``start_quorum()``, or its next Manager call
+that waits for the quorum; the user's state dict functions return references, no copy), and the
+quorum thread only serialises what was taken: a ``state_dict()`` called on the quorum thread
+would run during the forward or backward pass, where FSDP2's state-dict hook swaps the module's
+parameters under the running step (torchft 0.2.0 does that: "got mixed torch.Tensor and
+DTensor", "data is not allocated yet"), and where collectives a state-dict hook runs over the
+replica group (torchtitan's gather DTensors) interleave with the step's. With the synchronous
+quorum the quorum thread calls it while the training thread waits in ``start_quorum()``, on every
+rank of every group of a quorum in which a group recovers. A healing peer reads it before its
+first collective of the step, so before ours completes, and ``should_commit()`` closes the
+transport before the optimizer step mutates it. What a rank receives is applied only if every
+rank of its replica group has its part: with the asynchronous quorum, in ``should_commit()`` once
+the group commits (a rank whose transfer failed votes against it, yet takes part in the step's
+collectives with zeros like any healing rank, so that no peer waits for it); with the synchronous
+quorum, in ``start_quorum()`` after a vote of the group's ranks (the ShouldCommit barrier), before
+the forward pass. Then the ranks of the group that do not heal (``init_sync`` on step 0 heals some
+group ranks only) load their own state at the same point, for the collectives of a load hook.
+Otherwise every rank drops what it received and keeps its step, batches and weights, and the
+group heals at a later quorum: the ranks of a group always agree on the step and the weights.
+
 Accelerators (CUDA, or any ``torch.accelerator``; everything below is a no-op without one): the
 quorum thread sets the device that was current when ``start_quorum()`` was called; checkpoints
 are sent and received on a dedicated recovery stream, which ``should_commit()`` (and a
@@ -53,6 +75,7 @@ rank (rank 0 publishes the lighthouse address and job in the group's TCPStore).
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import socket
@@ -133,6 +156,12 @@ class _Accelerator:
         """An event recorded on the current stream, None without an accelerator."""
         stream = self.current_stream()
         return stream.record_event() if stream is not None else None
+
+    def wait_event(self, event: Any | None) -> None:
+        """Order the current stream's next work after ``event`` (nothing for None)."""
+        stream = self.current_stream()
+        if event is not None and stream is not None:
+            stream.wait_event(event)
 
     def synchronize(self) -> None:
         """Block until the current stream's queued work is done."""
@@ -323,8 +352,29 @@ class Manager:
         self._step = 0
         self._quorum_id = -1
         self._errored: ExceptionWithTraceback | None = None
-        self._healing = False
+        # This step's recovery failed on this rank: it votes against committing, but (unlike
+        # _errored) it still takes part in the step's collectives, with zeros as any healing rank.
+        self._recovery_error: ExceptionWithTraceback | None = None
+        self._healing = False  # this rank recovers from a peer in this step
+        # Some rank of this replica group recovers in this step (the same on every rank of the
+        # group): then every rank of the group loads a state dict at the same point, the ranks
+        # that do not recover their own (see _apply_recovery).
+        self._heal_in_group = False
+        # What this rank recovered in this step: applied only once every rank of the replica group
+        # agreed (see "Healing" in the module docstring).
         self._pending_state_dict: dict[str, Any] | None = None
+        # The state dict this step may serve to healing peers (asynchronous quorum): taken on the
+        # training thread just before its forward pass (see _arm_capture), or why it could not be.
+        # _capture_done is set once it is taken (or nothing is to be taken).
+        self._captured_state_dict: dict[str, Any] | None = None
+        self._capture_error: Exception | None = None
+        self._capture_done = threading.Event()
+        self._capture_done.set()
+        self._capture_hook: Any | None = None  # the global forward pre-hook armed by start_quorum
+        self._training_thread: int | None = None  # the thread that called start_quorum
+        # Recorded on the training thread's stream with the state dict: a checkpoint is serialised
+        # (on the recovery stream) only after the work queued before it (the last optimizer step).
+        self._state_event: Any | None = None
         self._batches_committed = 0
         self._participating_replica_rank: int | None = None
         self._participating_replica_world_size = 0
@@ -358,6 +408,8 @@ class Manager:
         self._quorum_future: ConcurrentFuture[None] | None = None
         self._checkpoint_transport = (checkpoint_transport if checkpoint_transport is not None
                                       else _default_checkpoint_transport(self._timeout))
+        # ftclient's PGTransport takes this rank's own state as the template of what it receives.
+        self._recv_takes_template = _accepts_keyword(self._checkpoint_transport.recv_checkpoint, "template")
         try:
             self._store = TCPStore(host_name=store_addr, port=store_port, is_master=False, wait_for_workers=False,
                                    timeout=self._connect_timeout)
@@ -433,13 +485,108 @@ class Manager:
             self._state_dict_lock.acquire_write()
 
     def _manager_state_dict(self) -> dict[str, Any]:
+        """The user's state dicts (every registered fn called now) and the manager's own state.
+        Called only where no forward or backward pass can run, at the same point on every rank
+        of the replica group: see :meth:`_arm_capture` and :meth:`_async_quorum`."""
         with self._state_dict_lock.read():
             if not self._user_state_dicts:
                 raise RuntimeError("no user state_dict registered: pass state_dict= or call register_state_dict_fn")
             return {"user": {k: fn() for k, fn in self._user_state_dicts.items()}, "torchft": self.state_dict()}
 
+    def _arm_capture(self, allow_heal: bool) -> None:
+        """start_quorum, on the training thread: arrange for the state dict this step may serve
+        to healing peers to be taken on this thread, at the last point before its forward pass.
+
+        With the asynchronous quorum the quorum runs on the quorum thread while this thread goes
+        on with the step; a peer that heals from us is known only once the quorum is in.
+        Calling the user's ``state_dict()`` on the quorum thread then (as torchft 0.2.0 does) runs
+        it concurrently with the forward or backward pass: FSDP2's state-dict hook reshards the
+        module's parameters under it ("got mixed torch.Tensor and DTensor", "data is not
+        allocated yet"). So it is called on this thread, every step, by whichever comes first:
+        the first module call on this thread (a global forward pre-hook, which runs before any of
+        the module's own hooks, FSDP2's unsharding included: nothing is in flight yet), or this
+        Manager's next call that waits for the quorum (``wait_quorum``, ``allreduce``,
+        ``num_participants``, ``should_commit``), for a step without a module. Until then the
+        parameters hold the state of ``current_step()`` (the last optimizer step is done, the next
+        one waits for ``should_commit``): the state a peer healing to our step must receive.
+        What the training loop changed since ``start_quorum`` (the batch it fetched, counted in
+        torchtitan's ``ntokens_seen``) is in it, as it is in what a healing rank has when it
+        applies the state (in ``should_commit``). Only references are taken (no copy); the quorum
+        thread serialises them. A healing peer reads them before its first collective of the
+        step (its ``allreduce`` waits for its recovery), so before ours completes, and
+        ``should_commit`` closes the transport before the optimizer step mutates them.
+
+        The cost: the user's state dict functions run at every step (the quorum's answer comes too
+        late to call them only when a peer heals); docs/ftclient.md gives the measured cost. An
+        error is kept for the step that needs the state dict (a step without healing peers does
+        not fail because of it). With the synchronous quorum nothing is armed: the quorum thread
+        takes the state dict while this thread waits in start_quorum, only in a quorum in which a
+        group recovers (see :meth:`_async_quorum`)."""
+        self._disarm_capture()
+        self._captured_state_dict, self._capture_error, self._state_event = None, None, None
+        if not (allow_heal and self._user_state_dicts):
+            return
+        if not self._use_async_quorum:
+            self._state_event = self._accel.record_event()
+            return
+        self._training_thread = threading.get_ident()
+        self._capture_done.clear()
+        self._capture_hook = torch.nn.modules.module.register_module_forward_pre_hook(self._capture_before_forward)
+
+    def _capture_before_forward(self, module: torch.nn.Module, args: Any) -> None:
+        """The global forward pre-hook armed by start_quorum (removed once it fires)."""
+        self._capture_now()
+
+    def _capture_now(self) -> None:
+        """Take the state dict armed by start_quorum, if not taken yet and if called on the
+        training thread (a module call or a Manager call on another thread does nothing)."""
+        if self._capture_done.is_set() or threading.get_ident() != self._training_thread:
+            return
+        self._remove_capture_hook()
+        try:
+            self._captured_state_dict = self._manager_state_dict()
+        except Exception as e:  # noqa: BLE001 -- raised where it is needed (_state_dict_to_send)
+            self._capture_error = e
+        self._state_event = self._accel.record_event()
+        self._capture_done.set()
+
+    def _remove_capture_hook(self) -> None:
+        hook, self._capture_hook = self._capture_hook, None
+        if hook is not None:
+            hook.remove()
+
+    def _disarm_capture(self) -> None:
+        """The step is over (or the Manager shuts down): no capture any more, no global hook."""
+        self._remove_capture_hook()
+        self._capture_done.set()
+
+    def _wait_capture(self) -> None:
+        """The quorum thread: wait until the training thread took the state dict."""
+        if not self._capture_done.wait(self._timeout.total_seconds()):
+            raise TimeoutError(
+                f"the training thread took no state dict within {self._timeout.total_seconds():g}s of start_quorum: "
+                "it is taken at its first module call or its next Manager call (wait_quorum, allreduce, "
+                "should_commit)")
+
+    def _state_dict_to_send(self, step: int) -> dict[str, Any]:
+        """The quorum thread: the state dict to serve as the checkpoint of ``step``. With the
+        asynchronous quorum, the one the training thread took (see :meth:`_arm_capture`; no user
+        function is called here, where the forward pass may be running); with the synchronous
+        quorum, the one this thread took once the quorum was in, while the training thread waits
+        in start_quorum (see :meth:`_async_quorum`)."""
+        self._wait_capture()  # at once with the synchronous quorum: _async_quorum took it
+        if self._capture_error is not None:
+            raise self._capture_error
+        captured = self._captured_state_dict
+        if captured is None:
+            raise RuntimeError("no user state_dict registered: pass state_dict= or call register_state_dict_fn")
+        if captured["torchft"]["step"] != step:
+            raise RuntimeError(f"the state dict taken in this step is of step {captured['torchft']['step']}, "
+                               f"but peers heal to step {step}: not serving it")
+        return captured
+
     def state_dict(self) -> dict[str, int]:
-        """The manager's own state, to save with periodic checkpoints."""
+        """The manager's own state, to save with periodic checkpoints (the committed step)."""
         return {"step": self._step, "batches_committed": self._batches_committed}
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
@@ -452,6 +599,7 @@ class Manager:
     def shutdown(self, wait: bool = True) -> None:
         """Stop the checkpoint transport, the manager server (rank 0) and the quorum thread."""
         self._closing.set()
+        self._disarm_capture()  # no global forward pre-hook outlives the Manager
         self._checkpoint_transport.shutdown(wait=wait)
         if self._manager is not None:
             self._manager.shutdown()
@@ -478,7 +626,15 @@ class Manager:
         self._errored = ExceptionWithTraceback(e)
 
     def errored(self) -> ExceptionWithTraceback | None:
-        """The error recorded in this step, if any."""
+        """The error recorded in this step, if any (a failed recovery included)."""
+        return self._errored if self._errored is not None else self._recovery_error
+
+    def _collectives_errored(self) -> ExceptionWithTraceback | None:
+        """The error that makes this step's remaining collectives no-ops (a failed collective,
+        ``report_error``, a dead peer). Not a failed recovery: a healing rank takes part in the
+        step's collectives with zeros whether or not its transfer succeeded, so that its peers
+        in the other replica groups (and the other ranks of its own group, in their next
+        collective) never wait for it until a timeout."""
         return self._errored
 
     def wrap_future(self, fut: "torch.futures.Future[T]", default: T,
@@ -662,21 +818,24 @@ class Manager:
         with self._liveness_lock:
             self._errored = None
             self._step_quorum_id = None
-        self._healing = False
+        self._recovery_error = None
+        self._healing = self._heal_in_group = False
+        self._pending_state_dict = None  # a recovery that the last step did not apply is dropped
+        self._arm_capture(allow_heal)
         self._quorum_future = self._executor.submit(self._async_quorum, allow_heal, shrink_only,
                                                     timeout or self._quorum_timeout,
                                                     self._accel.current_device())
         if not self._use_async_quorum:
             self.wait_quorum()
-            if self._healing:
-                # Heal before the forward pass: the step then runs on the recovered weights.
-                self._apply_pending_state_dict()
-                self._healing = False
+            # Heal before the forward pass (the step then runs on the recovered weights), once
+            # every rank of the replica group recovered.
+            self._settle_synchronous_heal()
 
     def wait_quorum(self) -> None:
         """Wait for the quorum started by ``start_quorum``; raises its error (e.g. TimeoutError)."""
         if self._quorum_future is None:
             raise RuntimeError("call start_quorum before wait_quorum")
+        self._capture_now()  # the quorum thread may need it (a step without a module call)
         self._quorum_future.result()
 
     def _async_quorum(self, allow_heal: bool, shrink_only: bool, quorum_timeout: timedelta,
@@ -702,6 +861,21 @@ class Manager:
             if rank is not None and rank >= self._min_replica_size:
                 rank = None
         self._participating_replica_rank, self._participating_replica_world_size = rank, size
+        # Whether this rank must recover in this step: known now, whatever fails below (a rank
+        # that should heal and could not votes against applying anybody's recovery).
+        self._healing = allow_heal and quorum.heal
+        self._heal_in_group = allow_heal and _group_heals(quorum, self._group_world_size, self._init_sync)
+        if (allow_heal and not self._use_async_quorum and self._user_state_dicts
+                and _quorum_recovers(quorum, self._init_sync)):
+            # The synchronous quorum: the training thread waits in start_quorum, so the state
+            # dict is taken here, by every rank of every group of a quorum in which a group
+            # recovers, whatever fails below: a user's state_dict() may run collectives over its
+            # replica group (torchtitan's FSDP2 state-dict hooks gather DTensors), so all ranks
+            # of a group call it at the same point (or none does).
+            try:
+                self._captured_state_dict = self._manager_state_dict()
+            except Exception as e:  # noqa: BLE001 -- raised where it is needed (_state_dict_to_send)
+                self._capture_error = e
 
         if quorum.quorum_id != self._quorum_id:
             self.quorum_logger.info("", extra={"replica_id": self._replica_id, "rank": self._group_rank,
@@ -741,31 +915,61 @@ class Manager:
             self._recovery_event = self._accel.record_event()  # on the recovery stream
 
     def _send_or_recover(self, quorum: QuorumResult) -> None:
-        """Serve our checkpoint to the groups that heal from us; fetch ours if we heal."""
+        """Serve our checkpoint to the groups that heal from us; fetch ours if we heal. What is
+        fetched is only kept (``_pending_state_dict``): it is applied once the whole replica
+        group agreed (should_commit, or start_quorum with the synchronous quorum)."""
         try:
             if quorum.recover_dst_replica_ranks:
                 self._info(f"peers need recovery from us: {quorum.recover_dst_replica_ranks}")
+                state = self._state_dict_to_send(quorum.max_step)
+                self._accel.wait_event(self._state_event)
                 self._checkpoint_transport.send_checkpoint(
-                    dst_ranks=quorum.recover_dst_replica_ranks, step=quorum.max_step,
-                    state_dict=self._manager_state_dict(), timeout=self._timeout)
-            if quorum.heal:
-                self._healing = True
-                assert quorum.recover_src_replica_rank is not None, "a healing quorum names a recovery source"
-                self._info(f"healing from {quorum.recover_src_manager_address} "
-                           f"(replica rank {quorum.recover_src_replica_rank}) at max_step={quorum.max_step}")
-                source = ManagerClient(quorum.recover_src_manager_address, connect_timeout=self._connect_timeout)
-                try:
-                    metadata = source._checkpoint_metadata(self._group_rank, timeout=self._timeout)
-                finally:
-                    source.close()
-                self._pending_state_dict = self._checkpoint_transport.recv_checkpoint(
-                    src_rank=quorum.recover_src_replica_rank, metadata=metadata, step=quorum.max_step,
+                    dst_ranks=quorum.recover_dst_replica_ranks, step=quorum.max_step, state_dict=state,
                     timeout=self._timeout)
-                self.load_state_dict(self._pending_state_dict["torchft"])
-                self._step = quorum.max_step  # also in the loaded state; explicit for clarity
         except Exception as e:  # noqa: BLE001 -- recorded: this step will not commit
+            # Like a failed recovery, it does not stop this rank's collectives: peers would wait.
+            self._exception(f"got exception serving the checkpoint: {e}")
+            self._recovery_error = ExceptionWithTraceback(e)
+        if not quorum.heal:
+            return
+        try:
+            assert quorum.recover_src_replica_rank is not None, "a healing quorum names a recovery source"
+            self._info(f"healing from {quorum.recover_src_manager_address} "
+                       f"(replica rank {quorum.recover_src_replica_rank}) at max_step={quorum.max_step}")
+            source = ManagerClient(quorum.recover_src_manager_address, connect_timeout=self._connect_timeout)
+            try:
+                metadata = source._checkpoint_metadata(self._group_rank, timeout=self._timeout)
+            finally:
+                source.close()
+            kwargs: dict[str, Any] = {}
+            if self._recv_takes_template:
+                # Our own state, taken already: the layout to receive into (its devices, and its
+                # DTensors' meshes: collectives on them work here), with no state_dict() call now.
+                self._wait_capture()
+                kwargs["template"] = self._captured_state_dict if self._captured_state_dict is not None else {}
+            recovered = self._checkpoint_transport.recv_checkpoint(
+                src_rank=quorum.recover_src_replica_rank, metadata=metadata, step=quorum.max_step,
+                timeout=self._timeout, **kwargs)
+            self._check_recovered(recovered, quorum.max_step)
+            self._pending_state_dict = recovered
+        except Exception as e:  # noqa: BLE001 -- recorded: no rank of the group applies this recovery
             self._exception(f"got exception in recovery: {e}")
-            self.report_error(e)
+            self._recovery_error = ExceptionWithTraceback(e)
+
+    def _check_recovered(self, recovered: Any, step: int) -> None:
+        """What a rank can check before its group decides to apply a recovered state dict: it
+        has every registered key, the manager's state of ``step``, and a loader for each key."""
+        if not isinstance(recovered, dict) or "user" not in recovered or "torchft" not in recovered:
+            raise RuntimeError(f"the recovered checkpoint is not a Manager state dict ({type(recovered).__name__})")
+        if recovered["torchft"].get("step") != step:
+            raise RuntimeError(f"the recovered checkpoint is of step {recovered['torchft'].get('step')}, not {step}")
+        if not self._load_state_dict_fns:
+            raise RuntimeError("no user load_state_dict registered: pass load_state_dict= or call "
+                               "register_state_dict_fn")
+        missing = sorted(set(self._load_state_dict_fns) - set(recovered["user"]))
+        if missing:
+            raise RuntimeError(f"the recovered checkpoint lacks the state of {missing} (it has "
+                               f"{sorted(recovered['user'])}): the source registers other state_dict fns")
 
     def _recovery_stream(self) -> Any | None:
         """The recovery stream of the calling thread's device (None without an accelerator)."""
@@ -780,22 +984,83 @@ class Manager:
         if event is not None:
             event.synchronize()
 
-    def _apply_pending_state_dict(self) -> None:
-        assert self._healing, "only a healing replica group applies a recovered state_dict"
+    def _recovered_here(self) -> bool:
+        """Whether this rank did its part of the step's checkpoint transfers (a healing rank: the
+        state is received and checked; a source: it is served). Waits for the quorum thread and
+        the recovery stream."""
         assert self._quorum_future is not None
         self._quorum_future.result()
         self._wait_recovery_stream()
-        pending, self._pending_state_dict = self._pending_state_dict, None
-        if pending is None:
-            assert self.errored() is not None, "no recovered state_dict and no recorded error"
+        if self._healing and self._pending_state_dict is None and self._recovery_error is None:
+            # No transfer was attempted (the step failed before it): nothing to apply.
+            self._recovery_error = ExceptionWithTraceback(RuntimeError("this step's recovery did not run"))
+        if (self._heal_in_group and not self._healing and self._recovery_error is None
+                and self._captured_state_dict is None):
+            # Another rank of the group recovers; this one must load its own state alongside.
+            self._recovery_error = ExceptionWithTraceback(self._capture_error or RuntimeError(
+                "no state dict of this rank to load while another rank of its replica group recovers"))
+        return self._recovery_error is None
+
+    def _apply_recovery(self) -> None:
+        """Once the whole replica group agreed (every rank has its part): a healing rank loads
+        what it recovered (the user's state dicts, then the manager's step and batches); a rank of
+        the group that does not heal (``init_sync`` on step 0 heals some group ranks only) loads
+        its own state, taken in this step, at the same point: a user's ``load_state_dict`` may run
+        collectives over the replica group (torchtitan's FSDP2 load hooks gather DTensors), which
+        every rank of the group must join. A failure here leaves this rank apart from its group:
+        it raises (the replica group must be restarted)."""
+        if self._healing:
+            pending, self._pending_state_dict = self._pending_state_dict, None
+            assert pending is not None, "applying a recovery that did not complete"
+            what = f"the recovered state_dict of step {pending['torchft']['step']}"
+        elif self._heal_in_group:
+            assert self._captured_state_dict is not None, "no state of this rank to load"
+            pending = self._captured_state_dict
+            what = "its own state_dict, alongside the ranks of its replica group that recover"
+        else:
             return
-        if not self._load_state_dict_fns:
-            raise RuntimeError("no user load_state_dict registered: pass load_state_dict= or call "
-                               "register_state_dict_fn")
-        self._info("applying the recovered state_dict")
-        user = pending["user"]
-        for key, load in self._load_state_dict_fns.items():
-            load(user[key])
+        self._info(f"applying {what}")
+        try:
+            user = pending["user"]
+            for key, load in self._load_state_dict_fns.items():
+                load(user[key])
+        except Exception as e:
+            self._exception(f"applying {what} failed after the replica group agreed to apply it: {e}")
+            raise RuntimeError(
+                f"applying {what} failed after every rank of the replica group agreed to apply it ({e}): this "
+                "rank's state no longer matches its group's; restart the replica group") from e
+        if self._healing:
+            self.load_state_dict(pending["torchft"])
+
+    def _drop_pending_state_dict(self, why: str) -> None:
+        if self._pending_state_dict is not None:
+            self._info(f"dropping the recovered state_dict of step {self._pending_state_dict['torchft']['step']}: "
+                       f"{why}; this rank keeps its step and weights, as every rank of its group does")
+        self._pending_state_dict = None
+
+    def _settle_synchronous_heal(self) -> None:
+        """Synchronous quorum, in start_quorum: when some rank of this replica group heals in this
+        quorum, every rank votes whether it has its part (the ShouldCommit barrier of the group);
+        only if all have does each rank apply (see :meth:`_apply_recovery`). Otherwise no rank
+        applies anything and the step fails on every rank of the group (its collectives are
+        skipped, as for any error before them: the group's gradients would come from the old
+        weights)."""
+        try:
+            if not self._heal_in_group:
+                return
+            recovered = self._recovered_here()
+            assert self._client is not None
+            agreed = self._client.should_commit(self._group_rank, self._step, recovered, timeout=self._timeout)
+            if agreed:
+                self._apply_recovery()
+                return
+            self._drop_pending_state_dict("the recovery failed on a rank of this replica group")
+            if self._errored is None:
+                self.report_error(self._recovery_error.original_exception if self._recovery_error is not None
+                                  else RuntimeError("the recovery failed on another rank of this replica group"))
+        finally:
+            self._healing = self._heal_in_group = False
+            self._captured_state_dict, self._capture_error = None, None
 
     # -- collectives and commit ------------------------------------------------------------------
 
@@ -817,7 +1082,7 @@ class Manager:
             raise NotImplementedError(
                 "Manager.allreduce(should_quantize=True): ftclient has no quantized collectives "
                 "(torchft's fp8 path needs CUDA and Triton); pass should_quantize=False")
-        if self.errored():
+        if self._collectives_errored():
             return ManagedWork._completed(self, tensor, "skipped: this step already failed")
         self.wait_quorum()
         with self._liveness_lock:
@@ -864,24 +1129,40 @@ class Manager:
 
         Raises ``RuntimeError`` after more than ``max_retries`` consecutive False answers.
         """
-        # The step's kernels (and a checkpoint transfer's) must be done before the decision:
-        # an asynchronous error or a late collective would otherwise go unnoticed.
-        self._wait_recovery_stream()
-        self._accel.synchronize()
-        if err := self._pg.errored():
-            self.report_error(err)
-        if self._healing:
-            self._apply_pending_state_dict()
-        enough_replicas = self.num_participants() >= self._min_replica_size
-        local_should_commit = enough_replicas and self._errored is None
-        assert self._client is not None
-        should_commit = self._client.should_commit(self._group_rank, self._step, local_should_commit,
-                                                   timeout=timeout or self._timeout)
-        self._info(f"should_commit={should_commit} enough_replicas={enough_replicas} errored={self._errored}")
+        try:
+            self._capture_now()  # not taken yet: the quorum thread may be waiting for it
+            # The step's kernels (and a checkpoint transfer's) must be done before the decision:
+            # an asynchronous error or a late collective would otherwise go unnoticed.
+            self._wait_recovery_stream()
+            self._accel.synchronize()
+            if err := self._pg.errored():
+                self.report_error(err)
+            # A failed transfer (received or served) fails the step; the received state is
+            # applied only if every rank of the group has its part (each votes on it here).
+            transfers_ok = self._recovered_here() if self._quorum_future is not None else True
+            enough_replicas = self.num_participants() >= self._min_replica_size
+            local_should_commit = enough_replicas and self._errored is None and transfers_ok
+            assert self._client is not None
+            should_commit = self._client.should_commit(self._group_rank, self.current_step(), local_should_commit,
+                                                       timeout=timeout or self._timeout)
+        except BaseException:
+            self._captured_state_dict, self._capture_error = None, None
+            raise
+        finally:
+            # From here on the optimizer may mutate what we served (whatever happened above: an
+            # offer must never outlive its step): no transfer reads it any more.
+            self._disarm_capture()
+            self._checkpoint_transport.disallow_checkpoint()
+        self._info(f"should_commit={should_commit} enough_replicas={enough_replicas} errored={self.errored()}")
         self.commits_logger.info("", extra={"replica_id": self._replica_id, "rank": self._group_rank,
-                                            "quorum_id": self._quorum_id, "step": self._step,
+                                            "quorum_id": self._quorum_id, "step": self.current_step(),
                                             "commit_result": should_commit})
-        self._checkpoint_transport.disallow_checkpoint()
+        if should_commit:
+            # Every rank of the group has its part (each voted on it): all apply, or the process ends.
+            self._apply_recovery()
+        elif self._healing:
+            self._drop_pending_state_dict("the replica group did not commit this step")
+        self._captured_state_dict, self._capture_error = None, None
         if should_commit:
             self._step += 1
             self._batches_committed += self.num_participants()
@@ -898,12 +1179,20 @@ class Manager:
     # -- accessors -------------------------------------------------------------------------------
 
     def current_step(self) -> int:
-        """Committed steps so far (advanced by a True ``should_commit``; set by healing)."""
-        return self._step
+        """Committed steps so far (advanced by a True ``should_commit``; set by healing).
+
+        As torchft's, on a rank that heals with the asynchronous quorum it is the step it heals
+        to once its transfer is in (between the quorum and ``should_commit``); that step is kept
+        only if the replica group commits, otherwise every rank of the group is back at its old
+        step after ``should_commit``."""
+        pending = self._pending_state_dict
+        return int(pending["torchft"]["step"]) if pending is not None else self._step
 
     def batches_committed(self) -> int:
-        """Batches committed over all replica groups (participants summed per committed step)."""
-        return self._batches_committed
+        """Batches committed over all replica groups (participants summed per committed step;
+        a healing rank's as :meth:`current_step`'s)."""
+        pending = self._pending_state_dict
+        return int(pending["torchft"]["batches_committed"]) if pending is not None else self._batches_committed
 
     def participating_rank(self) -> int | None:
         """This replica group's rank among the participants, None if not participating
@@ -963,6 +1252,39 @@ class Manager:
     def last_quorum_result(self) -> QuorumResult | None:
         """What the last quorum told this rank (for logging and tests); None before the first."""
         return self._last_quorum
+
+
+def _group_heals(quorum: QuorumResult, group_world_size: int, init_sync: bool) -> bool:
+    """Whether some rank of the replica group that got ``quorum`` heals in it (the same answer on
+    every rank of the group: all of them get the same lighthouse quorum; see
+    ``compute_quorum_results``). A group behind the highest step heals on every rank. With
+    ``init_sync`` on step 0, group rank r heals unless its group is r's primary, the participant
+    ``r % n``: with two ranks or more, one of them is not."""
+    if quorum.max_replica_rank is None:
+        return True
+    if init_sync and quorum.max_step == 0 and quorum.replica_world_size > 1:
+        return group_world_size > 1 or quorum.replica_rank != 0
+    return False
+
+
+def _quorum_recovers(quorum: QuorumResult, init_sync: bool) -> bool:
+    """Whether some replica group of ``quorum`` recovers in it (the same answer for every rank of
+    every group: a function of the lighthouse quorum they all got)."""
+    if quorum.max_world_size < quorum.replica_world_size:
+        return True
+    return init_sync and quorum.max_step == 0 and quorum.replica_world_size > 1
+
+
+def _accepts_keyword(fn: Callable[..., Any], name: str) -> bool:
+    """Whether ``fn`` takes a keyword argument ``name`` (a parameter of that name, not **kwargs:
+    a transport that forwards **kwargs to torchft's would pass it on)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    param = params.get(name)
+    return param is not None and param.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                  inspect.Parameter.KEYWORD_ONLY)
 
 
 def _accelerator_devices(obj: Any, found: dict[str, torch.device] | None = None) -> list[torch.device]:

@@ -1544,7 +1544,10 @@ class ManagedProcessGroup(ProcessGroup):
         return _FutureWork(as_future(result))
 
     def _errored(self) -> bool:
-        errored = getattr(self._manager, "errored", None)
+        """Whether the step's collectives are no-ops: ftclient's Manager says so apart from its
+        ``errored()`` (a failed recovery fails the step, but the rank still takes part in its
+        collectives, so that no peer waits for it); another manager by ``errored()``."""
+        errored = getattr(self._manager, "_collectives_errored", None) or getattr(self._manager, "errored", None)
         return errored is not None and errored() is not None
 
     def _pass(self, op_name: str, launch: Callable[[Any], dist._Work], default: object) -> dist._Work:

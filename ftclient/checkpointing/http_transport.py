@@ -246,6 +246,36 @@ def _allocate(metas: list[tuple[torch.dtype, tuple[int, ...], bool, bool]]) -> l
     return out
 
 
+def _on_template_meshes(received: object, template: object) -> object:
+    """``received`` with each DTensor that matches the template's DTensor at the same pytree path
+    (placements, global and local shape) rebuilt on the template's mesh, around the same local
+    tensor; everything else as it is."""
+    if not _is_dtensor_module_loaded():
+        return received
+    from torch.distributed.tensor import DTensor
+    from torch.utils._pytree import tree_flatten_with_path, tree_unflatten
+
+    flat, spec = tree_flatten_with_path(received)
+    mine = {path: v for path, v in tree_flatten_with_path(template)[0] if _is_dtensor(v)}
+    if not mine:
+        return received
+    out = []
+    for path, value in flat:
+        tmpl = mine.get(path)
+        if (tmpl is not None and _is_dtensor(value) and tuple(value.placements) == tuple(tmpl.placements)
+                and value.shape == tmpl.shape and value._local_tensor.shape == tmpl._local_tensor.shape
+                and value.device_mesh is not tmpl.device_mesh):
+            rebuilt = DTensor.from_local(value._local_tensor, tmpl.device_mesh, tmpl.placements, run_check=False,
+                                         shape=value.shape, stride=value.stride())
+            value = rebuilt.requires_grad_(value.requires_grad) if value.requires_grad else rebuilt
+        out.append(value)
+    return tree_unflatten(out, spec)
+
+
+def _is_dtensor_module_loaded() -> bool:
+    return sys.modules.get("torch.distributed.tensor") is not None
+
+
 # --------------------------------------------------------------------------------------------
 # Server
 
@@ -378,7 +408,8 @@ def _read_into(
         if not n:
             raise CheckpointTransferError(
                 f"connection lost while receiving {what} ({filled} of {total} bytes): the "
-                "source replica died or stopped serving (disallow_checkpoint cut the transfer)"
+                "source replica died or shut down, or its disallow_checkpoint cut the transfer "
+                "(it does so with transfers still running after its timeout)"
             ) from cause
         filled += n
 
@@ -582,11 +613,18 @@ class HTTPTransport(CheckpointTransport[T]):
                 pass
         return len(conns)
 
-    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> T:
+    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta,
+                        template: object | None = None) -> T:
         """Fetch the checkpoint of ``step`` from the transport whose :meth:`metadata` is
         ``metadata``. Raises :class:`CheckpointStepMismatchError` if it serves another step,
         :class:`TimeoutError` if the whole transfer does not finish within ``timeout``, and
-        :class:`CheckpointTransferError` for other failures."""
+        :class:`CheckpointTransferError` for other failures.
+
+        ``template``: this replica's own state dict of the same layout (ftclient's Manager
+        passes the one it took in this step). A received DTensor whose path, placements and
+        shapes match a template DTensor is rebuilt on the template's mesh, this process's own,
+        rather than on the sender's mesh as unpickled here: collectives on it (a load hook that
+        redistributes it) then run on this process's process groups."""
         deadline = time.monotonic() + timeout.total_seconds()
         url = urllib.parse.urlsplit(metadata)
         if url.scheme != "http" or not url.hostname or url.port is None:
@@ -618,6 +656,8 @@ class HTTPTransport(CheckpointTransport[T]):
                     fut.result()
 
         state_dict = _TreeUnpickler(io.BytesIO(manifest["tree"]), tensors).load()
+        if template is not None:
+            state_dict = _on_template_meshes(state_dict, template)
         elapsed = time.monotonic() - start
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         logger.info(

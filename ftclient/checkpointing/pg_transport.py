@@ -30,22 +30,26 @@ tensors moved to ``device`` or made contiguous) before it waits for its oldest s
 
 DTensors (FSDP2 / HSDP). Only the local shard is sent, with its placements, global shape and
 stride and the sender's mesh (pickled, used only as a fallback). The receiver rebuilds each
-DTensor on *its own* mesh: when ``state_dict`` (the template callable) returns a DTensor at the
-same path, the shard is received into that DTensor's local tensor and the template DTensor is
-returned, after checking that the placements, the global shape and the local shape agree (a
-different layout raises :class:`~ftclient.checkpointing.CheckpointTransferError` naming the
-key). Without a template DTensor the sender's mesh is unpickled and used if this process is in
-it (the same layout in every replica group, as in HSDP); otherwise the error asks for a
-template. In HSDP, rank ``r`` of a recovering group receives from rank ``r`` of the source
-group, whose shard is the one it needs.
+DTensor on *its own* mesh: when the template (``recv_checkpoint(template=...)``, else what the
+``state_dict`` callable returns) has a DTensor at the same path, the shard arrives in a new
+DTensor on that DTensor's mesh with its placements (``in_place=True``: in that DTensor's local
+tensor, and the template DTensor is returned), after checking that the placements, the global
+shape and the local shape agree (a different layout raises
+:class:`~ftclient.checkpointing.CheckpointTransferError` naming the key). Without a template
+DTensor the sender's mesh is unpickled and used if this process is in it (the same layout in
+every replica group, as in HSDP); otherwise the error asks for a template. In HSDP, rank ``r`` of
+a recovering group receives from rank ``r`` of the source group, whose shard is the one it needs.
 
-Receiving (``recv_checkpoint``) is bounded by its timeout as a whole (not per message). Tensors
-received in place are the template's own tensors; the others are allocated on ``device`` and
-moved to the CPU, contiguous, with their dtype, shape, ``requires_grad`` and ``nn.Parameter``
-type; DTensor shards stay on ``device``. A header that is not this transport's, or a checkpoint
-of another step, raises (:class:`~ftclient.checkpointing.CheckpointStepMismatchError` for the
-step). Both ends must use ftclient's PGTransport: torchft's pickles its own classes. Peers are
-trusted: the metadata is unpickled, as torchft and the HTTP transport do.
+Receiving (``recv_checkpoint``) is bounded by its timeout as a whole (not per message). A tensor
+that matches a template tensor (path, dtype, shape) arrives in a new tensor on the template
+tensor's device (``in_place=True``: in the template tensor itself, which is returned: torchft's
+behaviour, which puts the values in the live state before the Manager decided to apply them);
+the others are allocated on ``device`` and moved to the CPU, contiguous. Either way with their
+dtype, shape, ``requires_grad`` and ``nn.Parameter`` type; DTensor shards stay on ``device``. A
+header that is not this transport's, or a checkpoint of another step, raises
+(:class:`~ftclient.checkpointing.CheckpointStepMismatchError` for the step). Both ends must use
+ftclient's PGTransport: torchft's pickles its own classes. Peers are trusted: the metadata is
+unpickled, as torchft and the HTTP transport do.
 """
 
 from __future__ import annotations
@@ -283,17 +287,25 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
         device: where tensors are staged for the process group (``cpu`` for Gloo, the GPU
             for NCCL).
         state_dict: optional template callable: on receive, tensors whose path, dtype and shape
-            match a template tensor are received into it (and DTensors rebuilt on its mesh).
-            For a Manager, the template has the Manager's layout: ``{"user": {key: ...},
-            "torchft": ...}``.
+            match a template tensor arrive on its device (and DTensors on its mesh, with its
+            placements). For a Manager, the template has the Manager's layout: ``{"user": {key:
+            ...}, "torchft": ...}``; ftclient's Manager passes its own state (taken in the step,
+            where no forward pass runs) as ``recv_checkpoint(template=...)``, and this callable is
+            not called.
+        in_place: receive into the template's own tensors (torchft's behaviour: no second copy of
+            the state). Off by default: the received values would then be in the live state
+            before the replica group decided to apply them, so a recovery that fails on another
+            rank of the group, or a step the group does not commit, would leave this rank's
+            state changed (half-applied) while its step is not.
     """
 
     def __init__(self, pg: Any, timeout: timedelta, device: torch.device,
-                 state_dict: Callable[[], object] | None = None) -> None:
+                 state_dict: Callable[[], object] | None = None, *, in_place: bool = False) -> None:
         self._pg = pg
         self._timeout = timeout
         self._device = torch.device(device)
         self._state_dict = state_dict
+        self._in_place = in_place
 
     def metadata(self) -> str:
         return "<n/a>"  # the process group is the address; nothing to look up
@@ -364,13 +376,20 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
 
     # receiver -------------------------------------------------------------------------------------
 
-    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> T:
-        """Receive the checkpoint of ``step`` from ``src_rank`` (``metadata`` is unused)."""
+    def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta,
+                        template: object | None = None) -> T:
+        """Receive the checkpoint of ``step`` from ``src_rank`` (``metadata`` is unused).
+
+        ``template``: a state dict to take the layout from (or to receive into, ``in_place``)
+        instead of calling the constructor's ``state_dict`` callable (ftclient's Manager passes
+        the state it took in the step: a state-dict call here could run during a forward pass)."""
         started = time.monotonic()
         deadline = _Deadline(timeout, f"receiving the checkpoint of step {step} from rank {src_rank}")
-        template: dict[KeyPath, object] = {}
-        if self._state_dict is not None:
-            template = dict(tree_flatten_with_path(self._state_dict())[0])
+        flat_template: dict[KeyPath, object] = {}
+        if template is None and self._state_dict is not None:
+            template = self._state_dict()
+        if template is not None:
+            flat_template = dict(tree_flatten_with_path(template)[0])
 
         header = torch.zeros(4, dtype=torch.int64, device=self._device)
         deadline.wait(deadline.post(lambda: self._pg.recv([header], src_rank, _TAG_HEADER), "the header"),
@@ -389,20 +408,28 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
             warnings.simplefilter("ignore", FutureWarning)
             meta: _Meta = pickle.loads(meta_t.cpu().numpy().tobytes())
 
-        # Where each distinct tensor goes: a template tensor (in place) or a new one.
+        # Where each distinct tensor goes: a template tensor (in place), a new tensor like it (on
+        # its device), or a new one.
         targets: list[torch.Tensor | None] = [None] * len(meta.tensors)
+        like_template = [False] * len(meta.tensors)
         for path, leaf in zip(meta.paths, meta.leaves):
             if isinstance(leaf, (_TensorLeaf, _DTensorLeaf)) and targets[leaf.index] is None:
-                targets[leaf.index] = self._target(path, leaf, meta.tensors[leaf.index], template.get(path))
+                tm = meta.tensors[leaf.index]
+                target = self._target(path, leaf, tm, flat_template.get(path))
+                if target is not None and not self._in_place:
+                    target = torch.empty(tm.shape, dtype=tm.dtype, device=target.device)
+                    like_template[leaf.index] = True
+                targets[leaf.index] = target
         received = self._receive(src_rank, meta.tensors, targets, deadline)
 
         values: list[object] = []
         meshes: dict[int, Any] = {}  # the sender's meshes, unpickled (no-template DTensors only)
         for path, leaf in zip(meta.paths, meta.leaves):
             if isinstance(leaf, _TensorLeaf):
-                values.append(received[leaf.index])
+                t = received[leaf.index]
+                values.append(self._typed(meta.tensors[leaf.index], t) if like_template[leaf.index] else t)
             elif isinstance(leaf, _DTensorLeaf):
-                values.append(self._dtensor(path, leaf, received[leaf.index], template.get(path), meta, meshes))
+                values.append(self._dtensor(path, leaf, received[leaf.index], flat_template.get(path), meta, meshes))
             else:
                 values.append(leaf)
         # Tied tensors: one object per distinct tensor, DTensors included.
@@ -488,6 +515,13 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
         return t.device.type == self._device.type and (self._device.index is None
                                                        or t.device.index == self._device.index)
 
+    @staticmethod
+    def _typed(m: _TensorMeta, t: torch.Tensor) -> torch.Tensor:
+        """A new tensor received like a template's: the sender's Parameter type and requires_grad."""
+        if m.is_parameter:
+            return nn.Parameter(t, requires_grad=m.requires_grad)
+        return t.requires_grad_(m.requires_grad) if m.requires_grad else t
+
     def _fresh(self, m: _TensorMeta, data: torch.Tensor, in_bucket: bool) -> torch.Tensor:
         """A new tensor from received bytes (on the CPU, as torchft's receiver does)."""
         t = data.view(m.dtype).view(m.shape) if m.nbytes else torch.empty(m.shape, dtype=m.dtype)
@@ -518,6 +552,16 @@ class PGTransport(CheckpointTransport[T], Generic[T]):
 
     def _dtensor(self, path: KeyPath, leaf: _DTensorLeaf, local: torch.Tensor, tmpl: object, meta: _Meta,
                  meshes: dict[int, Any]) -> object:
+        if _is_dtensor(tmpl) and not self._in_place:
+            # A new DTensor on the template's mesh, with its placements: the template is untouched.
+            self._check_layout(path, leaf, meta.tensors[leaf.index], tmpl)
+            from torch.distributed.tensor import DTensor
+
+            if local.device != tmpl._local_tensor.device:
+                local = local.to(tmpl._local_tensor.device)
+            t = DTensor.from_local(local.detach(), tmpl.device_mesh, tmpl.placements, run_check=False,
+                                   shape=torch.Size(leaf.shape), stride=leaf.stride)
+            return t.requires_grad_(leaf.requires_grad) if leaf.requires_grad else t
         if _is_dtensor(tmpl):
             if local is not tmpl._local_tensor:  # a tied shard, received into another template
                 self._check_layout(path, leaf, meta.tensors[leaf.index], tmpl)

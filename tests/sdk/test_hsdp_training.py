@@ -10,9 +10,9 @@ managed group. Every test ends with every rank of every group at the same step w
 bitwise-identical full (unsharded) parameters and optimizer state.
 
 * healthy training, then a whole replica group SIGKILLed (launcher and both ranks) and started
-  again: the survivor trains on alone, and each rank of the new group heals its shards (DTensor
-  state dicts, sent as local tensors over HTTP) from the same rank of the survivor, then trains
-  with it;
+  again: the survivor trains on alone, and each rank of the new group heals its shards (the
+  DTensors of ``model.state_dict()`` and ``optimizer.state_dict()``: only the local shards travel,
+  over HTTP) from the same rank of the survivor, then trains with it;
 * one rank of a group SIGKILLed: its launcher ends the other rank and starts the group again
   (``--max-restarts``, as torchrun does: FSDP's process group cannot lose a rank), and the new
   ranks heal from the other group.

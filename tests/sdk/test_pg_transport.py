@@ -5,8 +5,10 @@ backend over an in-memory store; nothing is started): a state dict of every kind
 (dtypes, views, non-contiguous and conjugate tensors, 0-d and empty tensors, tensors large
 enough to go alone and hundreds small enough to be bucketed, Parameters, tied tensors, sparse
 tensors and plain values in nested containers) arrives bitwise equal at two destinations at
-once; a template is received into in place (its own tensor objects come back, a non-contiguous
-one is copied into, one of another shape is left alone); the wrong step, a foreign header and a
+once; a template is left alone by default (what matches it arrives in new tensors, with the
+sender's types) and ``recv_checkpoint(template=...)`` replaces the template callable; with
+``in_place=True`` a template is received into (its own tensor objects come back, a
+non-contiguous one is copied into, one of another shape is left alone); the wrong step, a foreign header and a
 silent peer fail within the timeout; the plan buckets small tensors deterministically; a sender
 holds a bounded amount of staging copies (a recording fake group); aborting ftclient's
 ``ProcessGroupGloo`` (what a liveness notice does) ends a waiting recovery at once.
@@ -14,13 +16,16 @@ holds a bounded amount of staging copies (a recording fake group); aborting ftcl
 Integration tests run real processes. HSDP on CPU: 4 processes, 2 replica groups of 2 ranks,
 FSDP2 (``fully_shard``) on each group's shard mesh, PGTransport on the replicate dimension's
 group: group 1 receives group 0's model and AdamW state (DTensors) into its own state dict
-(its own mesh and placements, the template's objects, its parameters' shards in place), loads
-it and ends with group 0's full parameters and optimizer state, and both take the same next
-step; without a template the DTensors are rebuilt on the sender's mesh layout as resolved in
-the receiving process (its own shard mesh), in new tensors. The same state over HTTPTransport
-streams every shard and arrives as DTensors on the receiver's shard mesh.
+(``in_place=True``: its own mesh and placements, the template's objects, its parameters' shards
+in place), loads it and ends with group 0's full parameters and optimizer state, and both take
+the same next step; by default, with a template, in new DTensors on the template's own mesh with
+its placements; without a template the DTensors are rebuilt on the sender's mesh layout as
+resolved in the receiving process (its own shard mesh), in new tensors. The same state over
+HTTPTransport streams every shard and arrives as DTensors on the receiver's shard mesh (with a
+template, on the template's own mesh objects).
 A Manager with ``checkpoint_transport=PGTransport(pg, ...)`` heals a replica group that is
-behind from its peer through a real 3-node lighthouse cluster.
+behind from its peer through a real 3-node lighthouse cluster, into new tensors that its
+``load_state_dict`` receives once the group commits.
 """
 
 from __future__ import annotations
@@ -206,7 +211,7 @@ def test_state_dict_arrives_bitwise_equal_at_two_destinations() -> None:
     transports[0].shutdown()
 
 
-def test_template_tensors_are_received_in_place() -> None:
+def test_template_tensors_are_received_in_place_when_asked() -> None:
     pgs = gloo_ranks(2)
     src = {"w": torch.randn(600, 300), "b": torch.randn(8), "t": torch.randn(6, 4).t().contiguous().t(),
            "other_shape": torch.randn(3), "only_there": torch.randn(2)}
@@ -214,7 +219,7 @@ def test_template_tensors_are_received_in_place() -> None:
             "other_shape": torch.zeros(4)}
     before_other = tmpl["other_shape"].clone()
     sender = PGTransport(pgs[0], T5, CPU)
-    receiver = PGTransport(pgs[1], T5, CPU, state_dict=lambda: tmpl)
+    receiver = PGTransport(pgs[1], T5, CPU, state_dict=lambda: tmpl, in_place=True)
     _, got = run_threads([lambda: sender.send_checkpoint([1], 3, src, T5),
                           lambda: receiver.recv_checkpoint(0, "<n/a>", 3, T5)])
     for k in ("w", "b", "t"):
@@ -223,6 +228,31 @@ def test_template_tensors_are_received_in_place() -> None:
     assert got["other_shape"] is not tmpl["other_shape"] and torch.equal(got["other_shape"], src["other_shape"])
     assert torch.equal(tmpl["other_shape"], before_other)  # a template of another shape is left alone
     assert torch.equal(got["only_there"], src["only_there"])
+
+
+def test_a_template_is_left_alone_by_default_and_may_be_passed_to_recv() -> None:
+    """The default: what matches the template arrives in new tensors like it (the template, the
+    live state of a Manager's rank, changes only when the Manager applies the recovery: never
+    half-applied); ``recv_checkpoint(template=...)`` replaces the callable (the Manager passes the
+    state it took on the training thread)."""
+    pgs = gloo_ranks(2)
+    src = {"w": torch.randn(600, 300), "b": torch.randn(8), "p": nn.Parameter(torch.randn(3)),
+           "frozen": torch.randn(2).requires_grad_()}
+    tmpl = {"w": torch.zeros(600, 300), "b": torch.zeros(8), "p": nn.Parameter(torch.zeros(3)),
+            "frozen": torch.zeros(2)}
+    before = {k: v.detach().clone() for k, v in tmpl.items()}
+
+    def never() -> Any:
+        raise AssertionError("the template callable was called although a template was passed")
+
+    sender = PGTransport(pgs[0], T5, CPU)
+    for receiver, kwargs in ((PGTransport(pgs[1], T5, CPU, state_dict=lambda: tmpl), {}),
+                             (PGTransport(pgs[1], T5, CPU, state_dict=never), {"template": tmpl})):
+        _, got = run_threads([lambda: sender.send_checkpoint([1], 3, src, T5),
+                              lambda: receiver.recv_checkpoint(0, "<n/a>", 3, T5, **kwargs)])
+        assert_bitwise_equal(got, src)  # values, Parameter type and requires_grad: the sender's
+        for k in tmpl:
+            assert got[k] is not tmpl[k] and torch.equal(tmpl[k], before[k]), k
 
 
 def test_wrong_step_and_foreign_header_are_refused() -> None:
@@ -365,11 +395,12 @@ def _hsdp_worker(rank: int, store_port: int, out: Any) -> None:
 
         replicate = mesh["replicate"].get_group()  # rank r of group 0 <-> rank r of group 1
         template = lambda: {"model": model.state_dict(), "optim": opt.state_dict()}  # noqa: E731
-        transport = PGTransport(replicate, timeout, torch.device("cpu"), state_dict=template)
+        transport = PGTransport(replicate, timeout, torch.device("cpu"), state_dict=template, in_place=True)
         report: dict[str, Any] = {"rank": rank, "group": group, "before": before}
         if group == 0:
-            transport.send_checkpoint([1], 4, template(), timeout)
+            transport.send_checkpoint([1], 4, template(), timeout)  # received in place
             transport.send_checkpoint([1], 5, template(), timeout)  # to a receiver without template
+            transport.send_checkpoint([1], 7, template(), timeout)  # like the template (the default)
             # The same state over HTTPTransport (the Manager's default): DTensor shards streamed.
             with HTTPTransport(timeout, hostname="127.0.0.1") as http:
                 http.send_checkpoint([1], 6, template(), timeout)
@@ -395,9 +426,24 @@ def _hsdp_worker(rank: int, store_port: int, out: Any) -> None:
                     torch.equal(v._local_tensor, params[k]._local_tensor),
                     v._local_tensor.data_ptr() != params[k]._local_tensor.data_ptr())
                 for k, v in plain["model"].items()}
+            # The default with a template: new DTensors on the template's own mesh and placements.
+            like = PGTransport(replicate, timeout, torch.device("cpu"), state_dict=template).recv_checkpoint(
+                0, "<n/a>", 7, timeout)
+            report["like_template"] = {
+                k: (isinstance(v, DTensor), v.device_mesh is params[k].device_mesh, tuple(map(str, v.placements)),
+                    torch.equal(v._local_tensor, params[k]._local_tensor),
+                    v._local_tensor.data_ptr() != params[k]._local_tensor.data_ptr())
+                for k, v in like["model"].items()}
             with HTTPTransport(timeout, hostname="127.0.0.1") as http:
                 fetched = http.recv_checkpoint(0, store.get(f"http/{rank - 2}").decode(), 6, timeout)
+                # With this replica's own state as the template (what the Manager passes): on its
+                # own mesh objects, whose process groups collectives use here.
+                own = http.recv_checkpoint(0, store.get(f"http/{rank - 2}").decode(), 6, timeout, template=template())
             store.set(f"http_done/{rank - 2}", b"1")
+            report["http_template"] = {
+                k: (isinstance(v, DTensor), v.device_mesh is params[k].device_mesh, tuple(map(str, v.placements)),
+                    torch.equal(v._local_tensor, params[k]._local_tensor))
+                for k, v in own["model"].items()}
             report["http"] = {
                 k: (isinstance(v, DTensor), v.device_mesh == mesh["shard"], tuple(map(str, v.placements)),
                     torch.equal(v._local_tensor, params[k]._local_tensor))
@@ -457,7 +503,10 @@ def test_hsdp_dtensor_state_dict_heals_into_the_receivers_own_shards() -> None:
         assert r["after"] == src["after"] == src["before"]  # model and optimizer state
         assert r["next_step"] == src["next_step"]
         assert r["no_template"] and all(c == (True, True, ("S(0)",), True, True) for c in r["no_template"].values())
+        assert r["like_template"] and all(c == (True, True, ("S(0)",), True, True)
+                                          for c in r["like_template"].values()), r["like_template"]
         assert r["http"] and all(c == (True, True, ("S(0)",), True) for c in r["http"].values())
+        assert r["http_template"] and all(c == (True, True, ("S(0)",), True) for c in r["http_template"].values())
         # 4 parameters + their exp_avg and exp_avg_sq shards + 4 step tensors, all streamed
         assert src["http_streamed"] == 16
 
@@ -510,7 +559,9 @@ def test_manager_heals_a_group_that_is_behind_through_pg_transport(make_cluster:
         assert b.last_quorum_result is not None and b.last_quorum_result.heal
         assert ca and cb and ra == rb == [2.0, 2.0]  # the healing group sat the step out
         assert a.current_step() == b.current_step() == 4 and b.batches_committed() == 7
-        assert behind_state["w"] is w_object  # received in place into the group's own tensor
+        # Received into a new tensor (the group's own was not written before the commit), then
+        # loaded (here: load_state_dict=state.update) once the group committed.
+        assert behind_state["w"] is not w_object and torch.equal(w_object, torch.zeros(512, 512))
         assert torch.equal(behind_state["w"], ahead_state["w"]) and torch.equal(behind_state["b"], ahead_state["b"])
 
         (ca, ra), (cb, rb) = run_threads([lambda: step(a, 1.0), lambda: step(b, 3.0)])

@@ -7,8 +7,10 @@ all again when one dies. The trainers of a run start together (``TrainingRun``'s
 the example's ``--ready-file`` / ``--go-file``), so the first quorum has every group; a restarted
 group finds the go file and starts at once. Every rank prints a start line (``group= rank= pid= attempt=``) and one line
 per step; at the end each rank writes ``<name>.rank<r>.json``. ``lines()`` parses the step lines
-with the attempt (the launcher's restart) each belongs to, ``rank_pid()`` finds a rank's process
-so that a test can kill one rank alone.
+with the attempt (the launcher's restart) each belongs to, ``heals()`` the ones that healed and
+committed, ``rank_pid()`` finds a rank's process so that a test can kill one rank alone, and
+``state_dict_reads_during_compute()`` the lines in which a rank reported a state-dict read while a
+forward or backward pass ran in its process.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ STEP_LINE = re.compile(r"^group=(?P<group>\d+) rank=(?P<rank>\d+) step=(?P<step>
                        r"quorum_id=(?P<quorum_id>-?\d+) participants=(?P<participants>\d+) "
                        r"committed=(?P<committed>True|False) samples=(?P<samples>\d+)"
                        r"(?: healed_to=(?P<healed_to>\d+))?")
+READ_DURING_COMPUTE = re.compile(r"^group=\d+ rank=\d+ state_dict read during (?:forward|backward) ")
 
 
 @dataclass(kw_only=True)
@@ -87,6 +90,15 @@ class HsdpExampleTrainer(TrainerProcess):
             if m and int(m["rank"]) == rank:
                 found = (int(m["pid"]), int(m["attempt"]))
         return found
+
+    def state_dict_reads_during_compute(self) -> list[str]:
+        """The lines in which a rank reported a state-dict read while a forward or backward pass
+        ran in its process (every attempt of this incarnation)."""
+        return [line for line in self.output().splitlines() if READ_DURING_COMPUTE.match(line)]
+
+    def heals(self, rank: int = 0) -> list[dict[str, Any]]:
+        """``rank``'s step lines that healed from a peer and committed (every attempt)."""
+        return [r for r in self.lines() if r["rank"] == rank and r["healed"] and r["committed"]]
 
     def step(self) -> int:
         """The step every rank of this incarnation has printed (-1 until each printed one): the
