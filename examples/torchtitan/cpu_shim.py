@@ -1,7 +1,8 @@
 """torchtitan's trainer on CPU: ``python examples/torchtitan/cpu_shim.py ARGS`` is
 ``python -m torchtitan.train ARGS`` with the few things patched that a CPU (and torch 2.13)
-lack. Nothing here touches torchft, ftclient or the lighthouse cluster: the trainer's fault
-tolerance runs exactly as it would on a GPU, with ``--fault_tolerance.process_group gloo``.
+lack, and one torchtitan 0.3.0 bug that makes a healed replica group diverge (patch 6). Nothing
+here touches torchft, ftclient or the lighthouse cluster: the trainer's fault tolerance runs
+exactly as it would on a GPU, with ``--fault_tolerance.process_group gloo``.
 
 Run it where ``make_assets.py`` wrote ``tests/assets/`` (the trainer reads its tokenizer and data
 set relative to the working directory)::
@@ -34,6 +35,13 @@ Each patch, and why (torchtitan 0.3.0, torch 2.13.0 CPU build):
    (``set_force_sum_reduction_for_comms(True)``),
    so ``--parallelism.data_parallel_shard_degree 2`` runs on Gloo (with
    ``--parallelism.spmd_backend partial_dtensor``).
+6. **A healed group's stale learning rate** (torchtitan 0.3.0, any device, any SDK).
+   ``TorchFTOptimizersContainer.state_dict()`` returns a cache made once at set-up, and what a
+   peer heals from is that cache: its tensors are live, but its ``param_groups`` (the learning
+   rate among them) are those of step 0. A group healed mid-warm-up or mid-decay runs its next
+   step with step 0's learning rate, and its weights then differ from its peers' for good (by
+   ~1e-4 after one step in ``tests/torchtitan``). The shim refreshes the cache each time the
+   state is asked for, which is what the cache stands for.
 """
 
 from __future__ import annotations
@@ -160,6 +168,20 @@ def _patch_fsdp_sum_reduction() -> None:
     FSDPModule.set_gradient_divide_factor = set_gradient_divide_factor  # type: ignore[method-assign]
 
 
+def _patch_stale_optimizer_cache() -> None:
+    from torchtitan.experiments.torchft.optimizer import TorchFTOptimizersContainer
+
+    if getattr(TorchFTOptimizersContainer.state_dict, "_cpu_shim", False):
+        return
+
+    def state_dict(self: TorchFTOptimizersContainer) -> dict[str, Any]:
+        self.init_cache_state_dict()  # the current param_groups (learning rate), not step 0's
+        return self.cache_state_dict
+
+    state_dict._cpu_shim = True  # type: ignore[attr-defined]
+    TorchFTOptimizersContainer.state_dict = state_dict  # type: ignore[method-assign]
+
+
 def install() -> None:
     """Apply every patch (idempotent); call before torchtitan's trainer is imported."""
     _patch_device()
@@ -167,6 +189,7 @@ def install() -> None:
     _patch_set_timeout()
     _patch_fsdp_sum_reduction()
     _patch_flex_attention()
+    _patch_stale_optimizer_cache()
 
 
 def main() -> None:
