@@ -59,9 +59,9 @@ BASE_ARGS = [
     "--checkpoint.enable", "--checkpoint.interval", "100000",
     "--checkpoint.no-enable-ft-dataloader-checkpoints",
     # The timeout order docs/torchtitan.md gives: the group's own process group (15 s in this
-    # config) above the SDK's quorum and transfer timeouts (30 s here, BASE_ENV and kind_env): a
-    # rank whose peer in its group still waits for a quorum or a heal must not time out first.
-    "--comm.train_timeout_seconds", "90",
+    # config) above the SDK's quorum and transfer timeouts (kind_env): a rank whose peer in its
+    # group still waits for a quorum or a heal must not time out first.
+    "--comm.train_timeout_seconds", "180",
 ]
 
 RANK_PREFIX = re.compile(r"^\[default(?P<rank>\d+)\]:")
@@ -119,10 +119,12 @@ class TorchtitanTrainer(TrainerProcess):
                 "--training.steps", str(self.steps), "--dump_folder", str(self.dump_folder), *self.args]
 
     def kind_env(self) -> dict[str, str]:
-        # One thread per rank: the groups share 2 cores. The assets are local: Hugging Face's
-        # datasets library is told not to look for the hub.
-        return {"OMP_NUM_THREADS": "1", "TORCHFT_TIMEOUT_SEC": "30", "HF_DATASETS_OFFLINE": "1",
-                "HF_HUB_OFFLINE": "1"}
+        # One thread per rank: the groups share 2 cores. The quorum timeout outlasts a killed
+        # group's restart on a loaded 2-core host (torchrun, imports, model: 30 s and more was
+        # seen), which a survivor with min_replica_size 2 waits for in its Quorum call. The
+        # assets are local: Hugging Face's datasets library is told not to look for the hub.
+        return {"OMP_NUM_THREADS": "1", "TORCHFT_TIMEOUT_SEC": "30", "TORCHFT_QUORUM_TIMEOUT_SEC": "120",
+                "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 
     def kill(self) -> None:
         """SIGKILL torchrun and every process under it, then reap torchrun. torchrun starts each
