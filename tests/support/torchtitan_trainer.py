@@ -39,6 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+# What torchrun and the SDKs log, read the same way by the benchmark: torchrun's per-rank prefix,
+# the managers' should_commit and heal lines, torchft's donor crash (the state dict taken under
+# FSDP2's forward). The process tree under torchrun, from /proc.
+from benchmarks.procs import descendants
+from benchmarks.torchtitan import COMMIT_LINE, DONOR_CRASH, HEAL_LINE, RANK_PREFIX
 from support.trainer_process import ROOT, TrainerProcess
 
 SHIM = ROOT / "examples" / "torchtitan" / "cpu_shim.py"
@@ -64,12 +69,7 @@ BASE_ARGS = [
     "--comm.train_timeout_seconds", "180",
 ]
 
-RANK_PREFIX = re.compile(r"^\[default(?P<rank>\d+)\]:")
 STEP_LINE = re.compile(r"step:\s*(?P<step>\d+)\s+loss:\s*(?P<loss>\S+)")
-COMMIT_LINE = re.compile(r"/(?P<rank>\d+) - step (?P<step>\d+)\] should_commit=(?P<ok>True|False)")
-HEAL_LINE = re.compile(r"healing (?:required|from)")
-# torchft's donor crash when its quorum thread takes the state dict under FSDP2's forward.
-DONOR_CRASH = re.compile(r"got mixed torch\.Tensor and DTensor|data is not allocated yet")
 
 
 def python_for(line: str) -> str:
@@ -210,33 +210,12 @@ class TorchtitanTrainer(TrainerProcess):
             if failed:
                 problems.append(f"{self.name} rank {rank}: should_commit=False at manager steps {failed}")
         logged = [s for s, _ in self.steps_logged()]
-        if logged != list(range(logged[0], logged[0] + len(logged))) if logged else True:
+        if not logged or logged != list(range(logged[0], logged[0] + len(logged))):
             problems.append(f"{self.name}: torchtitan's steps are not consecutive: {logged}")
         return problems
 
     def tail(self, lines: int = 40) -> str:
         return super().tail(lines)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children, their children, ...), from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    found, stack = [], [pid]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
 
 
 def final_state(checkpoint: Path) -> dict[str, Any]:
