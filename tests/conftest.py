@@ -32,6 +32,7 @@ import pytest
 
 from lighthouse_cluster.local.cluster import LocalCluster
 from support import skips
+from support.suite_time import TimeTable, markers_of
 # Two integration tests at a time under xdist, the exclusive ones alone (a hook: pytest finds it here).
 from support.run_lock import pytest_runtest_protocol  # noqa: F401
 
@@ -129,8 +130,12 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
                            f"see tests/support/skips.py): {_skip_reason(report)}")
 
 
+_times = TimeTable()
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # Here, not in makereport: with pytest-xdist the controller sees every worker's reports.
+    _times.add(report.nodeid, report.duration, markers_of(report.keywords))
     if report.skipped and not hasattr(report, "wasxfail"):
         reason = _skip_reason(report)
         if skips.expected(reason):
@@ -138,6 +143,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _times.by_directory:
+        terminalreporter.section("time by directory (tests/support/suite_time.py)")
+        for line in _times.lines():
+            terminalreporter.write_line(line)
     if _expected_skips:
         terminalreporter.section("expected skips (tests/support/skips.py)")
         for line in _expected_skips:

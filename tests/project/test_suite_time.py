@@ -1,0 +1,30 @@
+"""tests/support/suite_time.py: the per-directory time table every run prints."""
+
+from __future__ import annotations
+
+from support.suite_time import TimeTable, directory_of, markers_of
+
+
+def test_durations_add_up_per_directory_with_integration_and_exclusive_shares() -> None:
+    table = TimeTable()
+    for phase_s in (0.5, 10.0, 0.25):  # setup, call, teardown of one exclusive integration test
+        table.add("tests/bench/test_bench.py::test_quick", phase_s, ["integration", "exclusive"])
+    table.add("tests/raft/test_sim.py::test_election[split-vote]", 0.125, [])
+    table.add("tests/raft/test_reconnect.py::test_reconnect", 3.0, ["integration"])
+    bench, raft = table.by_directory["tests/bench"], table.by_directory["tests/raft"]
+    assert (bench.tests, bench.seconds, bench.integration_s, bench.exclusive_s) == (1, 10.75, 10.75, 10.75)
+    assert (raft.tests, raft.seconds, raft.integration_s, raft.exclusive_s) == (2, 3.125, 3.0, 0.0)
+    lines = table.lines()
+    assert lines[1].startswith("tests/bench") and lines[2].startswith("tests/raft")  # slowest first
+    assert lines[-1].split() == ["total", "3", "13.9", "13.8", "10.8"]
+
+
+def test_directory_of_a_node_id_is_its_first_two_path_parts() -> None:
+    assert directory_of("tests/raft/test_x.py::test_y[a/b::c]") == "tests/raft"
+    assert directory_of("tests/project/samples/deep/test_z.py::t") == "tests/project"
+    assert directory_of("test_top.py::t") == "."
+
+
+def test_only_the_markers_the_table_tells_apart_are_kept() -> None:
+    assert markers_of({"integration": 1, "timeout": 1, "test_x": 1}) == ["integration"]
+    assert markers_of({"exclusive": 1, "integration": 1}) == ["integration", "exclusive"]
