@@ -1,9 +1,10 @@
-"""Benchmarks of lighthouse-cluster side by side with torchft's Rust lighthouse (issue 6).
+"""Benchmarks of lighthouse-cluster side by side with torchft's Rust lighthouse.
 
 Not part of the runtime: a package of the source checkout, run from its root as
 ``python -m benchmarks run [--quick]`` and ``python -m benchmarks report RESULTS.json``, with the
 ``bench`` extra installed (``pip install -e '.[bench]'``: torch, torchft, numpy, matplotlib,
-py-spy). The results live beside it (``bench.json``, ``bench.md``, ``bench.png``, ``history/``).
+py-spy). The results live beside it (``bench.json``, ``bench.md``, ``bench.png``, ``bench-*``), with
+``README.md``: how to run each benchmark, the latest results and the targets.
 
 Sections (each launches the systems it measures and always cleans them up):
 ``rounds`` (quorum rounds with N simulated replica groups), ``failover`` (leader SIGKILL vs

@@ -31,7 +31,7 @@ def _ints(value: str | None) -> tuple[int, ...] | None:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 def bench() -> None:
-    """Benchmarks side by side with torchft's Rust lighthouse (issue 6)."""
+    """Benchmarks side by side with torchft's Rust lighthouse (benchmarks/README.md)."""
 
 
 @bench.command()
@@ -128,7 +128,7 @@ def report(results: Path, out_dir: Path | None) -> None:
     click.echo(f"wrote {paths['md']} and {paths['png']}")
 
 
-from .torchtitan import command as _torchtitan  # noqa: E402 -- issue 31: torchtitan's FT trainer on each lighthouse
+from .torchtitan import command as _torchtitan  # noqa: E402 -- torchtitan's FT trainer on each lighthouse
 bench.add_command(_torchtitan)
 
 

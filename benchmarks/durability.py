@@ -1,4 +1,4 @@
-"""What durability costs (issue 32): quorum rounds and failover with and without fsync, on this
+"""What durability costs: quorum rounds and failover with and without fsync, on this
 machine's disk and on tmpfs, side by side.
 
 Every Raft entry a node acknowledges, and every entry a leader counts as its own, is now synced

@@ -1,4 +1,4 @@
-"""Section 6, goodput: what a replica group's SIGKILL costs the others (issue 15, item 6).
+"""Section 6, goodput: what a replica group's SIGKILL costs the others.
 
 G replica groups (``benchmarks.goodput_worker``, the SDK section's training step with
 ``COMPUTE_S`` of simulated compute) train against a lighthouse with torchft's default heartbeat

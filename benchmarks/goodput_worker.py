@@ -11,7 +11,7 @@ group, collective and quorum timeouts from ``TORCHFT_TIMEOUT_SEC`` / ``TORCHFT_Q
 
 torchft runs with ``ToleratingDDP``: torchft 0.2.0's DDP comm hook asserts (``assert fut._fut``)
 when an allreduce fails because a peer died, so a survivor would crash instead of voting not to
-commit (the bug issue 15 reports; the training tests' torchft trainer has the same fix). The
+commit (a torchft bug, not a lighthouse's; the training tests' torchft trainer has the same fix). The
 benchmark measures the lighthouses and the managers, not that bug.
 
 ``--progress FILE`` gets one JSON line per event, flushed at once (wall-clock times, ``time.time()``):

@@ -6,7 +6,7 @@ response for all of them, answer; Heartbeat answers at once. No Raft, no heartbe
 checks, no timeouts, no forwarding; on the nodes' default event loop (uvloop). It is *not* a lighthouse (it never times out, ignores
 heartbeats, has no quorum rules); the rounds section runs it beside the real systems (system
 ``pyfloor``) to show how much of the gap to the Rust server is Python gRPC itself on the
-machine at hand, whatever the cluster does on top (benchmarks/README.md, F10).
+machine at hand, whatever the cluster does on top (docs/design/python-grpc-floor.md).
 
 Run: ``python -m benchmarks.grpc_floor --bind 127.0.0.1:PORT --min_replicas N``.
 """
@@ -64,7 +64,7 @@ def main() -> None:
     p.add_argument("--min_replicas", type=int, required=True)
     p.add_argument("--event-loop", choices=LOOPS, default=DEFAULT_LOOP)
     args = p.parse_args()
-    use_serving_thresholds()  # as a node does: the least a tuned grpc.aio lighthouse costs (F20)
+    use_serving_thresholds()  # as a node does: the least a tuned grpc.aio lighthouse costs
     run(serve(args.bind, args.min_replicas), args.event_loop)
 
 

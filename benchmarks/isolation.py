@@ -1,4 +1,4 @@
-"""Section 7, isolation (issue 17): one job's load must not slow another job's quorums.
+"""Section 7, isolation: one job's load must not slow another job's quorums.
 
 One 3-node cluster, two jobs created through the admin API: job B (``small`` replica groups, a
 small training job, on the leader's client port, naming its job in each call's metadata as
@@ -10,7 +10,7 @@ measured for ``duration_s``:
 2. **beside, one port**: job A's groups on the same client port as job B (selecting their job by
    name): both jobs' calls go through one gRPC server;
 3. **beside, own port**: job A on its own job port (as unchanged torchft trainers select a job),
-   served on the node's event loop (the default); issue 17's bound (<= 2x alone) is on this phase;
+   served on the node's event loop (the default); the isolation bound (<= 2x alone) is on this phase;
 4. **beside, another cluster** (full runs): job A on a second 3-node cluster of its own, which
    shares no process with job B's: the control. What job B loses there is the host's (CPU and
    scheduler shared with job A's nodes and load generator), not the cluster's: the floor of the
@@ -48,7 +48,7 @@ from .procs import CpuMeter, descendants, load_snapshot, pin_process
 from .rounds import HEARTBEAT_TIMEOUT_MS, JOIN_TIMEOUT_MS, QUORUM_TICK_MS, stable_leader, workers_for
 
 TOKEN = "isolation-bench"
-BOUND = 2.0  # issue 17: job B's round latency beside job A within 2x of alone
+BOUND = 2.0  # the isolation target: job B's round latency beside job A within 2x of alone
 SMALL_JOB, LARGE_JOB = "job-b", "job-a"
 TRAINING_STEP_S = 1.0  # phase 4: job A asks for a quorum once per training step of this long
 

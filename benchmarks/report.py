@@ -1,6 +1,6 @@
 """Results -> targets, a markdown table and a PNG plot.
 
-``evaluate_targets`` checks issue 6's targets (and issue 15's goodput targets) against one run's JSON; ``markdown`` renders every
+``evaluate_targets`` checks the targets (benchmarks/README.md, "Targets") against one run's JSON; ``markdown`` renders every
 section as tables; ``plot`` draws the figures with matplotlib (the ``bench`` extra) or, without it,
 a plain bar chart of rounds/s with a minimal PNG writer.
 """
@@ -16,12 +16,12 @@ from typing import Any
 SYSTEM_LABEL = {"torchft": "torchft_lighthouse (Rust)", "leader": "cluster, clients on leader",
                 "followers": "cluster, clients on followers",
                 "pyfloor": "Python gRPC floor (no Raft, not a lighthouse)"}
-# Issue 18's targets, one run: the cluster (clients on the leader) against the Python gRPC floor
+# The throughput targets, one run: the cluster (clients on the leader) against the Python gRPC floor
 # and against torchft_lighthouse; clients on followers against clients on the leader.
 FLOOR_TARGETS = {8: 0.9, 64: 0.9, 256: 0.9, 1024: 0.9}
 ROUND_TARGETS = {256: 1.0, 1024: 2.0, 2048: 3.0}
 FOLLOWER_TARGETS = {64: 0.8, 256: 0.8}
-# Issue 18's failover (SIGKILL of the leader until every group has its next quorum) and idle targets.
+# The failover (SIGKILL of the leader until every group has its next quorum) and idle targets.
 FAILOVER_MEDIAN_S = 0.3
 FAILOVER_MAX_S = 0.6
 IDLE_CPU_PCT = 1.0
@@ -87,11 +87,11 @@ def evaluate_targets(res: dict) -> list[dict]:
     return out
 
 
-GOODPUT_KILL_EVERY_S = 15.0  # issue 15's goodput target is for a kill every 15 s
+GOODPUT_KILL_EVERY_S = 15.0  # the goodput target is for a kill every 15 s
 
 
 def _goodput_targets(s: dict) -> list[dict]:
-    """Issue 15's targets: ftclient on the cluster recovers from a group's SIGKILL in <= 0.5 s
+    """The goodput targets: ftclient on the cluster recovers from a group's SIGKILL in <= 0.5 s
     median and <= 1.0 s max, >= 5x faster than torchft on the same cluster, and keeps >= 0.9 of
     its goodput under a kill every 15 s (not evaluated with other kill intervals)."""
     out: list[dict] = []

@@ -65,7 +65,8 @@ def stable_leader(cluster: LocalCluster, timeout: float = 30.0, settle_s: float 
 
     Three nodes started at once on a loaded machine sometimes elect two or three leaders in their
     first second; taking the first one made the groups of a "clients on leader" run talk to a
-    follower and counted those start-up elections as `leader changes` under load (F5)."""
+    follower and counted those start-up elections as `leader changes` under load
+    (docs/design/stall-tolerance.md)."""
     deadline = time.monotonic() + timeout
     leader = cluster.wait_for_leader(timeout=timeout)
     while True:

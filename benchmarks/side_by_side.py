@@ -1,4 +1,4 @@
-"""CPU per quorum round of two lighthouses at once, under the same fixed load (benchmarks/README.md, F20).
+"""CPU per quorum round of two lighthouses at once, under the same fixed load.
 
 The rounds section measures rounds per second with every replica group asking again at once
 (closed loop): on a shared 2-core host that figure moves 15-20 % from one run to the next, so a
@@ -11,11 +11,12 @@ gRPC poller, gRPC core's threads and, in a node, the Raft thread.
 
 A server is one of:
 
-* ``floor``: ``grpc_floor.py``, the least a grpc.aio lighthouse does per round (F10);
+* ``floor``: ``grpc_floor.py``, the least a grpc.aio lighthouse does per round
+  (docs/design/python-grpc-floor.md);
 * ``node``: a one-node cluster of this checkout (no Raft peers: the event loop's own cost);
 * ``cluster``: a three-node cluster of this checkout, every group calling the leader;
-* ``followers``: the same, the groups split between the two followers (forwarding, issue 18
-  item 2);
+* ``followers``: the same, the groups split between the two followers (forwarding:
+  docs/design/follower-forwarding.md);
 * ``node@PATH`` / ``cluster@PATH`` / ``followers@PATH``: the same from another checkout (e.g.
   ``git worktree add``), for a before / after comparison of a change.
 

@@ -1,4 +1,4 @@
-"""torchtitan as its users feel it: step time and what faults cost, side by side (issue 31, item 3).
+"""torchtitan as its users feel it: step time and what faults cost, side by side.
 
 ``python -m benchmarks torchtitan`` runs torchtitan 0.3.0's own fault-tolerant trainer
 (``--module torchft.llama3 --config llama3_torchft_debugmodel --fault_tolerance.enable``, two
@@ -21,8 +21,8 @@ every step goes through the lighthouse. Per-step mode (``semi_sync_method None``
 quorum) does not run on every line with two groups: torchft heals a non-primary group at step 0
 (``init_sync``) and the donor crashes ("got mixed torch.Tensor and DTensor"), so torchft per-step
 is not measured at all, and ftclient per-step is the extra column (it records a crash, if any).
-(ftclient in DiLoCo mode crashed in every run so far, the same error in the group that healed at
-step 0, at its next inner AdamW step: that column then reads "crashed"; benchmarks/README.md.)
+(ftclient in DiLoCo mode once crashed too, in the group that healed at step 0, at its next inner
+AdamW step: fixed in ``ftclient/local_sgd.py``; a crash in any column reads "crashed".)
 
 **Lighthouse settings** (every system alike): ``min_replicas 1`` (and ``--fault_tolerance.
 min_replica_size 1``: the survivor of a group kill trains on alone), torchft's default heartbeat
@@ -932,7 +932,7 @@ def command(systems: str, quick: bool, warmup_steps: int | None, steady_steps: i
             after_steps: int | None, restart: bool, device: str, out_dir: Path, name: str, workdir: Path | None,
             verdict_prefix: str | None, report_json: Path | None) -> None:
     """torchtitan's FT trainer on torchft_lighthouse and on the cluster, torchft and ftclient:
-    median step, leader SIGKILL, replica-group SIGKILL (issue 31)."""
+    median step, leader SIGKILL, replica-group SIGKILL."""
     import shutil
     import tempfile
 

@@ -1,4 +1,4 @@
-"""Which job a trainer's lighthouse calls belong to (issue 17), as a pure rule.
+"""Which job a trainer's lighthouse calls belong to, as a pure rule.
 
 A lighthouse cluster serves many *jobs* (named quorum namespaces); a call names its job with the
 gRPC metadata ``x-lighthouse-job: NAME`` (``lighthouse_cluster.core.jobs.JOB_HEADER``). This

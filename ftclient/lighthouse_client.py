@@ -21,7 +21,7 @@ It owns *where* calls go and *when* they are re-sent; the lighthouse decides eve
   out of time raises ``TimeoutError`` naming the endpoints.
 * Heartbeat: sent to the current leader; a failed one forgets the leader, so the next heartbeat
   follows the new one.
-* Jobs (issue 17): a cluster serves many jobs; the client's job (:mod:`ftclient.job_selection`:
+* Jobs: a cluster serves many jobs; the client's job (:mod:`ftclient.job_selection`:
   the ``job`` argument, else ``LIGHTHOUSE_JOB``, else ``?job=NAME`` on the URLs, else the default
   job) is named on every Quorum and Heartbeat call (and the liveness stream's Watch) with the
   ``x-lighthouse-job`` metadata; none is sent for the default job, exactly as before jobs. Leader

@@ -23,7 +23,7 @@ One :class:`LivenessStream` runs per replica group, in the process that talks to
 * a lighthouse without the RPC (torchft's Rust lighthouse, an older cluster: UNIMPLEMENTED, or a
   single lighthouse without the cluster service) keeps today's behaviour silently: unary
   heartbeats only; it is asked again every ``unsupported_retry`` (a cluster may be upgraded);
-* the stream belongs to the client's job (issue 17): Watch carries the same ``x-lighthouse-job``
+* the stream belongs to the client's job: Watch carries the same ``x-lighthouse-job``
   metadata as its Quorum and Heartbeat calls (none for the default job), so the leader watches the
   replica, and sends it notices, within that job only. A job the cluster does not know
   (NOT_FOUND) is logged and asked again every ``unsupported_retry``, unary heartbeats meanwhile.

@@ -18,7 +18,7 @@ Per step, every rank of every replica group:
    failure (reported to the lighthouse with the next quorum) and raises after ``max_retries``
    consecutive ones.
 
-Healing (issue 31). The state a healing group receives is the source's state dict of
+Healing (docs/ftclient.md). The state a healing group receives is the source's state dict of
 ``max_step``: with the asynchronous quorum, the training thread takes it at every step just
 before its forward pass (its first module call after ``start_quorum()``, or its next Manager call
 that waits for the quorum; the user's state dict functions return references, no copy), and the
@@ -66,7 +66,7 @@ The constructor takes torchft's arguments and environment variables (``TORCHFT_L
 ``RANK``/``WORLD_SIZE`` for the replica group's TCPStore and rank), so a torchft script ports by
 changing one import. ``lighthouse_addr``/``TORCHFT_LIGHTHOUSE`` may list every lighthouse node.
 
-Jobs (issue 17): a lighthouse cluster serves many training jobs. The replica group's job is the
+Jobs: a lighthouse cluster serves many training jobs. The replica group's job is the
 ``job`` argument, else ``LIGHTHOUSE_JOB``, else ``?job=NAME`` on the lighthouse URL(s), else the
 default job (:mod:`ftclient.job_selection`); group rank 0's Quorum, Heartbeat and liveness calls
 name it. :meth:`Manager.job_config` reads the job's configuration map from the cluster, on any

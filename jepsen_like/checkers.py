@@ -51,7 +51,8 @@ def survivor_wait_bound(heartbeat_timeout_ms: int, join_timeout_ms: int, margin_
     """The default bound on a survivor's wait after a client kill: the nodes' heartbeat timeout
     (until then the dead group still counts as healthy, so the quorum waits for it) plus the join
     timeout plus a margin. Generous on purpose while deaths are learnt from heartbeats going
-    stale; liveness streams (issue #15) should let it come down to about a second."""
+    stale; liveness streams (docs/ftclient.md, "Liveness") should let it come down to about a
+    second."""
     return round(heartbeat_timeout_ms / 1000 + join_timeout_ms / 1000 + margin_s, 3)
 
 

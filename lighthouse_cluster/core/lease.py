@@ -30,7 +30,8 @@ round, as in the Raft thesis (section 6.4.1, leases for reads):
    a shorter ``--election-timeout-ms`` takes the default lease down with it (``default_lease_ms``).
    ``L`` is as long as that allows: a busy leader needs a confirmation every ``t*L/2`` (37.5 ms),
    which is its heartbeat period, so its heartbeats renew the lease and no message goes out for
-   it alone (``LeaderTerm``; benchmarks F22: with 100 ms, a probe of its own every 25 ms).
+   it alone (``LeaderTerm``; with 100 ms, a probe of its own every 25 ms:
+   docs/design/lease-renewal.md).
 
 The vote-refusal window ``R`` (``raft/fast_election.py``, ``vote_refused``; Raft thesis 4.2.3):
 a node grants no vote, and a follower does not even take the candidate's term, until ``R`` after
@@ -81,10 +82,10 @@ most 0.05 %); with the defaults (``R = L``) the refusal alone covers rates up to
 harness's clock nemesis, rates 0.25x-4x) breaks that assumption: it could issue a stale fast
 quorum (an id its successor already replaced; never a second member set for an id, which the
 commits alone guarantee); run with ``--quorum-lease-ms 0`` where that can happen. Before the
-refusal window (benchmarks F13) a new leader waited ``L`` (then 100 ms) before serving, and
-failover took that much longer; it still does when ``L > R`` (a longer ``--quorum-lease-ms`` or a
-shorter ``--election-timeout-ms``), by ``L - R``, and a leader elected on a handover waits the
-whole ``L``.
+refusal window (docs/design/leader-lease.md) a new leader waited ``L`` (then 100 ms) before
+serving, and failover took that much longer; it still does when ``L > R`` (a longer
+``--quorum-lease-ms`` or a shorter ``--election-timeout-ms``), by ``L - R``, and a leader elected
+on a handover waits the whole ``L``.
 
 What the lease gives up: a round issued on it is in no node's log (a record goes out at most once
 a second). A leader SIGKILLed between the answers of such a round (a window of about a

@@ -1,10 +1,11 @@
 """``AdaptiveTickSyncObj``: pysyncobj's tick thread sleeps until its next deadline, not 10 ms.
 
 pysyncobj's tick thread runs ``_onTick`` in a loop: the Raft work (elections, heartbeats, applying
-entries, the command queue, the on-tick callbacks), then a wait in its poller for socket events
-of at most ``autoTickPeriod``. With the 10 ms tick that sub-second failover needs (a 50 ms tick
-split votes), an idle node ticked 100 times a second for nothing: most of a node's idle CPU
-(issue 18). Here the wait lasts until the next thing that is due, at most ``longest_s``:
+entries, the command queue, the on-tick callbacks), then a wait in its poller for socket events of
+at most ``autoTickPeriod``. With the 10 ms tick that sub-second failover needs (a 50 ms tick split
+votes), an idle node ticked 100 times a second for nothing: most of a node's idle CPU
+(docs/design/idle-cost.md). Here the wait lasts until the next thing that is due, at most
+``longest_s``:
 
 * a leader's next append_entries (``appendEntriesPeriod`` after the last);
 * a follower's or candidate's election deadline;

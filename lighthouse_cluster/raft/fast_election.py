@@ -1,10 +1,11 @@
 """``FastElectionSyncObj``: pysyncobj's ``SyncObj`` whose failovers take one election, not two.
 
-It owns the two changes to pysyncobj's election behaviour (benchmarks F8), the hold-back of a
-restarted member and the vote refusal the quorum lease rests on (``vote_refused``, benchmarks
-F13); the private pysyncobj state they need comes from ``pysyncobj_internals``. Its tick thread
-sleeps until the next deadline (``adaptive_tick``), the keep-alives' included, and it
-acknowledges an idle leader's heartbeats a few times a second (``idle_acks``).
+It owns the two changes to pysyncobj's election behaviour (docs/design/fast-election.md), the
+hold-back of a restarted member and the vote refusal the quorum lease rests on (``vote_refused``,
+docs/design/leader-lease.md); the private pysyncobj state they need comes from
+``pysyncobj_internals``. Its tick thread sleeps until the next deadline (``adaptive_tick``), the
+keep-alives' included, and it acknowledges an idle leader's heartbeats a few times a second
+(``idle_acks``).
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ def vote_refused(now: float, heard_leader_at: float, window_s: float, *, handove
 
 
 class FastElectionSyncObj(IdleAckSyncObj):
-    """``SyncObj`` whose failovers take one election, not two (benchmarks F8: 8 of 10 failovers
-    at N=64 took two).
+    """``SyncObj`` whose failovers take one election, not two (8 of 10 failovers at N=64 took
+    two before: docs/design/fast-election.md).
 
     **Follower links kept alive.** pysyncobj's ``TcpConnection`` checks, before every send and on
     every read event, whether it has read anything for ``connectionTimeout``, and if not it
@@ -117,11 +118,12 @@ class FastElectionSyncObj(IdleAckSyncObj):
     append_entries) asks followers that heard that same append_entries at about the same time, so
     a put-off request is handled a few milliseconds later, not one election timeout later.
 
-    **A closed connection to the leader** (benchmarks F19). A leader process that dies (SIGKILL,
-    OOM, a crash, a pod deleted) leaves its host's kernel to close its sockets: every follower
-    reads the end of its connection within a millisecond. pysyncobj only notes the link down and
-    waits out its election timeout, drawn in [raftMinTimeout, raftMaxTimeout] from the leader's last
-    append_entries (a failover's median was ~0.25 s, nearly all of it this wait). Here a follower
+    **A closed connection to the leader** (docs/design/fast-election.md). A leader process that
+    dies (SIGKILL, OOM, a crash, a pod deleted) leaves its host's kernel to close its sockets:
+    every follower reads the end of its connection within a millisecond. pysyncobj only notes the
+    link down and waits out its election timeout, drawn in [raftMinTimeout, raftMaxTimeout] from
+    the leader's last append_entries (a failover's median was ~0.25 s, nearly all of it this
+    wait). Here a follower
     whose leader's connection closes moves its election deadline to ``leader_lost_deadline``: the
     end of its vote-refusal window (never earlier than its shortest timeout: the lease's proof and
     Raft's safety hold as for any timeout), the survivors ``raftMinTimeout / 5`` apart by rank. A

@@ -1,15 +1,15 @@
 """``IdleAckSyncObj``: a follower acknowledges an idle leader's heartbeats a few times a second,
 not each one.
 
-An idle leader sends every follower an append_entries every ``appendEntriesPeriod`` (37.5 ms:
-the election timeout needs several per timeout), and pysyncobj's follower answers each with a
+An idle leader sends every follower an append_entries every ``appendEntriesPeriod`` (37.5 ms: the
+election timeout needs several per timeout), and pysyncobj's follower answers each with a
 ``next_node_idx`` acknowledgement: with the Fernet encryption of the Raft port, pickling and
-compression, these messages are most of an idle node's CPU (issue 18). The acknowledgement of a
-heartbeat that carried no entries repeats the previous one word for word, and the leader does
-nothing with a repeat (pysyncobj: ``matchIndex`` only grows, ``nextIndex`` moves only on a reset)
-but note when it last heard from the follower, which it uses twice: to step down after
-``leaderFallbackTimeout`` (1 s) without a majority, and, in the TCP connection, to drop a link it
-has read nothing on for ``connectionTimeout`` (0.5 s).
+compression, these messages are most of an idle node's CPU (docs/design/idle-cost.md). The
+acknowledgement of a heartbeat that carried no entries repeats the previous one word for word, and
+the leader does nothing with a repeat (pysyncobj: ``matchIndex`` only grows, ``nextIndex`` moves
+only on a reset) but note when it last heard from the follower, which it uses twice: to step down
+after ``leaderFallbackTimeout`` (1 s) without a majority, and, in the TCP connection, to drop a link
+it has read nothing on for ``connectionTimeout`` (0.5 s).
 
 So a repeat is sent only once ``ack_every_s`` (``connectionTimeout / 5``, as the keep-alives
 between followers) has passed since the last acknowledgement sent to that leader: a few times a

@@ -4,8 +4,8 @@ pysyncobj encrypts each message of a cluster with a secret with Fernet (AES-128-
 HMAC-SHA256 over it, then base64) and, reading one, verifies the HMAC twice (``extract_timestamp``,
 then ``decrypt``). A message sent after a pause, as an idle cluster's heartbeats, acknowledgements
 and keep-alives all are, cost 260 us to encrypt and 280 us to read on this project's 2-core host:
-most of an idle node's CPU (benchmarks/README.md, F12). AES-256-GCM, one call each way on a key
-made once, costs about 50 us.
+most of an idle node's CPU (docs/design/raft-message-cipher.md). AES-256-GCM, one call each way
+on a key made once, costs about 50 us.
 
 The format (``GCM_FORMAT``): the byte 0x01, then pysyncobj's timestamp (8 bytes, big-endian: the
 sender's ``int(monotonic())``, which the receiver checks never goes back on a connection), the

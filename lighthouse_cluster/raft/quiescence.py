@@ -1,6 +1,6 @@
 """``QuiescentSyncObj``: a cluster with no clients sends a few Raft messages a second, not fifty.
 
-An idle node's cost is its Raft messages (benchmarks F12): a leader heartbeats every follower
+An idle node's cost is its Raft messages: a leader heartbeats every follower
 every ``appendEntriesPeriod`` (37.5 ms) so that a follower notices its death within the election
 timeout (150-450 ms), and each message costs a Python tick to read or send. That speed is what
 the trainers' failover needs; a cluster nobody uses needs none of it. So, as CockroachDB quiesces
@@ -15,7 +15,7 @@ wake-up of their own: a third of an idle follower's Raft wake-ups before), falli
 timer of ``QUIET_KEEPALIVE_FALLBACK`` periods (at most 0.7 ``connectionTimeout``) when the
 heartbeats stop. Acknowledgements follow the heartbeats (``idle_acks``). Every link still reads a
 message well within pysyncobj's ``connectionTimeout`` (0.5 s), and the leader still hears a
-majority within ``leaderFallbackTimeout`` (1 s).
+majority within ``leaderFallbackTimeout`` (1 s). Measured: docs/design/quiescence.md.
 
 **Waking.** Any client call wakes the node it reaches at once (``note_client_activity``, from
 any thread: it ends the tick thread's wait):
@@ -115,8 +115,9 @@ class QuiescentSyncObj(StallTolerantSyncObj):
     def _leader_may_quiesce(self, now: float) -> bool:
         """On the tick thread, as leader: nothing happened for ``quiet_after_s``. While a client
         is recent the answer is no whatever the log did, so the log and the followers are looked
-        at only every ``BUSY_CHECK_S`` then (they were ~10 % of a busy leader's tick, benchmarks
-        F22): quiescence comes at most that much later after the last client."""
+        at only every ``BUSY_CHECK_S`` then (they were ~10 % of a busy leader's tick,
+        docs/design/lease-renewal.md): quiescence comes at most that much later after the last
+        client."""
         if self.quiet_after_s <= 0:
             return False
         if self._client_recent(now) and now < self._busy_checked_at + BUSY_CHECK_S:

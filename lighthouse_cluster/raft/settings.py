@@ -16,8 +16,9 @@ class RaftSettings:
     requires min > 3 * append_entries_period. A leader process that dies closes its connections,
     and its followers stand at min after its last append_entries, staggered by node id
     (``fast_election.leader_lost_deadline``): measured on 2 cores, 3 local nodes, a leader
-    SIGKILL costs ~0.17-0.26 s median until every replica group has its next quorum (benchmarks
-    F19); a leader that vanishes without closing them costs the random timeout (~0.22-0.32 s)."""
+    SIGKILL costs ~0.17-0.26 s median until every replica group has its next quorum
+    (docs/design/fast-election.md); a leader that vanishes without closing them costs the random
+    timeout (~0.22-0.32 s)."""
 
     election_timeout_min_s: float = 0.15
     election_timeout_max_s: float = 0.45

@@ -1,11 +1,11 @@
 """``StallTolerantSyncObj``: a tick thread that did not run for a while does not depose a live leader.
 
-Every Raft timer here is short (election timeout 150-450 ms, benchmarks F13), and the tick thread
-shares a GIL with the node's gRPC front end and two cores with everything else on the host. At
-N >= 2048 replica groups the tick thread of every node stalls for 150 ms to over a second many
-times a minute, and each stall used to end the term (benchmarks F15: an election every 1-3 s, and
-each election cost 2048 re-routed calls, so the next stall came before the cluster recovered).
-Two kinds of stall, two answers:
+Every Raft timer here is short (election timeout 150-450 ms, for a fast failover), and the tick
+thread shares a GIL with the node's gRPC front end and two cores with everything else on the
+host. At N >= 2048 replica groups the tick thread of every node stalls for 150 ms to over a
+second many times a minute, and each stall used to end the term (an election every 1-3 s, and
+each election cost 2048 re-routed calls, so the next stall came before the cluster recovered;
+docs/design/stall-tolerance.md). Two kinds of stall, two answers:
 
 **A node's own stall: read before acting on a timer, and do not count it against peers.**
 pysyncobj's tick checks the election deadline (and a leader its ``leaderFallbackTimeout``) *before*
@@ -55,7 +55,8 @@ STALL_S = 0.05
 # A key of an append_entries: the leader's recent longest stall, in seconds (see the docstring).
 PATIENCE_KEY = "lighthouse_cluster_patience"
 # A leader asks for PATIENCE_FACTOR times its longest stall of the last PATIENCE_WINDOW_S, at
-# most PATIENCE_CAP_S (stalls vary: F15 measured 150-880 ms on one node within a minute).
+# most PATIENCE_CAP_S (stalls vary: 150-880 ms on one node within a minute at N=2048,
+# docs/design/stall-tolerance.md).
 PATIENCE_FACTOR = 2.0
 PATIENCE_WINDOW_S = 20.0
 PATIENCE_CAP_S = 2.0

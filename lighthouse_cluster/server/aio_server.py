@@ -5,9 +5,9 @@ service twice: as a generic handler and as *registered methods*. grpc.aio's serv
 outstanding request per registered method besides the generic one, and its accept loop waits for
 all of them with ``asyncio.wait`` after every call it accepts: a node serving the cluster, admin,
 health and reflection services waited on 20 futures per incoming Quorum or Heartbeat call, adding
-and removing 20 done-callbacks each time (benchmarks/README.md, F20). Registered methods only spare
-the server a lookup in the generic handlers' dictionaries; served through the generic handler
-alone, every method answers the same.
+and removing 20 done-callbacks each time (docs/design/aio-server-generic-handlers.md). Registered
+methods only spare the server a lookup in the generic handlers' dictionaries; served through the
+generic handler alone, every method answers the same.
 
 ``aio_server`` makes a server on which registering methods is a no-op, so that the generated code's
 generic handler serves them, and the accept loop waits for one future per call.

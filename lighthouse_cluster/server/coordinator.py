@@ -385,7 +385,7 @@ class QuorumCoordinator:
         not issued either (``_commit``).
 
         A future rather than a coroutine: per waiting call one future and one timer, settled by
-        ``_issue`` (a forwarded call needs no task of its own; benchmarks F21).
+        ``_issue`` (a forwarded call needs no task of its own; docs/design/follower-forwarding.md).
         """
         if self._term is None:
             raise NotLeader("not leader")
@@ -418,7 +418,8 @@ class QuorumCoordinator:
         if replayed is not None:
             self.rounds_replayed += 1
             # One line per quorum at INFO: after a failover at N=2048 nearly every member asks
-            # again, and a line each was 2048 lines on a new leader's busiest second (F15).
+            # again, and a line each was 2048 lines on a new leader's busiest second
+            # (docs/design/new-leader-large-quorum.md).
             first = self._replay_logged is not self._replayable
             self._replay_logged = self._replayable
             log.log(logging.INFO if first else logging.DEBUG,

@@ -1,7 +1,7 @@
 """Which asyncio event loop a node process runs on.
 
 uvloop (libuv) by default: grpc.aio works with any asyncio loop, and on uvloop the node answers
-14-35 % more quorum rounds per second at N >= 64 (benchmarks/README.md, F11). ``asyncio`` is the
+14-35 % more quorum rounds per second at N >= 64 (docs/design/event-loop.md). ``asyncio`` is the
 standard library's loop, for platforms without uvloop or to rule it out when debugging; a node
 asked for uvloop where it is not installed says so once and runs on asyncio.
 """

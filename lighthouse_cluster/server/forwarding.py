@@ -2,7 +2,7 @@
 heartbeat batching. Where each call goes is decided in ``routing.py``; this module only carries.
 
 A follower forwards a Quorum call's bytes to the leader and relays the leader's bytes back
-unparsed. Forwarding is batched (benchmarks F2): each follower keeps one
+unparsed. Forwarding is batched (docs/design/follower-forwarding.md): each follower keeps one
 ``LighthouseQuorumForwarding/ForwardQuorums`` stream to the leader (``QuorumForwarder``). The
 Quorum calls that reach the follower within ``FORWARD_BATCH_WINDOW_S`` travel in one message
 (the first after a quiet spell at once); the leader (``QuorumForwardingService``) registers each
@@ -11,7 +11,7 @@ unanswered" rule) and sends each issued round's response once, with the keys of 
 call it answers; the follower fans it out. A caller that goes away is withdrawn with a message on
 the same stream. So the leader handles a handful of stream messages per follower and round
 instead of one gRPC call per replica group, and a waiting call is one future on each side (no
-task: benchmarks F21). A leader without the stream service (an older node) gets plain forwarded
+task). A leader without the stream service (an older node) gets plain forwarded
 calls carrying ``FORWARDED_HEADER``.
 
 Heartbeats are fire-and-forget in torchft (every 100 ms, no deadline): a follower acknowledges
@@ -128,7 +128,8 @@ class QuorumForwarder:
         Cancelling it withdraws the request.
 
         A future, not a coroutine: a follower holds one per waiting call (thousands at large N),
-        and the stream answers it directly, with no task or wrapper per call (benchmarks F21)."""
+        and the stream answers it directly, with no task or wrapper per call
+        (docs/design/follower-forwarding.md)."""
         if leader_address in self._unary_only:
             return asyncio.ensure_future(self._forward_unary(leader_address, request, timeout, job))
         stream = self._streams.get(leader_address)
@@ -482,7 +483,8 @@ class HeartbeatBatcher:
             self._urgent.clear()
             # Urgent or not, batches go out at most every HEARTBEAT_MIN_GAP_S: where every
             # replica's heartbeats come more than NEW_REPLICA_AFTER_S apart (a follower short of
-            # CPU), each would otherwise be urgent and go out alone (F17).
+            # CPU), each would otherwise be urgent and go out alone
+            # (docs/design/heartbeat-batching.md).
             wait = self._flushed_at + HEARTBEAT_MIN_GAP_S - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)

@@ -9,8 +9,8 @@ of its event loop's time collecting. With the youngest threshold at 20 000 and t
 in a cycle at once, and cyclic garbage waits for at most 20 000 allocations.
 
 Measured (``benchmarks/side_by_side.py``: two one-node clusters at once under the same fixed
-load, four pairs; benchmarks/README.md F20): the event loop's CPU per round at N=64 and 16
-rounds/s 28.0 -> 26.3 ms (every pair lower), at N=256 and 3 rounds/s 117 -> 110 ms; the gRPC
+load, four pairs; docs/design/gc-thresholds.md): the event loop's CPU per round at N=64 and
+16 rounds/s 28.0 -> 26.3 ms (every pair lower), at N=256 and 3 rounds/s 117 -> 110 ms; the gRPC
 floor, which allocates little and holds a small heap, 21.2 -> 20.9 ms. A higher youngest
 threshold (50 000) or ``gc.freeze()`` after start-up gained nothing more.
 """

@@ -1,5 +1,5 @@
 """The leader's connections to the manager servers of the running quorum: a torchft trainer's
-death learnt from its closed socket (#15 item 5).
+death learnt from its closed socket.
 
 An unchanged torchft trainer has no liveness stream: the lighthouse knows it only through unary
 heartbeats, so a SIGKILLed replica group stays healthy for the quorum rules until its heartbeat is
@@ -56,7 +56,8 @@ MAX_NEW_WATCHES_PER_CHECK = 128
 # 50-200 ms, and while the event loop is too busy to see its answer (a new leader of thousands of
 # members) each such channel held ~7 file descriptors. Uncapped, a new leader of 4096 members went
 # from 2,000 to 20,000 descriptors in 8 s, and then Raft could open neither a socket nor its
-# journal (benchmarks/README.md, F15). Watches whose connection is up hold one socket each.
+# journal (docs/design/new-leader-large-quorum.md). Watches whose connection is up hold one socket
+# each.
 MAX_DIALS_IN_FLIGHT = 128
 # No traffic is ever sent: the channel must not close itself for being idle.
 CHANNEL_OPTIONS = [
@@ -198,7 +199,8 @@ class ManagerConnections:
             channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
             # A first dial that is refused (TRANSIENT_FAILURE) settles the member at once, as one
             # that is not up within the connect timeout does: redialing every 50-200 ms until then
-            # cost 2048 members ~7 s of CPU in a new leader's first 5 s (benchmarks/README.md, F15).
+            # cost 2048 members ~7 s of CPU in a new leader's first 5 s
+            # (docs/design/new-leader-large-quorum.md).
             reached = await self._until(channel, {grpc.ChannelConnectivity.READY,
                                                   grpc.ChannelConnectivity.TRANSIENT_FAILURE}, self._connect_timeout_s)
             self._dialing.discard(asyncio.current_task())  # type: ignore[arg-type]

@@ -4,11 +4,11 @@ A node holds a socket per trainer connection (torchft's client keeps one per rep
 node it calls), one per quorum member's manager server while it leads (``manager_connections.py``),
 its peers' Raft and gRPC links, its journal. A soft limit of 1024, which many shells, container
 runtimes and service managers still give, runs out near a thousand replica groups, and the Raft
-transport then cannot open a socket or write its journal (benchmarks/README.md, F15: EMFILE in the
-tick thread, then elections). Go programs get their soft limit raised to the hard one by the
-runtime; the node does the same, and says so. The hard limit is the administrator's (systemd
-``LimitNOFILE=``, ``docker run --ulimit nofile=``, Kubernetes' container runtime) and is never
-exceeded. Pure except for the two ``resource`` calls, which are arguments.
+transport then cannot open a socket or write its journal (EMFILE in the tick thread, then
+elections: docs/design/new-leader-large-quorum.md). Go programs get their soft limit raised to the
+hard one by the runtime; the node does the same, and says so. The hard limit is the
+administrator's (systemd ``LimitNOFILE=``, ``docker run --ulimit nofile=``, Kubernetes' container
+runtime) and is never exceeded. Pure except for the two ``resource`` calls, which are arguments.
 """
 
 from __future__ import annotations

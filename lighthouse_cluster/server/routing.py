@@ -318,17 +318,17 @@ class Router:
 
         A leader merely *unknown* is no reason to: that is also this node's Raft link to the leader
         dropping and coming back within the term (a reset connection, a tick stall under load;
-        benchmarks F15), and withdrawing then would take the call out of the round the leader is
-        collecting, only to send it again a moment later. The call stays with the leader, which
-        answers it, or fails it when it steps down; a dead leader ends the stream; its deadline
-        bounds the wait."""
+        docs/design/follower-forwarding.md), and withdrawing then would take the call out of the
+        round the leader is collecting, only to send it again a moment later. The call stays with
+        the leader, which answers it, or fails it when it steps down; a dead leader ends the stream;
+        its deadline bounds the wait."""
         forward = self.forwarder.forward(leader, raw, timeout, job)
         # A forward given up on may still end in an error (its answer raced the cancel): seen here,
         # not logged as "Future exception was never retrieved".
         forward.add_done_callback(_retrieve)
         # leadership_changed gives it up (cancels it) when the leader changes. One registration
         # per call, not a task and an asyncio.wait per call and per change: a follower holds
-        # thousands of them at large N (benchmarks F18).
+        # thousands of them at large N (docs/design/follower-forwarding.md).
         self._forwards[forward] = leader
         try:
             # Not shielded: this call cancelled (its client went away) cancels its forward, which

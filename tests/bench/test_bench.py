@@ -594,7 +594,7 @@ def test_python_grpc_floor_answers_a_full_round_once_every_requester_is_in(tmp_p
 
 @pytest.mark.integration
 def test_side_by_side_measures_both_servers_under_the_same_load(tmp_path: Path):
-    """``benchmarks/side_by_side.py`` (F20): both servers answer every round asked at the fixed
+    """``benchmarks/side_by_side.py``: both servers answer every round asked at the fixed
     rate, and each one's CPU per round is read from its own process."""
     from benchmarks.side_by_side import run_pair
 

@@ -134,11 +134,12 @@ def test_crashes_pauses_and_full_restart(runs_dir) -> None:
 
 
 def test_failovers_with_the_lease_on_serve_no_stale_quorum(runs_dir) -> None:
-    """Benchmarks F13: a new leader serves without waiting out its predecessor's quorum lease (the
-    followers refused votes for as long as the lease lasts, core/lease.py). Leader kills and leader
-    isolations (the isolated leader keeps its lease until it runs out) with the lease on (the
-    node default, 150 ms), clients on every node: no quorum id with two member sets, none going back
-    in real time (a stale fast quorum from a deposed leader after its successor's would be one)."""
+    """docs/design/leader-lease.md: a new leader serves without waiting out its predecessor's quorum
+    lease (the followers refused votes for as long as the lease lasts, core/lease.py). Leader kills
+    and leader isolations (the isolated leader keeps its lease until it runs out) with the lease on
+    (the node default, 150 ms), clients on every node: no quorum id with two member sets, none going
+    back in real time (a stale fast quorum from a deposed leader after its successor's would be
+    one)."""
     backend = network_backend() or "none"
     ops = [(2.0, "kill-leader", {"node": "leader"}), (3.5, "recover", {}),
            (5.5, "kill-leader", {"node": "leader"}), (7.0, "recover", {})]

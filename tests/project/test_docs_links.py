@@ -191,7 +191,8 @@ def test_checker_finds_broken_links(tmp_path: Path) -> None:
 def test_the_docs_are_found() -> None:
     found = {p.relative_to(ROOT).as_posix() for p in markdown_files()}
     assert {"README.md", "deploy/README.md", "benchmarks/README.md", "jepsen_like/README.md", "docs/ftclient.md",
-            "docs/operations.md", "docs/how-it-works.md", "docs/fault-injection-and-benchmarks.md"} <= found
+            "docs/operations.md", "docs/how-it-works.md", "docs/fault-injection-and-benchmarks.md",
+            "docs/design/README.md", "docs/design/leader-lease.md"} <= found
     assert not any(f.startswith(".") for f in found)
 
 

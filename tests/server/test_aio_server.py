@@ -1,4 +1,5 @@
-"""F20 (benchmarks/README.md): the nodes' gRPC servers accept each call waiting on one request.
+"""The nodes' gRPC servers accept each call waiting on one request
+(docs/design/aio-server-generic-handlers.md).
 
 grpc.aio's accept loop waits, after every call it accepts, on one outstanding request per
 registered method plus the generic one; generated ``add_*Servicer_to_server`` code registers

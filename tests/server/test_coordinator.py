@@ -756,8 +756,8 @@ def test_forwarded_calls_travel_batched_and_keep_their_semantics() -> None:
 @pytest.mark.integration
 def test_waiting_forwarded_calls_hold_no_task_on_either_side() -> None:
     """A round of N forwarded calls is collected with one future per call on each side, not a
-    task per call (benchmarks F21: before, the follower ran a task per forward and the leader one
-    per forwarded call, 2N tasks for N waiting calls); calls that go away are withdrawn."""
+    task per call (docs/design/follower-forwarding.md: before, the follower ran a task per forward
+    and the leader one per forwarded call, 2N tasks for N waiting calls); calls that go away are withdrawn."""
     async def main() -> None:
         coord, _log, _ = make(min_replicas=1000)  # the round never completes
         coord.start_leading(1)

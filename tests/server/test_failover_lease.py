@@ -1,6 +1,7 @@
 """Failover with the quorum lease on: a new leader serves without waiting out its predecessor's
-lease when the followers' vote refusal covers it (core/lease.py, point 3; benchmarks F13), and waits
-the rest when it does not. Real node processes on loopback (LocalCluster).
+lease when the followers' vote refusal covers it (core/lease.py, point 3;
+docs/design/leader-lease.md), and waits the rest when it does not. Real node processes on loopback
+(LocalCluster).
 
 Both clusters run a 1 s minimum election timeout (the refusal window R) so that the lease (L) can be
 long enough to tell "waited" from "did not wait" well above scheduling noise on a loaded machine.
@@ -79,8 +80,9 @@ LOST = re.compile(r"the connection to the leader (\S+) closed: (standing in|its 
 
 @pytest.mark.timeout(120)
 def test_a_sigkilled_leaders_survivors_stand_by_rank_as_its_connections_close(make_cluster) -> None:
-    """benchmarks F19: the kernel closes a killed process's sockets, its followers read that and
-    stand at the end of their refusal window, the first by node id first: one election."""
+    """docs/design/fast-election.md: the kernel closes a killed process's sockets, its followers
+    read that and stand at the end of their refusal window, the first by node id first: one
+    election."""
     cluster = make_cluster(min_replicas=1, election_timeout_ms=1000)
     leader = cluster.wait_for_leader(timeout=30)
     cluster.wait_for_followers(leader, timeout=10)

@@ -1,14 +1,14 @@
 """A follower's Raft link to the leader drops and comes back within one term: the Quorum calls it
 forwarded stay registered at the leader.
 
-Under load a node's Raft connection to its leader can drop and be dialed again without any
-election (a tick thread stalled past the connection timeout; benchmarks F15: at N=4096 with the
-clients on followers, rounds stopped while the followers' links came and went within a term).
-While the link is down the follower knows no leader (``node.leader_peer``). It used to take that
-for a leader change and withdraw every call it had forwarded, then send them all again once the
+Under load a node's Raft connection to its leader can drop and be dialed again without any election
+(a tick thread stalled past the connection timeout; docs/design/follower-forwarding.md: at N=4096
+with the clients on followers, rounds stopped while the followers' links came and went within a
+term). While the link is down the follower knows no leader (``node.leader_peer``). It used to take
+that for a leader change and withdraw every call it had forwarded, then send them all again once the
 link was back: each blip took the follower's members out of the round being collected. A call
-forwarded on the batched stream now waits for its answer until Raft names *another* leader (or
-this node leads): a leader that steps down fails the calls itself, and a dead one ends the stream.
+forwarded on the batched stream now waits for its answer until Raft names *another* leader (or this
+node leads): a leader that steps down fails the calls itself, and a dead one ends the stream.
 
 Real node processes on loopback; the link is cut with ``ss -K`` (the kernel resets the sockets,
 as a dropped connection does), which needs root.

@@ -1,5 +1,5 @@
 """A node process serves with the garbage collector's serving thresholds (``gc_thresholds``;
-benchmarks/README.md F20): its start-up line reports what ``gc.get_threshold()`` says in it."""
+docs/design/gc-thresholds.md): its start-up line reports what ``gc.get_threshold()`` says in it."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 stand-in for the leader's channel (no processes): a new replica's first heartbeat goes out
 without waiting for the next regular batch, and heartbeats that are all "new" (every replica heard
 from less than once a second: a follower short of CPU, as at N=4096) still travel in batches, not
-one call each (benchmarks F17: 1.0 heartbeats per call before, the leader at 2x the CPU)."""
+one call each (docs/design/heartbeat-batching.md: 1.0 heartbeats per call before, the leader at 2x
+the CPU)."""
 
 from __future__ import annotations
 

@@ -148,11 +148,11 @@ def test_first_dials_in_flight_are_capped_and_the_rest_start_as_they_are_answere
 
 
 def test_a_new_leader_of_thousands_of_unreachable_members_keeps_its_file_descriptors() -> None:
-    """F15: a new leader of 4096 members on a loop too busy to see its dials answered went from
-    2,000 to 20,000 file descriptors in 8 s (each unanswered dial keeps gRPC reconnecting), and
-    Raft then failed to open a socket or its journal. Real dials to refused ports, the loop held
-    50 ms of every turn: the descriptors stay bounded by the dials in flight (before the cap:
-    3,000-8,000 within 5 s here, or the test process's own limit)."""
+    """docs/design/new-leader-large-quorum.md: a new leader of 4096 members on a loop too busy to
+    see its dials answered went from 2,000 to 20,000 file descriptors in 8 s (each unanswered dial
+    keeps gRPC reconnecting), and Raft then failed to open a socket or its journal. Real dials to
+    refused ports, the loop held 50 ms of every turn: the descriptors stay bounded by the dials in
+    flight (before the cap: 3,000-8,000 within 5 s here, or the test process's own limit)."""
     n = 4096
 
     def open_fds() -> int:
@@ -186,7 +186,7 @@ def test_a_refused_manager_address_is_given_up_at_once_not_redialed_until_the_co
     """Nothing listens on the address (the kernel refuses the dial): the member is settled (heartbeat
     timeout only) after that first refusal. It used to be redialed every 50-200 ms until
     ``connect_timeout_s``: with 2048 such members a new leader spent ~7 s of CPU in its first 5 s
-    (benchmarks/README.md, F15)."""
+    (docs/design/new-leader-large-quorum.md)."""
     import socket
 
     async def main() -> None:

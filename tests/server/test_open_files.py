@@ -1,9 +1,9 @@
 """The node's open-file limit (``server/open_files.py``): raised to the hard limit at start.
 
-F15: at N=4096 a node ran out of file descriptors, and then Raft could open neither a socket nor
-its journal. A soft limit of 1024 (many shells and container runtimes) runs out near a thousand
-trainers' connections; the node raises it to the hard limit, as Go's runtime does for Go servers.
-"""
+At N=4096 a node ran out of file descriptors (docs/design/new-leader-large-quorum.md), and then Raft
+could open neither a socket nor its journal. A soft limit of 1024 (many shells and container
+runtimes) runs out near a thousand trainers' connections; the node raises it to the hard limit, as
+Go's runtime does for Go servers. """
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""F7 (benchmarks/README.md): gRPC core must not cancel calls the node has not picked up yet.
+"""gRPC core must not cancel calls the node has not picked up yet
+(docs/design/grpc-pending-calls.md).
 
 gRPC core keeps calls that arrived while the asyncio application was busy in a pending queue and,
 by default, cancels new ones once 1000 are queued (randomly up to 3000, always beyond): the client

@@ -113,7 +113,7 @@ def test_a_forwarded_call_whose_client_went_away_is_cancelled_not_given_up() -> 
 def test_waiting_forwarded_calls_hold_no_task_each_besides_their_forward() -> None:
     """A follower holds one forwarded call per replica group it serves while a round is collected
     (thousands at N=4096): each is its handler and its forward, and a leader change is one pass
-    over them, not a task and an ``asyncio.wait`` per call (benchmarks F18)."""
+    over them, not a task and an ``asyncio.wait`` per call (docs/design/follower-forwarding.md)."""
     async def main() -> None:
         view = NodeView()
         view.leader = OLD
