@@ -2,7 +2,7 @@
 
 A thin shell: each group of commands lives in a module of its own and attaches to ``app.main``:
 ``serve`` (a node), ``up`` (a local cluster), ``cluster`` (status, health, members,
-transfer-leader), ``jobs``, ``snapshot`` and ``checkout_bench`` (`bench`); the options they share are
+transfer-leader), ``jobs``, ``kv`` (`rendezvous`: the runs' rendezvous state), ``snapshot`` and ``checkout_bench`` (`bench`); the options they share are
 ``options``'s and the timeouts ``core.defaults``'s. Every failure a user can cause ends with exit
 status 2 (bad input) or 1 (cluster problem) and a one-line reason.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import lighthouse_cluster.cli.checkout_bench  # noqa: F401  (`bench`; no module named .bench ships)
 import lighthouse_cluster.cli.cluster  # noqa: F401
 import lighthouse_cluster.cli.jobs  # noqa: F401
+import lighthouse_cluster.cli.kv  # noqa: F401  (`rendezvous`)
 import lighthouse_cluster.cli.snapshot  # noqa: F401
 import lighthouse_cluster.cli.up  # noqa: F401
 from lighthouse_cluster.cli.app import OneLineErrors, main

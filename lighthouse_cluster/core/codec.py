@@ -28,6 +28,13 @@ Version 4 adds jobs (``jobs.py``): ``put_job`` and ``remove_job`` commands, and 
 An older node would apply a job's commit to its only quorum, so no writer emits a job command or
 a commit for another job before version 4 is enabled, i.e. before every node reads it.
 
+Versions 5 and 6 change nothing in the log (see their constants).
+
+Version 7 adds the rendezvous key-value store (``kv_store.py``): ``kv_write``, ``kv_drop`` and
+``kv_expire`` commands and a ``kv`` key in snapshots (absent: an empty store). An older node would
+apply them as unknown kinds (no-ops) and diverge, so no writer emits one before version 7 is
+enabled, i.e. before every node reads it.
+
 This module only translates between Python values and bytes; it owns no state.
 """
 
@@ -39,10 +46,11 @@ from typing import Any, Union
 import msgpack
 
 from lighthouse_cluster.core.jobs import DEFAULT_JOB, JobSpec, spec_from_wire, spec_to_wire
+from lighthouse_cluster.core.kv_store import KVOp, op_from_wire, op_to_wire
 from lighthouse_cluster.core.quorum import Member, Quorum
 from lighthouse_cluster.core.torchft_wire import DecodeError, member_from_bytes
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 MIN_READABLE_VERSION = 1
 # Version 2 adds the ``set_members`` command (the replicated member table).
 MEMBERS_SCHEMA_VERSION = 2
@@ -59,6 +67,8 @@ CIPHER_SCHEMA_VERSION = 5
 # Version 6 changes nothing in the log either: its nodes read a quiet leader's append_entries
 # (``raft/quiescence.py``: a longer election timeout), so a leader quiesces only once it is enabled.
 QUIESCENCE_SCHEMA_VERSION = 6
+# Version 7: the rendezvous key-value store (kv_write, kv_drop, kv_expire; ``kv_store.py``).
+KV_SCHEMA_VERSION = 7
 
 
 class SchemaError(ValueError):
@@ -138,8 +148,38 @@ class RemoveJob:
     expected_version: int
 
 
+@dataclass(frozen=True, slots=True)
+class KVWrite:
+    """One write to the rendezvous store namespace ``(job, run_id)`` (``kv_store.KVStore.write``):
+    ``request_id`` is the client's (kept across its retries, "" for none), ``time_ms`` the
+    leader's wall clock when it submitted the write. Schema 7."""
+
+    job: str
+    run_id: str
+    op: KVOp
+    request_id: str
+    time_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class KVDrop:
+    """Drop the rendezvous namespace ``(job, run_id)`` and its keys. Schema 7."""
+
+    job: str
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class KVExpire:
+    """Drop every rendezvous namespace no write touched for ``idle_ms`` as of ``time_ms`` (the
+    leader's wall clock). Schema 7."""
+
+    time_ms: int
+    idle_ms: int
+
+
 Command = Union[TermStart, CommitQuorum, ConfirmLeadership, EnableSchema, SetMembers, PutJob, RemoveJob,
-                UnknownCommand]
+                KVWrite, KVDrop, KVExpire, UnknownCommand]
 
 def member_to_wire(m: Member, version: int = SCHEMA_VERSION) -> dict[str, Any]:
     if m.raw and version >= PASS_THROUGH_SCHEMA_VERSION:
@@ -217,6 +257,17 @@ def encode_command(cmd: Command, version: int = SCHEMA_VERSION) -> bytes:
     elif isinstance(cmd, RemoveJob):
         _need_jobs(version, "remove_job")
         body = {"k": "remove_job", "expect": cmd.expected_version, "n": cmd.name}
+    elif isinstance(cmd, KVWrite):
+        _need_kv(version, "kv_write")
+        body = {"k": "kv_write", "j": cmd.job, "r": cmd.run_id, "op": op_to_wire(cmd.op), "t": cmd.time_ms}
+        if cmd.request_id:
+            body["rid"] = cmd.request_id
+    elif isinstance(cmd, KVDrop):
+        _need_kv(version, "kv_drop")
+        body = {"k": "kv_drop", "j": cmd.job, "r": cmd.run_id}
+    elif isinstance(cmd, KVExpire):
+        _need_kv(version, "kv_expire")
+        body = {"k": "kv_expire", "t": cmd.time_ms, "idle": cmd.idle_ms}
     else:
         raise TypeError(f"cannot encode {cmd!r}")
     body["v"] = version
@@ -226,6 +277,11 @@ def encode_command(cmd: Command, version: int = SCHEMA_VERSION) -> bytes:
 def _need_jobs(version: int, what: str) -> None:
     if version < JOBS_SCHEMA_VERSION:
         raise ValueError(f"{what} needs schema {JOBS_SCHEMA_VERSION}; the cluster has {version} enabled")
+
+
+def _need_kv(version: int, what: str) -> None:
+    if version < KV_SCHEMA_VERSION:
+        raise ValueError(f"{what} needs schema {KV_SCHEMA_VERSION}; the cluster has {version} enabled")
 
 
 def decode_command(data: bytes) -> Command:
@@ -255,6 +311,13 @@ def _command_of(obj: dict[str, Any]) -> Command:
             return PutJob(spec=spec_from_wire(obj["spec"]), expected_version=obj["expect"])
         if kind == "remove_job":
             return RemoveJob(name=str(obj["n"]), expected_version=obj["expect"])
+        if kind == "kv_write":
+            return KVWrite(job=str(obj["j"]), run_id=str(obj["r"]), op=op_from_wire(obj["op"]),
+                           request_id=str(obj.get("rid", "")), time_ms=int(obj["t"]))
+        if kind == "kv_drop":
+            return KVDrop(job=str(obj["j"]), run_id=str(obj["r"]))
+        if kind == "kv_expire":
+            return KVExpire(time_ms=int(obj["t"]), idle_ms=int(obj["idle"]))
         if kind == "set_members":
             return SetMembers(expected_version=obj["expect"],
                               members=tuple((str(m[0]), str(m[1]), str(m[2])) for m in obj["m"]))

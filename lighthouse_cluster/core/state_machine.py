@@ -47,6 +47,10 @@ Snapshots carry the version.
   leaving first: its id raises ``retired_floor``, above which every job created afterwards under
   a name not kept starts (ids are per job, so starting higher is harmless). The limit is part of
   the schema: every node must evict alike.
+* ``kv`` (schema 7, ``kv_store.py``): the rendezvous key-value store, one namespace per (job,
+  run id); ``KVWrite`` / ``KVDrop`` / ``KVExpire`` change it and return a ``kv_store.KVResult``,
+  the number of keys dropped, or the namespaces expired. It is independent of the job table (a
+  run's namespace needs no job of that name). Snapshots carry it under ``kv``.
 """
 
 from __future__ import annotations
@@ -60,6 +64,9 @@ from lighthouse_cluster.core.codec import (
     CommitQuorum,
     ConfirmLeadership,
     EnableSchema,
+    KVDrop,
+    KVExpire,
+    KVWrite,
     PutJob,
     RemoveJob,
     SetMembers,
@@ -76,6 +83,7 @@ from lighthouse_cluster.core.jobs import (
     spec_from_wire,
     spec_to_wire,
 )
+from lighthouse_cluster.core.kv_store import DEFAULT_LIMITS, KVLimits, KVStore
 from lighthouse_cluster.core.quorum import Quorum
 
 HISTORY_LENGTH = 256
@@ -150,12 +158,15 @@ def _history_from_wire(items: Any) -> deque[HistoryEntry]:
 class QuorumStateMachine:
     """The lighthouse cluster's replicated state; see the module docstring."""
 
-    def __init__(self, max_schema_version: int = codec.SCHEMA_VERSION, max_retired: int = MAX_RETIRED_JOBS) -> None:
+    def __init__(self, max_schema_version: int = codec.SCHEMA_VERSION, max_retired: int = MAX_RETIRED_JOBS,
+                 kv_limits: KVLimits = DEFAULT_LIMITS) -> None:
         """``max_schema_version``: the newest schema this node's version writes (lower only to act
         as an older version, for rolling-upgrade tests); ``max_retired``: removed jobs kept by
-        name (lower only in tests: every node must use the same)."""
+        name, ``kv_limits``: the rendezvous store's limits (lower either only in tests: every node
+        must use the same)."""
         self.max_schema_version = max_schema_version
         self.max_retired = max_retired
+        self.kv = KVStore(kv_limits)
         self.jobs: dict[str, JobState] = {DEFAULT_JOB: JobState(JobSpec(DEFAULT_JOB))}
         self.retired: dict[str, int] = {}  # removed jobs' last quorum ids, oldest removal first
         self.retired_floor = 0  # the highest last id of the names dropped from ``retired``
@@ -234,6 +245,12 @@ class QuorumStateMachine:
             return self._put_job(command)
         if isinstance(command, RemoveJob):
             return self._remove_job(command)
+        if isinstance(command, KVWrite):
+            return self.kv.write((command.job, command.run_id), command.op, command.request_id, command.time_ms)
+        if isinstance(command, KVDrop):
+            return self.kv.drop((command.job, command.run_id))
+        if isinstance(command, KVExpire):
+            return self.kv.expire(command.time_ms, command.idle_ms)
         if isinstance(command, UnknownCommand):
             return None
         raise TypeError(f"not a command: {command!r}")
@@ -371,6 +388,7 @@ class QuorumStateMachine:
             **({"members": [list(m) for m in self.members], "members_v": self.members_version}
                if self.members_version else {}),
             **({"lease_ms": self.lease_ms} if self.lease_ms else {}),
+            **({"kv": self.kv.to_wire()} if self.kv.namespaces or self.kv.revision else {}),
         }, version=self.schema_version)
 
     def restore_snapshot(self, data: bytes) -> None:
@@ -397,3 +415,4 @@ class QuorumStateMachine:
         self.members = tuple((str(m[0]), str(m[1]), str(m[2])) for m in obj.get("members", []))
         self.members_version = obj.get("members_v", 0)
         self.lease_ms = obj.get("lease_ms", 0)
+        self.kv.restore(obj.get("kv"))

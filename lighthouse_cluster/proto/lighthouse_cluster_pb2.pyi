@@ -492,3 +492,187 @@ class QuorumForwardDown(_message.Message):
     keys: _containers.RepeatedScalarFieldContainer[int]
     errors: _containers.RepeatedCompositeFieldContainer[ForwardedQuorumError]
     def __init__(self, response: _Optional[bytes] = ..., keys: _Optional[_Iterable[int]] = ..., errors: _Optional[_Iterable[_Union[ForwardedQuorumError, _Mapping]]] = ...) -> None: ...
+
+class KVNamespace(_message.Message):
+    __slots__ = ("job", "run_id")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    run_id: str
+    def __init__(self, job: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
+
+class KVEntry(_message.Message):
+    __slots__ = ("key", "value", "version")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    value: bytes
+    version: int
+    def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ..., version: _Optional[int] = ...) -> None: ...
+
+class KVGetRequest(_message.Message):
+    __slots__ = ("ns", "key")
+    NS_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ns: KVNamespace
+    key: str
+    def __init__(self, ns: _Optional[_Union[KVNamespace, _Mapping]] = ..., key: _Optional[str] = ...) -> None: ...
+
+class KVGetResponse(_message.Message):
+    __slots__ = ("found", "entry")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    entry: KVEntry
+    def __init__(self, found: _Optional[bool] = ..., entry: _Optional[_Union[KVEntry, _Mapping]] = ...) -> None: ...
+
+class KVSetRequest(_message.Message):
+    __slots__ = ("ns", "key", "value", "request_id")
+    NS_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ns: KVNamespace
+    key: str
+    value: bytes
+    request_id: str
+    def __init__(self, ns: _Optional[_Union[KVNamespace, _Mapping]] = ..., key: _Optional[str] = ..., value: _Optional[bytes] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class KVCompareAndSetRequest(_message.Message):
+    __slots__ = ("ns", "key", "value", "expected_version", "expected_value", "request_id")
+    NS_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_VALUE_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ns: KVNamespace
+    key: str
+    value: bytes
+    expected_version: int
+    expected_value: bytes
+    request_id: str
+    def __init__(self, ns: _Optional[_Union[KVNamespace, _Mapping]] = ..., key: _Optional[str] = ..., value: _Optional[bytes] = ..., expected_version: _Optional[int] = ..., expected_value: _Optional[bytes] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class KVAddRequest(_message.Message):
+    __slots__ = ("ns", "key", "delta", "request_id")
+    NS_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ns: KVNamespace
+    key: str
+    delta: int
+    request_id: str
+    def __init__(self, ns: _Optional[_Union[KVNamespace, _Mapping]] = ..., key: _Optional[str] = ..., delta: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class KVDeleteRequest(_message.Message):
+    __slots__ = ("ns", "key", "expected_version", "request_id")
+    NS_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ns: KVNamespace
+    key: str
+    expected_version: int
+    request_id: str
+    def __init__(self, ns: _Optional[_Union[KVNamespace, _Mapping]] = ..., key: _Optional[str] = ..., expected_version: _Optional[int] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class KVWriteResponse(_message.Message):
+    __slots__ = ("applied", "found", "entry", "counter", "duplicate")
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    COUNTER_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    applied: bool
+    found: bool
+    entry: KVEntry
+    counter: int
+    duplicate: bool
+    def __init__(self, applied: _Optional[bool] = ..., found: _Optional[bool] = ..., entry: _Optional[_Union[KVEntry, _Mapping]] = ..., counter: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class KVListRequest(_message.Message):
+    __slots__ = ("ns", "prefix", "limit", "values")
+    NS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    ns: KVNamespace
+    prefix: str
+    limit: int
+    values: bool
+    def __init__(self, ns: _Optional[_Union[KVNamespace, _Mapping]] = ..., prefix: _Optional[str] = ..., limit: _Optional[int] = ..., values: _Optional[bool] = ...) -> None: ...
+
+class KVListResponse(_message.Message):
+    __slots__ = ("entries", "total")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[KVEntry]
+    total: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[KVEntry, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
+
+class KVWaitRequest(_message.Message):
+    __slots__ = ("ns", "keys", "known_versions", "timeout_ms")
+    NS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    ns: KVNamespace
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    known_versions: _containers.RepeatedScalarFieldContainer[int]
+    timeout_ms: int
+    def __init__(self, ns: _Optional[_Union[KVNamespace, _Mapping]] = ..., keys: _Optional[_Iterable[str]] = ..., known_versions: _Optional[_Iterable[int]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class KVWaitResponse(_message.Message):
+    __slots__ = ("ready", "entries", "answered_by")
+    READY_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_BY_FIELD_NUMBER: _ClassVar[int]
+    ready: bool
+    entries: _containers.RepeatedCompositeFieldContainer[KVEntry]
+    answered_by: str
+    def __init__(self, ready: _Optional[bool] = ..., entries: _Optional[_Iterable[_Union[KVEntry, _Mapping]]] = ..., answered_by: _Optional[str] = ...) -> None: ...
+
+class KVDropRequest(_message.Message):
+    __slots__ = ("ns",)
+    NS_FIELD_NUMBER: _ClassVar[int]
+    ns: KVNamespace
+    def __init__(self, ns: _Optional[_Union[KVNamespace, _Mapping]] = ...) -> None: ...
+
+class KVDropResponse(_message.Message):
+    __slots__ = ("dropped", "keys")
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    dropped: bool
+    keys: int
+    def __init__(self, dropped: _Optional[bool] = ..., keys: _Optional[int] = ...) -> None: ...
+
+class KVListNamespacesRequest(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    def __init__(self, job: _Optional[str] = ...) -> None: ...
+
+class KVNamespaceInfo(_message.Message):
+    __slots__ = ("ns", "keys", "bytes", "created_ms", "touched_ms")
+    NS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    CREATED_MS_FIELD_NUMBER: _ClassVar[int]
+    TOUCHED_MS_FIELD_NUMBER: _ClassVar[int]
+    ns: KVNamespace
+    keys: int
+    bytes: int
+    created_ms: int
+    touched_ms: int
+    def __init__(self, ns: _Optional[_Union[KVNamespace, _Mapping]] = ..., keys: _Optional[int] = ..., bytes: _Optional[int] = ..., created_ms: _Optional[int] = ..., touched_ms: _Optional[int] = ...) -> None: ...
+
+class KVListNamespacesResponse(_message.Message):
+    __slots__ = ("namespaces", "idle_expiry_ms")
+    NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    IDLE_EXPIRY_MS_FIELD_NUMBER: _ClassVar[int]
+    namespaces: _containers.RepeatedCompositeFieldContainer[KVNamespaceInfo]
+    idle_expiry_ms: int
+    def __init__(self, namespaces: _Optional[_Iterable[_Union[KVNamespaceInfo, _Mapping]]] = ..., idle_expiry_ms: _Optional[int] = ...) -> None: ...

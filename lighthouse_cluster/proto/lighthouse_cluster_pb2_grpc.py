@@ -806,3 +806,420 @@ class LighthouseQuorumForwarding:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class LighthouseKVStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Get = channel.unary_unary(
+                '/lighthouse_cluster.LighthouseKV/Get',
+                request_serializer=lighthouse__cluster__pb2.KVGetRequest.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.KVGetResponse.FromString,
+                _registered_method=True)
+        self.Set = channel.unary_unary(
+                '/lighthouse_cluster.LighthouseKV/Set',
+                request_serializer=lighthouse__cluster__pb2.KVSetRequest.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.KVWriteResponse.FromString,
+                _registered_method=True)
+        self.CompareAndSet = channel.unary_unary(
+                '/lighthouse_cluster.LighthouseKV/CompareAndSet',
+                request_serializer=lighthouse__cluster__pb2.KVCompareAndSetRequest.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.KVWriteResponse.FromString,
+                _registered_method=True)
+        self.Add = channel.unary_unary(
+                '/lighthouse_cluster.LighthouseKV/Add',
+                request_serializer=lighthouse__cluster__pb2.KVAddRequest.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.KVWriteResponse.FromString,
+                _registered_method=True)
+        self.Delete = channel.unary_unary(
+                '/lighthouse_cluster.LighthouseKV/Delete',
+                request_serializer=lighthouse__cluster__pb2.KVDeleteRequest.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.KVWriteResponse.FromString,
+                _registered_method=True)
+        self.List = channel.unary_unary(
+                '/lighthouse_cluster.LighthouseKV/List',
+                request_serializer=lighthouse__cluster__pb2.KVListRequest.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.KVListResponse.FromString,
+                _registered_method=True)
+        self.Wait = channel.unary_unary(
+                '/lighthouse_cluster.LighthouseKV/Wait',
+                request_serializer=lighthouse__cluster__pb2.KVWaitRequest.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.KVWaitResponse.FromString,
+                _registered_method=True)
+        self.DropNamespace = channel.unary_unary(
+                '/lighthouse_cluster.LighthouseKV/DropNamespace',
+                request_serializer=lighthouse__cluster__pb2.KVDropRequest.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.KVDropResponse.FromString,
+                _registered_method=True)
+        self.ListNamespaces = channel.unary_unary(
+                '/lighthouse_cluster.LighthouseKV/ListNamespaces',
+                request_serializer=lighthouse__cluster__pb2.KVListNamespacesRequest.SerializeToString,
+                response_deserializer=lighthouse__cluster__pb2.KVListNamespacesResponse.FromString,
+                _registered_method=True)
+
+
+class LighthouseKVServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Get(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Set(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompareAndSet(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Add(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Delete(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def List(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Wait(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropNamespace(self, request, context):
+        """An operator's: needs the admin token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListNamespaces(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_LighthouseKVServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Get': grpc.unary_unary_rpc_method_handler(
+                    servicer.Get,
+                    request_deserializer=lighthouse__cluster__pb2.KVGetRequest.FromString,
+                    response_serializer=lighthouse__cluster__pb2.KVGetResponse.SerializeToString,
+            ),
+            'Set': grpc.unary_unary_rpc_method_handler(
+                    servicer.Set,
+                    request_deserializer=lighthouse__cluster__pb2.KVSetRequest.FromString,
+                    response_serializer=lighthouse__cluster__pb2.KVWriteResponse.SerializeToString,
+            ),
+            'CompareAndSet': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompareAndSet,
+                    request_deserializer=lighthouse__cluster__pb2.KVCompareAndSetRequest.FromString,
+                    response_serializer=lighthouse__cluster__pb2.KVWriteResponse.SerializeToString,
+            ),
+            'Add': grpc.unary_unary_rpc_method_handler(
+                    servicer.Add,
+                    request_deserializer=lighthouse__cluster__pb2.KVAddRequest.FromString,
+                    response_serializer=lighthouse__cluster__pb2.KVWriteResponse.SerializeToString,
+            ),
+            'Delete': grpc.unary_unary_rpc_method_handler(
+                    servicer.Delete,
+                    request_deserializer=lighthouse__cluster__pb2.KVDeleteRequest.FromString,
+                    response_serializer=lighthouse__cluster__pb2.KVWriteResponse.SerializeToString,
+            ),
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=lighthouse__cluster__pb2.KVListRequest.FromString,
+                    response_serializer=lighthouse__cluster__pb2.KVListResponse.SerializeToString,
+            ),
+            'Wait': grpc.unary_unary_rpc_method_handler(
+                    servicer.Wait,
+                    request_deserializer=lighthouse__cluster__pb2.KVWaitRequest.FromString,
+                    response_serializer=lighthouse__cluster__pb2.KVWaitResponse.SerializeToString,
+            ),
+            'DropNamespace': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropNamespace,
+                    request_deserializer=lighthouse__cluster__pb2.KVDropRequest.FromString,
+                    response_serializer=lighthouse__cluster__pb2.KVDropResponse.SerializeToString,
+            ),
+            'ListNamespaces': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListNamespaces,
+                    request_deserializer=lighthouse__cluster__pb2.KVListNamespacesRequest.FromString,
+                    response_serializer=lighthouse__cluster__pb2.KVListNamespacesResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'lighthouse_cluster.LighthouseKV', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('lighthouse_cluster.LighthouseKV', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class LighthouseKV:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Get(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_cluster.LighthouseKV/Get',
+            lighthouse__cluster__pb2.KVGetRequest.SerializeToString,
+            lighthouse__cluster__pb2.KVGetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Set(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_cluster.LighthouseKV/Set',
+            lighthouse__cluster__pb2.KVSetRequest.SerializeToString,
+            lighthouse__cluster__pb2.KVWriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompareAndSet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_cluster.LighthouseKV/CompareAndSet',
+            lighthouse__cluster__pb2.KVCompareAndSetRequest.SerializeToString,
+            lighthouse__cluster__pb2.KVWriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Add(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_cluster.LighthouseKV/Add',
+            lighthouse__cluster__pb2.KVAddRequest.SerializeToString,
+            lighthouse__cluster__pb2.KVWriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Delete(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_cluster.LighthouseKV/Delete',
+            lighthouse__cluster__pb2.KVDeleteRequest.SerializeToString,
+            lighthouse__cluster__pb2.KVWriteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_cluster.LighthouseKV/List',
+            lighthouse__cluster__pb2.KVListRequest.SerializeToString,
+            lighthouse__cluster__pb2.KVListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Wait(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_cluster.LighthouseKV/Wait',
+            lighthouse__cluster__pb2.KVWaitRequest.SerializeToString,
+            lighthouse__cluster__pb2.KVWaitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropNamespace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_cluster.LighthouseKV/DropNamespace',
+            lighthouse__cluster__pb2.KVDropRequest.SerializeToString,
+            lighthouse__cluster__pb2.KVDropResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListNamespaces(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lighthouse_cluster.LighthouseKV/ListNamespaces',
+            lighthouse__cluster__pb2.KVListNamespacesRequest.SerializeToString,
+            lighthouse__cluster__pb2.KVListNamespacesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
-from prometheus_client import CollectorRegistry, Histogram, ProcessCollector, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -348,6 +348,31 @@ class NodeCollector(Collector):
                     "manager servers (members without a liveness stream)", lambda j: j.connections.connected)
 
 
+class KVCollector(Collector):
+    """The rendezvous store's size as this node's replicated state holds it, read at scrape time."""
+
+    def __init__(self, node: MetricsSource) -> None:
+        self.node = node
+
+    def collect(self) -> Iterator[Any]:
+        kv = getattr(self.node.machine, "kv", None)
+        if kv is None:
+            return
+        node_id = self.node.config.node_id
+        namespaces = list(kv.namespaces.values())
+        ns = GaugeMetricFamily(PREFIX + "kv_namespaces", "Rendezvous namespaces (job, run id) in the store",
+                               labels=["node"])
+        ns.add_metric([node_id], len(namespaces))
+        yield ns
+        keys = GaugeMetricFamily(PREFIX + "kv_keys", "Keys in all rendezvous namespaces", labels=["node"])
+        keys.add_metric([node_id], sum(len(n.entries) for n in namespaces))
+        yield keys
+        size = GaugeMetricFamily(PREFIX + "kv_bytes", "Bytes of keys and values in all rendezvous namespaces",
+                                 labels=["node"])
+        size.add_metric([node_id], sum(n.size for n in namespaces))
+        yield size
+
+
 class NodeMetrics:
     """The node's registry and the histograms it observes into."""
 
@@ -365,6 +390,12 @@ class NodeMetrics:
             ["outcome"], registry=self.registry, buckets=LATENCY_BUCKETS)
         self._histogram_jobs: set[str] = set()
         self._match_jobs()
+        # The rendezvous store (issue 34): calls this node answered, and its replicated contents.
+        self.kv_operations = Counter(
+            PREFIX + "kv_operations", "Rendezvous store calls answered by this node (forwarded ones included), "
+            "by operation and result (ok, or the refusal's kind or status)", ["op", "result"],
+            registry=self.registry)
+        self.registry.register(KVCollector(node))
 
     def on_issue(self, job: str, _issued: Any, commit_s: float | None) -> None:
         """A round of ``job`` was issued (the coordinator's ``on_issue`` hook)."""

@@ -47,6 +47,7 @@ from lighthouse_cluster.server.job_creation import JobCreator, WatchOfNewJob
 from lighthouse_cluster.server.job_ports import JobPorts, PortProcesses
 from lighthouse_cluster.server.logs import JsonFormatter
 from lighthouse_cluster.server.job_registry import JobRegistry, JobRuntime
+from lighthouse_cluster.server.kv_service import KVService, idle_expiry_from_env
 from lighthouse_cluster.server.leader_term import LeaderTerm
 from lighthouse_cluster.server.event_loop import running_loop_name
 from lighthouse_cluster.server.grpc_services import (
@@ -90,9 +91,9 @@ SERVER_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     # gRPC core queues calls that arrived before the (asyncio) application asked for the next
     # one and, past 1000 queued calls (randomly, all past 3000), cancels new ones: the client
-    # sees CANCELLED "CANCELLED" (benchmarks/README.md F7). N replica groups send N Quorum calls
-    # in one burst when a round is issued, plus their heartbeats, while the event loop is busy
-    # sending N answers, so N >~ 500 hit it. A waiting call costs a few KB: queue instead.
+    # sees CANCELLED "CANCELLED" (docs/design/grpc-pending-calls.md). N replica groups send N
+    # Quorum calls in one burst when a round is issued, plus their heartbeats, while the event loop
+    # is busy sending N answers, so N >~ 500 hit it. A waiting call costs a few KB: queue instead.
     ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
     ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
 ]
@@ -142,6 +143,10 @@ class LighthouseNode:
                                 on_serving=lambda _job: self._watch_wake.set())
         self._started_jobs = False
         self.metrics = NodeMetrics(self, self.router)
+        # The rendezvous key-value store's service (issue 34); woken by every applied entry.
+        self.kv = KVService(self, self.channels, config.node_id, config.admin_token,
+                            idle_expiry_s=idle_expiry_from_env(),
+                            count=lambda op, result: self.metrics.kv_operations.labels(op, result).inc())
         self.health = health.aio.HealthServicer()
         self._health_serving: bool | None = None
         self.http = None  # http_endpoints.HttpEndpoints when --http-bind is set
@@ -172,11 +177,13 @@ class LighthouseNode:
             ClusterServiceAdapter(self, self.router, cfg.node_id, self.watch_streams, self.job_admin), self.server)
         cpb_grpc.add_LighthouseAdminServicer_to_server(
             AdminServiceAdapter(self.admin, cfg.admin_token, self.job_admin), self.server)
+        cpb_grpc.add_LighthouseKVServicer_to_server(self.kv, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (pb.DESCRIPTOR.services_by_name["LighthouseService"].full_name,
              cpb.DESCRIPTOR.services_by_name["LighthouseCluster"].full_name,
              cpb.DESCRIPTOR.services_by_name["LighthouseAdmin"].full_name,
+             cpb.DESCRIPTOR.services_by_name["LighthouseKV"].full_name,
              health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME),
             self.server)
@@ -197,7 +204,7 @@ class LighthouseNode:
         self.raft = RaftNode(
             cfg.self_peer.raft_address,
             [p.raft_address for p in self.other_members],
-            ReplicatedState(self.machine),
+            ReplicatedState(self.machine, on_apply=self.kv.on_apply),
             bind_address=cfg.raft_bind,
             data_dir=cfg.data_dir,
             secret=cfg.secret,
@@ -209,6 +216,7 @@ class LighthouseNode:
             fsync=not cfg.unsafe_no_fsync,
         )
         self.router.start()
+        self.kv.start()
         self.jobs.start()
         self._started_jobs = True
         self.job_ports.start()
@@ -249,6 +257,7 @@ class LighthouseNode:
         self._jobs_stopped = True
         self.jobs.stop()
         await _bounded("the router", self.router.stop())
+        await _bounded("the rendezvous store", self.kv.stop())
         self._health_serving = False
         await _bounded("the health service", self.health.enter_graceful_shutdown())
         if self.http is not None:
