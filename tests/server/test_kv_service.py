@@ -184,3 +184,24 @@ def test_the_leader_expires_idle_namespaces() -> None:
 
     kept, after = asyncio.run(run())
     assert kept == [("train", "r1")] and after == []
+
+
+def test_a_cluster_still_on_the_previous_schema_refuses_writes_before_the_log() -> None:
+    """A rolling upgrade: until every node reads schema 7 (``KV_SCHEMA_VERSION``) the leader writes
+    the previous one, and a KV write would be an entry an older node cannot apply. It is refused
+    with FAILED_PRECONDITION naming both versions, and nothing is submitted."""
+    submitted: list[codec.Command] = []
+
+    async def run() -> Aborted:
+        node = Node()
+        node.machine = QuorumStateMachine(max_schema_version=codec.KV_SCHEMA_VERSION - 1)
+        node.submit = lambda command: submitted.append(command)  # type: ignore[method-assign]
+        with pytest.raises(Aborted) as e:
+            await service(node).CompareAndSet(
+                cpb.KVCompareAndSetRequest(ns=NS, key="k", value=b"v", expected_version=0, request_id="r"), Context())
+        return e.value
+
+    refused = asyncio.run(run())
+    assert refused.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert str(codec.KV_SCHEMA_VERSION) in refused.details and str(codec.KV_SCHEMA_VERSION - 1) in refused.details
+    assert submitted == []
