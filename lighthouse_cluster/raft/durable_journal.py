@@ -201,6 +201,10 @@ class DurableJournal:
         self.sync()
 
     def setRaftCommitIndex(self, raftCommitIndex: int) -> None:  # noqa: N802, N803 -- pysyncobj's names
+        # A follower sets it on every append_entries, changed or not: marking the meta file
+        # unsaved each time rewrote it every second for nothing (what is saved is the same).
+        if raftCommitIndex == self.getRaftCommitIndex():
+            return
         self._meta["raftCommitIndex"] = raftCommitIndex
         self._meta_saved = False
 

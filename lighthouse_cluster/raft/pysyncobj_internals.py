@@ -28,6 +28,7 @@ from __future__ import annotations
 import dis
 import importlib
 import inspect
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -123,6 +124,25 @@ JOURNAL_INTERFACE = tuple(Internal("pysyncobj.journal", name, CLASS, "FileJourna
     ("onOneSecondTimer", ("self",)),
 ))
 
+# The composed node (raft/host.py, raft/host_transport.py): a transport subclass passed as
+# SyncObj's transportClass, whose send, incoming connections and disconnect callback are its own;
+# the connections it re-types to compress per node (host_transport.CompactTcpConnection, whose
+# send is pysyncobj's with another compressor: ``send_compressed``); pysyncobj's MemoryJournal,
+# which a node with a data directory replaces as pysyncobj stores it (``AdoptingSyncObj``).
+TCP_TRANSPORT = Internal("pysyncobj.transport", "TCPTransport")
+TRANSPORT_SEND = Internal("pysyncobj.transport", "send", CLASS, "TCPTransport", ("self", "node", "message"))
+TRANSPORT_ADD_NODE = Internal("pysyncobj.transport", "addNode", CLASS, "TCPTransport", ("self", "node"))
+ON_NEW_INCOMING_CONNECTION = Internal("pysyncobj.transport", "_onNewIncomingConnection", CLASS, "TCPTransport",
+                                      ("self", "conn"))
+ON_NODE_DISCONNECTED = Internal("pysyncobj.transport", "_onNodeDisconnected", CLASS, "Transport", ("self", "node"))
+CONNECTION_SEND = Internal("pysyncobj.tcp_connection", "send", CLASS, "TcpConnection", ("self", "message"))
+WRITE_BUFFER_ATTR = Internal("pysyncobj.tcp_connection", "_TcpConnection__writeBuffer", INSTANCE, "TcpConnection")
+TRY_SEND_BUFFER = Internal("pysyncobj.tcp_connection", "_TcpConnection__trySendBuffer", CLASS, "TcpConnection",
+                           ("self",))
+MEMORY_JOURNAL = Internal("pysyncobj.journal", "MemoryJournal")
+HOST_INTERNALS = (TCP_TRANSPORT, TRANSPORT_SEND, TRANSPORT_ADD_NODE, ON_NEW_INCOMING_CONNECTION, ON_NODE_DISCONNECTED,
+                  CONNECTION_SEND, WRITE_BUFFER_ATTR, TRY_SEND_BUFFER, MEMORY_JOURNAL)
+
 INTERNALS: tuple[Internal, ...] = (
     Internal("pysyncobj.version", "VERSION"),
     RAFT_STATE_ATTR, VOTED_FOR_ATTR, TRANSPORT_ATTR, RAFT_LOG_ATTR, ELECTION_DEADLINE_ATTR,
@@ -171,6 +191,8 @@ INTERNALS: tuple[Internal, ...] = (
     # The journal interface SyncObj calls, as FileJournal defines it (raft/durable_journal.py
     # implements the same methods; a changed signature here means a changed interface).
     *JOURNAL_INTERFACE,
+    # The composed node's transport, connections and journal adoption (listed above).
+    *HOST_INTERNALS,
 )
 
 
@@ -369,8 +391,8 @@ def count_arrivals_as_reads(poller: Any) -> bool:
 def save_commit_index_when_changed(journal: Any) -> None:
     """pysyncobj's ``FileJournal`` marks its meta file unsaved whenever the commit index is set,
     which a follower does on every append_entries, changed or not, and so rewrites the file (open,
-    write, rename) every second: ~8 % of an idle follower's tick thread (benchmarks F12). Set it
-    only when it changes: what is saved is the same."""
+    write, rename) every second: ~8 % of an idle follower's tick thread (docs/design/idle-cost.md).
+    Set it only when it changes: what is saved is the same."""
     set_index, get_index = journal.setRaftCommitIndex, journal.getRaftCommitIndex
 
     def set_when_changed(index: int) -> None:
@@ -565,3 +587,108 @@ class SyncObjInternals(SyncObj):
                                   success: bool = False) -> None:
         self.on_ack(node, reset, nextNodeIdx, success)
 
+
+
+# -- the composed node (raft/host.py): message shapes, adoption at construction, per-node compression --
+
+# The keys of pysyncobj's Raft messages that this project's extensions read or write (by message
+# type). ``message_shape_problems`` checks at import that pysyncobj's own code writes or reads each
+# of them: ``'type': '<type>'`` and every ``'<key>'`` appear in the source of syncobj.py.
+MESSAGE_SHAPES: dict[str, tuple[str, ...]] = {
+    "request_vote": ("term", "last_log_index", "last_log_term"),   # built by fast_election (handover, depose)
+    "append_entries": ("term", "commit_index", "entries", "prevLogIdx", "prevLogTerm"),  # read and marked
+    "next_node_idx": ("next_node_idx", "reset", "success"),        # acks: held back (idle_acks), marked
+    "timeout_now": ("term",),                                      # read by fast_election (handover)
+    "response_vote": ("term",),                                    # a vote (not read; listed as Raft's reply)
+}
+
+
+def message_shape_problems(source: str | None = None) -> list[str]:
+    """Every ``type.key`` of ``MESSAGE_SHAPES`` that pysyncobj's syncobj.py (``source``; by default
+    the installed one's) no longer names; empty when all are there."""
+    if source is None:
+        source = inspect.getsource(importlib.import_module("pysyncobj.syncobj"))
+    missing = []
+    for kind, keys in MESSAGE_SHAPES.items():
+        if f"'type': '{kind}'" not in source and f"== '{kind}'" not in source:
+            missing.append(kind)
+        missing += [f"{kind}.{key}" for key in keys if f"'{key}'" not in source]
+    return missing
+
+
+def check_message_shapes(source: str | None = None) -> None:
+    """Raise ImportError (one line) when pysyncobj's messages lack a key this project relies on."""
+    missing = message_shape_problems(source)
+    if missing:
+        raise ImportError(f"lighthouse_cluster.raft needs pysyncobj=={PINNED_VERSION}: its Raft messages lack "
+                          f"{', '.join(missing)}; run: pip install pysyncobj=={PINNED_VERSION}")
+
+
+check_message_shapes()
+
+from pysyncobj.journal import MemoryJournal  # noqa: E402 -- past the checks
+from pysyncobj.transport import TCPTransport  # noqa: E402 -- past the checks
+
+
+class _AdoptOnStore:
+    """A set-only descriptor: when pysyncobj stores the SyncObj attribute ``entry`` (in
+    ``SyncObj.__init__``), the instance's method ``adopt`` gets the value and what it returns is
+    stored instead, in the instance's ``__dict__`` (reads stay plain attribute reads: a descriptor
+    without ``__get__`` does not shadow the instance's dict)."""
+
+    def __init__(self, entry: Internal, adopt: str) -> None:
+        if entry not in INTERNALS or entry.kind != INSTANCE or entry.owner != "SyncObj":
+            raise TypeError(f"{entry.label} is not a checked SyncObj attribute")
+        self.name = entry.name
+        self.adopt = adopt
+
+    def __set__(self, instance: Any, value: Any) -> None:
+        instance.__dict__[self.name] = getattr(instance, self.adopt)(value)
+
+
+class AdoptingSyncObj(SyncObjInternals):
+    """``SyncObjInternals`` that adopts two objects pysyncobj creates in ``SyncObj.__init__``, as it
+    stores them, before anything uses them and before the tick thread starts: its journal
+    (``adopt_journal``: pysyncobj's creation goes through the module-level ``createJournal``,
+    which only a process-wide replacement could change) and its poller (``adopt_poller``: the
+    tick thread's wait, and every socket's registration). Both return the object to use; by
+    default the one pysyncobj made."""
+
+    _SyncObj__raftLog = _AdoptOnStore(RAFT_LOG_ATTR, "adopt_journal")
+    _poller = _AdoptOnStore(POLLER_ATTR, "adopt_poller")
+
+    def adopt_journal(self, journal: Any) -> Any:
+        return journal
+
+    def adopt_poller(self, poller: Any) -> Any:
+        return poller
+
+    @property
+    def pso_last_response_times(self) -> dict[Any, float]:
+        """A leader's last response time from each follower (pysyncobj's ``monotonic()``)."""
+        return self.__dict__.get(LAST_RESPONSE_ATTR.name, {})
+
+
+def send_compressed(connection: Any, message: Any, compress: Callable[[bytes], bytes]) -> None:
+    """``TcpConnection.send(message)`` as pysyncobj does it (its random key, its Fernet or our
+    cipher, the length prefix, the write buffer), with ``compress`` in place of
+    ``zlib.compress(data, 3)``: one connection's compression, with nothing process-wide changed."""
+    if connection.sendRandKey:
+        message = (connection.sendRandKey, message)
+    data = compress(pso_pickle.dumps(message))
+    if connection.encryptor:
+        data = connection.encryptor.encrypt_at_time(data, int(monotonic()))
+    data = struct.pack("i", len(data)) + data
+    setattr(connection, WRITE_BUFFER_ATTR.name, getattr(connection, WRITE_BUFFER_ATTR.name) + data)
+    getattr(connection, TRY_SEND_BUFFER.name)()
+
+
+def counting_arrivals(callback: Any) -> Any:
+    """A poller callback that first counts a read event of a connected ``TcpConnection`` as a read
+    (see ``count_arrivals_as_reads``); any other callback as it is. For a poller that wraps each
+    callback as it is subscribed (raft/host.py), instead of replacing the poller's map."""
+    return _counting_arrival(callback)
+
+
+__all__ += ["AdoptingSyncObj", "MESSAGE_SHAPES", "MemoryJournal", "TCPTransport", "check_message_shapes",
+            "counting_arrivals", "message_shape_problems", "send_compressed"]
