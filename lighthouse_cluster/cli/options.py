@@ -15,7 +15,12 @@ from typing import Any, Callable, NoReturn
 
 import click
 
-from lighthouse_cluster.core.defaults import CLIENT_TIMEOUT_S
+from lighthouse_cluster.core.defaults import (
+    CLIENT_TIMEOUT_S,
+    DEFAULT_HEARTBEAT_TIMEOUT_MS,
+    DEFAULT_JOIN_TIMEOUT_MS,
+    DEFAULT_QUORUM_TICK_MS,
+)
 from lighthouse_cluster.core.lease import DEFAULT_LEASE_MS
 from lighthouse_cluster.server.config import (
     DEFAULT_LIVENESS_TIMEOUT_MS,
@@ -57,13 +62,13 @@ def load_config_file(ctx: click.Context, _param: click.Parameter, value: str | N
 def torchft_flags(f: Any) -> Any:
     """torchft_lighthouse's own flags, same names, meaning and defaults."""
     f = click.option("--heartbeat_timeout_ms", "--heartbeat-timeout-ms", "heartbeat_timeout_ms", type=click.IntRange(min=1),
-                     default=5000, show_default=True, envvar=ENV + "HEARTBEAT_TIMEOUT_MS",
+                     default=DEFAULT_HEARTBEAT_TIMEOUT_MS, show_default=True, envvar=ENV + "HEARTBEAT_TIMEOUT_MS",
                      help="A replica whose last heartbeat is older is unhealthy.")(f)
-    f = click.option("--quorum_tick_ms", "--quorum-tick-ms", "quorum_tick_ms", type=click.IntRange(min=1), default=100,
-                     show_default=True, envvar=ENV + "QUORUM_TICK_MS",
+    f = click.option("--quorum_tick_ms", "--quorum-tick-ms", "quorum_tick_ms", type=click.IntRange(min=1),
+                     default=DEFAULT_QUORUM_TICK_MS, show_default=True, envvar=ENV + "QUORUM_TICK_MS",
                      help="How often the leader re-evaluates the pending quorum.")(f)
-    f = click.option("--join_timeout_ms", "--join-timeout-ms", "join_timeout_ms", type=click.IntRange(min=1), default=60000,
-                     show_default=True, envvar=ENV + "JOIN_TIMEOUT_MS",
+    f = click.option("--join_timeout_ms", "--join-timeout-ms", "join_timeout_ms", type=click.IntRange(min=1),
+                     default=DEFAULT_JOIN_TIMEOUT_MS, show_default=True, envvar=ENV + "JOIN_TIMEOUT_MS",
                      help="How long to wait for heartbeating replicas that have not asked for the quorum.")(f)
     f = click.option("--min_replicas", "--min-replicas", "min_replicas", type=click.IntRange(min=1), required=True,
                      envvar=ENV + "MIN_REPLICAS", help="Fewest replica groups a new quorum may have.")(f)

@@ -1,6 +1,14 @@
-"""`lighthouse-cluster serve`: one node in the foreground. The options are parsed here (flags >
-environment variables > ``--config`` TOML file > defaults) and validated by
-``server.config.build_node_config`` into the node's ``NodeConfig``."""
+"""`lighthouse-cluster serve`: one node in the foreground.
+
+The options are declared here, once each, as click options (flag, environment variable, default,
+help); click resolves them (flags > environment variables > ``--config`` TOML file > defaults)
+and hands them to ``serve`` by name. ``serve`` keeps the few that are its own (``--secret-file``,
+``--event-loop``, ``--log-level``, ``--log-format``) and passes every other one, by the same name,
+as one ``server.config.ServeOptions``, which ``build_node_config`` validates into the node's
+``NodeConfig``. A new node option is therefore a click option here and a ``ServeOptions`` field of
+the same name (with the same default: tests/cli/test_serve_options.py checks both), plus a
+``NodeConfig`` field when the node reads it; nothing else spells it.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +35,7 @@ from lighthouse_cluster.server.config import (
     DEFAULT_QUIESCE_AFTER_MS,
     MAX_JOB_PORT_PROCESS_NICE,
     ConfigError,
+    ServeOptions,
     build_node_config,
 )
 from lighthouse_cluster.server.event_loop import DEFAULT_LOOP, LOOPS
@@ -119,8 +128,6 @@ from lighthouse_cluster.server.gc_thresholds import use_serving_thresholds
 def serve(ctx: click.Context, secret_file: Path | None, event_loop: str, log_level: str, log_format: str,
           **node_options: Any) -> None:
     """Run one lighthouse node in the foreground (SIGTERM hands leadership over, then exits)."""
-    # The node's options go to ``build_node_config`` by their names, as one settings map: a new
-    # option is an option here and a field of ``NodeConfig``, nothing more.
     from lighthouse_cluster.local.supervise import die_with_parent_from_env
     from lighthouse_cluster.server.logs import configure_logging
     from lighthouse_cluster.server.open_files import raise_open_file_limit
@@ -136,7 +143,7 @@ def serve(ctx: click.Context, secret_file: Path | None, event_loop: str, log_lev
         value = node_options[repeated]
         node_options[repeated] = list(value.split() if isinstance(value, str) else value)
     try:
-        config = build_node_config(**node_options, jobs=ctx.meta.get(DECLARED_JOBS))
+        config = build_node_config(ServeOptions(**node_options), jobs=ctx.meta.get(DECLARED_JOBS))
     except ConfigError as e:
         exit_config_error(e)
     configure_logging(log_level, log_format, config.node_id)

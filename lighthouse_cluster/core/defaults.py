@@ -9,6 +9,10 @@ failover timings were measured with it).
 ``ADMIN_COMMIT_TIMEOUT_S``: the same wait for an admin change (jobs, members, settings). Longer:
 an operator's change is rare, waits for nothing else, and should ride out an election or a slow
 disk's fsync under load rather than answer "outcome unknown; retry".
+
+The torchft flags' defaults (``--join_timeout_ms``, ``--heartbeat_timeout_ms``,
+``--quorum_tick_ms``) are torchft_lighthouse's own; ``serve``, ``up``, a job's settings and the
+quorum rules all start from them.
 """
 
 from __future__ import annotations
@@ -17,6 +21,17 @@ COMMIT_TIMEOUT_S = 2.0
 ADMIN_COMMIT_TIMEOUT_S = 5.0
 # A Raft membership change (joint consensus: two commits and the new member catching up).
 MEMBERSHIP_TIMEOUT_S = 10.0
+# transfer-leader on the leader: how long it waits for the target to win an election (the
+# client's TRANSFER_TIMEOUT_S per call is longer, so the leader's answer reaches it).
+HANDOVER_TIMEOUT_S = 6.0
+# A liveness stream (ftclient's Watch) must name its replica in its first message within this
+# long; a refused one's first message is read, within it too, before the refusal.
+WATCH_FIRST_MESSAGE_TIMEOUT_S = 10.0
+
+# torchft_lighthouse's flags and their defaults.
+DEFAULT_JOIN_TIMEOUT_MS = 60_000
+DEFAULT_HEARTBEAT_TIMEOUT_MS = 5_000
+DEFAULT_QUORUM_TICK_MS = 100
 
 # The client commands' --timeout (seconds per call): the admin and job commands, and the slower
 # or quicker ones.

@@ -1,4 +1,4 @@
-"""Jobs: named quorum namespaces that share one cluster (issue 17), as values and rules.
+"""Jobs: named quorum namespaces that share one cluster, as values and rules.
 
 A *job* is what one torchft training job needs of a lighthouse: its own quorum settings, quorum
 ids, last quorum, heartbeats, pending requesters and liveness. One cluster serves many jobs; the
@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Iterable, Mapping
+
+from lighthouse_cluster.core.defaults import DEFAULT_HEARTBEAT_TIMEOUT_MS, DEFAULT_JOIN_TIMEOUT_MS, DEFAULT_QUORUM_TICK_MS
 
 __all__ = [
     "ALL_NODES",
@@ -79,9 +81,9 @@ class JobSettings:
     ``max_member_bytes``: the largest serialized ``QuorumMember`` it accepts."""
 
     min_replicas: int = 1
-    join_timeout_ms: int = 60_000
-    quorum_tick_ms: int = 100
-    heartbeat_timeout_ms: int = 5_000
+    join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS
+    quorum_tick_ms: int = DEFAULT_QUORUM_TICK_MS
+    heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS
     quorum_lease_ms: int = 100
     max_replicas: int = 4096
     max_member_bytes: int = MAX_MEMBER_BYTES_LIMIT

@@ -40,6 +40,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
+from lighthouse_cluster.core.defaults import DEFAULT_HEARTBEAT_TIMEOUT_MS, DEFAULT_JOIN_TIMEOUT_MS
+
 __all__ = [
     "Member",
     "Participant",
@@ -96,8 +98,8 @@ class QuorumOptions:
     """
 
     min_replicas: int
-    join_timeout_ms: int = 60_000
-    heartbeat_timeout_ms: int = 5_000
+    join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS
+    heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS
 
     def __post_init__(self) -> None:
         for name in ("min_replicas", "join_timeout_ms", "heartbeat_timeout_ms"):

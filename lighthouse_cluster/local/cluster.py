@@ -23,6 +23,7 @@ from typing import Callable
 
 from lighthouse_cluster.client.admin_client import query_status
 from lighthouse_cluster.client.discovery import agreed_leader, serving_leader
+from lighthouse_cluster.core.defaults import DEFAULT_HEARTBEAT_TIMEOUT_MS, DEFAULT_JOIN_TIMEOUT_MS, DEFAULT_QUORUM_TICK_MS
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.server.config import PeerSpec
 from lighthouse_cluster.tls import ClientTLS, PKIFiles
@@ -159,9 +160,9 @@ class LocalCluster:
     client_ports: list[int] | None = None
     raft_ports: list[int] | None = None
     secret: str | None = field(default=None, repr=False)
-    join_timeout_ms: int = 60_000
-    quorum_tick_ms: int = 100
-    heartbeat_timeout_ms: int = 5_000
+    join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS
+    quorum_tick_ms: int = DEFAULT_QUORUM_TICK_MS
+    heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS
     election_timeout_ms: int | None = None
     # --quorum-lease-ms; None = the node's default (lease.default_lease_ms).
     quorum_lease_ms: int | None = None

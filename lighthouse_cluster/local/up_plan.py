@@ -1,7 +1,10 @@
 """The decisions of `lighthouse-cluster up`, as pure functions and small state machines.
 
-No processes, sockets or clocks here: ``cli.up`` (the shell) and ``supervise`` feed them.
+No processes, sockets or clocks here: ``up_session`` and ``supervise`` feed them.
 
+* :class:`UpRequest` is what ``up`` was asked for (its options, by name), and :func:`plan_up`
+  checks it before anything starts: an odd node count, no ``--demo`` with TLS, the addresses,
+  the jobs, and ports free to bind. The result, an :class:`UpPlan`, is what ``up_session`` runs.
 * :func:`plan_addresses` turns ``--bind``, ``--http-bind`` and ``--raft-port`` into where each
   node listens and how it is reached from this host (a wildcard such as ``[::]`` is bound as
   given and reached at 127.0.0.1).
@@ -16,14 +19,20 @@ No processes, sockets or clocks here: ``cli.up`` (the shell) and ``supervise`` f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Hashable, Iterable, Sequence
 
 from lighthouse_cluster.client.discovery import agreed_leader as agreed_leader  # re-exported
+from lighthouse_cluster.core.defaults import (
+    DEFAULT_HEARTBEAT_TIMEOUT_MS,
+    DEFAULT_JOIN_TIMEOUT_MS,
+    DEFAULT_QUORUM_TICK_MS,
+)
 from lighthouse_cluster.core.jobs import DEFAULT_JOB, JobError, check_job_name
-from lighthouse_cluster.server.config import ConfigError, parse_host_port
+from lighthouse_cluster.server.config import DEFAULT_LIVENESS_TIMEOUT_MS, ConfigError, parse_host_port
 
 WILDCARD_HOSTS = ("[::]", "::", "0.0.0.0")
-# The environment variable by which an ftclient trainer names its job (issue 17).
+# The environment variable by which an ftclient trainer names its job.
 FTCLIENT_JOB_ENV = "LIGHTHOUSE_JOB"
 # Where a node bound on a wildcard (or on "localhost") is reached from this host.
 LOOPBACK = "127.0.0.1"
@@ -230,3 +239,87 @@ def job_banner(job: UpJob, node_ids: Sequence[str], reach_host: str, endpoints: 
         lines.append(f"  torchft trainers:  select a job by its port: up --job {job.name}=PORT")
     lines.append(f"  ftclient trainers: export TORCHFT_LIGHTHOUSE={endpoints} {FTCLIENT_JOB_ENV}={job.name}")
     return lines
+
+
+# -- the whole request -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpRequest:
+    """What ``up`` was asked for: one field per option of ``lighthouse-cluster up``, named as
+    its click parameter, with its default."""
+
+    min_replicas: int
+    nodes: int = 3
+    bind: str = "[::]:29510"
+    http_bind: str | None = None
+    raft_port: int | None = None
+    data_dir: Path | None = None  # None: a temporary directory, removed on exit
+    log_dir: Path | None = None  # None: data_dir, else a new directory kept after exit
+    no_restart: bool = False
+    join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS
+    quorum_tick_ms: int = DEFAULT_QUORUM_TICK_MS
+    heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS
+    tls: bool = False
+    mtls: bool = False
+    admin_token: str | None = None
+    quorum_lease_ms: int | None = None
+    liveness_timeout_ms: int = DEFAULT_LIVENESS_TIMEOUT_MS
+    jobs: tuple[str, ...] = ()  # --job NAME[=PORT]
+    job_port_processes: bool = False
+    demo: bool = False
+    demo_replicas: int = 3
+    demo_kill_every: float = 8.0
+    log_level: str = "info"
+
+
+@dataclass(frozen=True)
+class UpPlan:
+    """A checked request: where every node listens and the jobs to create."""
+
+    request: UpRequest
+    addresses: AddressPlan
+    jobs: tuple[UpJob, ...]
+
+    @property
+    def node_ids(self) -> list[str]:
+        return [f"n{i + 1}" for i in range(self.request.nodes)]
+
+
+def plan_up(request: UpRequest, pick_ports: Callable[[int, str], list[int]],
+            can_bind: Callable[[str, int], bool]) -> UpPlan:
+    """Check ``request`` before anything starts; ``can_bind(host, port)`` says whether a port is
+    free. Raises ConfigError with a one-line reason."""
+    r = request
+    if r.nodes % 2 == 0:
+        raise ConfigError(f"--nodes {r.nodes}: use an odd number so a majority survives a split")
+    if r.demo and (r.tls or r.mtls):
+        raise ConfigError("--demo's simulated replica groups speak plaintext: drop --tls/--mtls")
+    addresses = plan_addresses(r.nodes, r.bind, r.http_bind, r.raft_port, pick_ports)
+    jobs = plan_jobs(r.jobs, r.nodes, [p for _kind, _host, p in addresses.every_port()])
+    plan = UpPlan(r, addresses, jobs)
+    job_ports = [("job", addresses.client.bind_host, p) for j in jobs for _node, p in j.ports(plan.node_ids)]
+    busy = [f"{p} ({kind} on {host})" for kind, host, p in addresses.every_port() + job_ports if not can_bind(host, p)]
+    if busy:
+        raise ConfigError(f"ports already in use: {', '.join(busy)} (pick another --bind, or HOST:0 for free ports)")
+    return plan
+
+
+def picked_ports_line(plan: UpPlan) -> str | None:
+    """The line saying which ports the kernel picked (port 0), or None when none were."""
+    a, r = plan.addresses, plan.request
+    if not a.picked:
+        return None
+    flag = f"--bind {r.bind}" if r.bind.strip().endswith(":0") else f"--http-bind {r.http_bind}"
+    return (f"{flag}: chose client ports {','.join(map(str, a.client.ports))}, "
+            f"raft ports {','.join(map(str, a.raft.ports))}, "
+            f"http ports {','.join(map(str, a.http.ports))}")
+
+
+def listening(kind: str, ls: Listeners) -> str:
+    """``client on [::] (every interface; reached here at 127.0.0.1)``: what the ports bind."""
+    where = ls.describe()
+    if ls.reach_host != ls.bind_host:
+        where = where[:-1] + f"; reached here at {ls.reach_host})" if where.endswith(")") else \
+            f"{where} (reached here at {ls.reach_host})"
+    return f"{kind} on {where}"

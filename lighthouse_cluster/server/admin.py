@@ -30,7 +30,7 @@ import grpc
 
 from lighthouse_cluster.client.discovery import not_leader_metadata
 from lighthouse_cluster.core import codec
-from lighthouse_cluster.core.defaults import ADMIN_COMMIT_TIMEOUT_S, MEMBERSHIP_TIMEOUT_S
+from lighthouse_cluster.core.defaults import ADMIN_COMMIT_TIMEOUT_S, HANDOVER_TIMEOUT_S, MEMBERSHIP_TIMEOUT_S
 from lighthouse_cluster.core.codec import CommitQuorum, EnableSchema, PutJob, SetMembers
 from lighthouse_cluster.core.jobs import DEFAULT_JOB
 from lighthouse_cluster.core.state_machine import CommitResult, QuorumStateMachine
@@ -48,7 +48,6 @@ AUTH_HEADER = "authorization"
 NO_TOKEN_MESSAGE = ("admin calls are disabled on this node: it has no admin token "
                     "(start it with LIGHTHOUSE_CLUSTER_ADMIN_TOKEN or --admin-token)")
 BAD_TOKEN_MESSAGE = "admin calls need 'authorization: Bearer <admin token>' metadata with this cluster's token"
-TRANSFER_TIMEOUT_S = 6.0
 # A TimeoutNow not followed by an election within this long is sent again.
 RESEND_S = 1.0
 
@@ -304,10 +303,10 @@ class NodeAdmin:
             target_address = target.raft_address
         elif not node.other_members:
             raise AdminError(grpc.StatusCode.FAILED_PRECONDITION, "a one-node cluster has nobody to hand over to")
-        leader_id, term, reason = await self.hand_over(target_address, TRANSFER_TIMEOUT_S)
+        leader_id, term, reason = await self.hand_over(target_address, HANDOVER_TIMEOUT_S)
         if leader_id is None:
             raise AdminError(grpc.StatusCode.DEADLINE_EXCEEDED,
-                             f"leadership did not move within {TRANSFER_TIMEOUT_S:g} s ({reason}); retry")
+                             f"leadership did not move within {HANDOVER_TIMEOUT_S:g} s ({reason}); retry")
         return cpb.TransferLeaderResponse(previous_leader_id=node.config.node_id, leader_id=leader_id, term=term)
 
     async def hand_over(self, target_address: str | None, timeout: float) -> tuple[str | None, int, str]:

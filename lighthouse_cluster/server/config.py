@@ -2,22 +2,28 @@
 one place.
 
 Pure parsing and validation; the CLI maps flags, environment variables and a TOML config file
-onto ``NodeConfig`` and every error is a ``ConfigError`` with a one-line reason. Jobs declared in
-the config file (``[[jobs]]`` tables, ``parse_declared_jobs``) become ``JobSpec``s checked by
-``core/jobs.py``'s rules, with the settings a ``jobs add`` on this node would give them where the
-table leaves one out.
+onto ``ServeOptions`` (one field per ``serve`` option), ``build_node_config`` validates those
+into the node's ``NodeConfig``, and every error is a ``ConfigError`` with a one-line reason. Jobs
+declared in the config file (``[[jobs]]`` tables, ``parse_declared_jobs``) become ``JobSpec``s
+checked by ``core/jobs.py``'s rules, with the settings a ``jobs add`` on this node would give them
+where the table leaves one out.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from lighthouse_cluster.core.codec import MEMBERS_SCHEMA_VERSION as MIN_WRITABLE_VERSION
 from lighthouse_cluster.core.codec import SCHEMA_VERSION
+from lighthouse_cluster.core.defaults import (
+    DEFAULT_HEARTBEAT_TIMEOUT_MS,
+    DEFAULT_JOIN_TIMEOUT_MS,
+    DEFAULT_QUORUM_TICK_MS,
+)
 from lighthouse_cluster.core.jobs import (
     ALL_NODES,
     DEFAULT_JOB,
@@ -125,7 +131,7 @@ class NodeConfig:
     data_dir: Path | None
     secret: str | None = field(repr=False)  # never printed
     options: QuorumOptions
-    quorum_tick_ms: int = 100
+    quorum_tick_ms: int = DEFAULT_QUORUM_TICK_MS
     # --quorum-lease-ms: fast quorums are issued without a Raft commit while a majority has
     # confirmed this leader within the lease; a new leader waits this long (lease.py). 0: off.
     quorum_lease_ms: int = DEFAULT_LEASE_MS
@@ -341,42 +347,68 @@ def _int_between(value: Any, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
-def build_node_config(
-    *,
-    node_id: str,
-    peers: list[str] | tuple[str, ...],
-    client_bind: str | None,
-    raft_bind: str | None,
-    data_dir: Path | None,
-    secret: str | None,
-    insecure: bool,
-    min_replicas: int,
-    join_timeout_ms: int,
-    quorum_tick_ms: int,
-    heartbeat_timeout_ms: int,
-    election_timeout_ms: int | None = None,
-    raft_dial: list[str] | tuple[str, ...] = (),
-    http_bind: str | None = None,
-    admin_token: str | None = None,
-    tls_cert: str | Path | None = None,
-    tls_key: str | Path | None = None,
-    tls_client_ca: str | Path | None = None,
-    tls_ca: str | Path | None = None,
-    join: bool = False,
-    quorum_lease_ms: int | None = None,
-    schema_version: int = SCHEMA_VERSION,
-    liveness_timeout_ms: int = DEFAULT_LIVENESS_TIMEOUT_MS,
-    watch_manager_connections: bool = True,
-    jobs: Any = None,
-    auto_create_jobs: bool = False,
-    quiesce_after_ms: int = DEFAULT_QUIESCE_AFTER_MS,
-    job_port_processes: bool = False,
-    job_port_process_nice: int = DEFAULT_JOB_PORT_PROCESS_NICE,
-    unsafe_no_fsync: bool = False,
-) -> NodeConfig:
-    """Validate raw settings into a NodeConfig, or raise ConfigError naming the problem."""
-    check_node_id(node_id)
-    specs = tuple(parse_peer(p) for p in peers)
+@dataclass(frozen=True, kw_only=True)
+class ServeOptions:
+    """``serve``'s options as given (flags, environment variables, the ``--config`` file), before
+    validation: one field per option, named as the option's click parameter (``--node-id`` is
+    ``node_id``, ``--peer`` is ``peers``), with the option's default. ``build_node_config``
+    validates them into a ``NodeConfig``. A new option is a ``serve`` click option and a field
+    here; a field ``NodeConfig`` has under the same name is copied as given, unless
+    ``build_node_config`` derives it (see ``_derived_fields``)."""
+
+    node_id: str
+    peers: tuple[str, ...] | list[str]  # ID=RAFT_HOST:PORT,CLIENT_HOST:PORT, this node's included
+    client_bind: str | None = None
+    raft_bind: str | None = None
+    raft_dial: tuple[str, ...] | list[str] = ()  # ID=HOST:PORT
+    data_dir: Path | None = None
+    secret: str | None = field(default=None, repr=False)
+    insecure: bool = False
+    http_bind: str | None = None
+    admin_token: str | None = field(default=None, repr=False)
+    tls_cert: str | Path | None = None
+    tls_key: str | Path | None = None
+    tls_client_ca: str | Path | None = None
+    tls_ca: str | Path | None = None
+    join: bool = False
+    # torchft_lighthouse's own flags
+    min_replicas: int
+    join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS
+    quorum_tick_ms: int = DEFAULT_QUORUM_TICK_MS
+    heartbeat_timeout_ms: int = DEFAULT_HEARTBEAT_TIMEOUT_MS
+    election_timeout_ms: int | None = None  # None: RaftSettings' (150)
+    quiesce_after_ms: int = DEFAULT_QUIESCE_AFTER_MS
+    quorum_lease_ms: int | None = None  # None: lease.default_lease_ms(election_timeout_ms)
+    liveness_timeout_ms: int = DEFAULT_LIVENESS_TIMEOUT_MS
+    watch_manager_connections: bool = True
+    auto_create_jobs: bool = False
+    job_port_processes: bool = False
+    job_port_process_nice: int = DEFAULT_JOB_PORT_PROCESS_NICE
+    unsafe_no_fsync: bool = False
+    schema_version: int = SCHEMA_VERSION
+
+
+def build_node_config(options: ServeOptions | None = None, /, *, jobs: Any = None, **given: Any) -> NodeConfig:
+    """Validate ``options`` (or ``ServeOptions(**given)``) and the config file's ``[[jobs]]``
+    tables into a NodeConfig, or raise ConfigError naming the problem."""
+    o = options if options is not None else ServeOptions(**given)
+    derived = _derived_fields(o)
+    same_named = {f.name: getattr(o, f.name) for f in fields(ServeOptions) if f.name in _NODE_CONFIG_FIELDS}
+    config = NodeConfig(**{**same_named, **derived})
+    if jobs is None:
+        return config
+    try:
+        base = config.new_job_settings.check()
+    except JobError as e:
+        raise ConfigError(f"[[jobs]]: the serve flags cannot be a job's settings: {e}") from None
+    return replace(config, jobs=parse_declared_jobs(jobs, base, o.node_id, config.reserved_ports))
+
+
+def _derived_fields(o: ServeOptions) -> dict[str, Any]:
+    """The ``NodeConfig`` fields that are not an option copied as given: checked, normalized or
+    computed from several options. Raises ConfigError on the first problem."""
+    check_node_id(o.node_id)
+    specs = tuple(parse_peer(p) for p in o.peers)
     if not specs:
         raise ConfigError("no peers given: pass --peer ID=RAFT_HOST:PORT,CLIENT_HOST:PORT for every node, this one included")
     ids = [p.node_id for p in specs]
@@ -386,88 +418,75 @@ def build_node_config(
         values = [getattr(p, attr) for p in specs]
         if len(set(values)) != len(values):
             raise ConfigError(f"two peers share a {attr.replace('_', ' ')}: {sorted(values)}")
-    if node_id not in ids:
-        raise ConfigError(f"node id {node_id!r} is not among the peers {ids}")
-    if len(specs) % 2 == 0 and not join:
+    if o.node_id not in ids:
+        raise ConfigError(f"node id {o.node_id!r} is not among the peers {ids}")
+    if len(specs) % 2 == 0 and not o.join:
         raise ConfigError(f"{len(specs)} nodes: use an odd number (3 or 5) so a majority survives a split "
                           "(a node joining a running cluster passes --join)")
-    if not secret and not insecure:
+    if not o.secret and not o.insecure:
         raise ConfigError("no cluster secret: set --secret/--secret-file/LIGHTHOUSE_CLUSTER_SECRET "
                           "(the Raft port carries pickled data), or pass --insecure on a trusted network")
-    if min_replicas < 1:
+    if o.min_replicas < 1:
         raise ConfigError("--min_replicas must be at least 1")
-    for name, value in (("--join_timeout_ms", join_timeout_ms), ("--quorum_tick_ms", quorum_tick_ms),
-                        ("--heartbeat_timeout_ms", heartbeat_timeout_ms)):
+    for name, value in (("--join_timeout_ms", o.join_timeout_ms), ("--quorum_tick_ms", o.quorum_tick_ms),
+                        ("--heartbeat_timeout_ms", o.heartbeat_timeout_ms)):
         if value <= 0:
             raise ConfigError(f"{name} must be positive, got {value}")
-    self_spec = next(p for p in specs if p.node_id == node_id)
-    bind = normalize_address(client_bind, "--client-bind") if client_bind else (
+    self_spec = next(p for p in specs if p.node_id == o.node_id)
+    bind = normalize_address(o.client_bind, "--client-bind") if o.client_bind else (
         f"[::]:{parse_host_port(self_spec.client_address, 'client address')[1]}")
-    if election_timeout_ms is not None and election_timeout_ms < 50:
+    if o.election_timeout_ms is not None and o.election_timeout_ms < 50:
         raise ConfigError("--election-timeout-ms must be at least 50")
-    if quorum_lease_ms is None:  # not given: as long as the vote refusal covers (lease.py)
-        quorum_lease_ms = default_lease_ms(election_timeout_ms)
-    if not 0 <= quorum_lease_ms <= MAX_LEASE_MS:
-        raise ConfigError(f"--quorum-lease-ms must be between 0 (off) and {MAX_LEASE_MS}, got {quorum_lease_ms}")
-    if not _int_between(liveness_timeout_ms, MIN_LIVENESS_TIMEOUT_MS, MAX_LIVENESS_TIMEOUT_MS):
+    # not given: as long as the vote refusal covers (lease.py)
+    lease_ms = o.quorum_lease_ms if o.quorum_lease_ms is not None else default_lease_ms(o.election_timeout_ms)
+    if not 0 <= lease_ms <= MAX_LEASE_MS:
+        raise ConfigError(f"--quorum-lease-ms must be between 0 (off) and {MAX_LEASE_MS}, got {lease_ms}")
+    if not _int_between(o.liveness_timeout_ms, MIN_LIVENESS_TIMEOUT_MS, MAX_LIVENESS_TIMEOUT_MS):
         raise ConfigError(f"--liveness-timeout-ms must be between {MIN_LIVENESS_TIMEOUT_MS} and "
-                          f"{MAX_LIVENESS_TIMEOUT_MS}, got {liveness_timeout_ms!r}")
-    if not MIN_WRITABLE_VERSION <= schema_version <= SCHEMA_VERSION:
+                          f"{MAX_LIVENESS_TIMEOUT_MS}, got {o.liveness_timeout_ms!r}")
+    if not MIN_WRITABLE_VERSION <= o.schema_version <= SCHEMA_VERSION:
         raise ConfigError(f"--schema-version must be between {MIN_WRITABLE_VERSION} and {SCHEMA_VERSION}, "
-                          f"got {schema_version}")
-    raft = RaftSettings.from_election_timeout_ms(election_timeout_ms) if election_timeout_ms else RaftSettings()
-    if not _int_between(quiesce_after_ms, 0, MAX_QUIESCE_AFTER_MS):
+                          f"got {o.schema_version}")
+    raft = RaftSettings.from_election_timeout_ms(o.election_timeout_ms) if o.election_timeout_ms else RaftSettings()
+    if not _int_between(o.quiesce_after_ms, 0, MAX_QUIESCE_AFTER_MS):
         raise ConfigError(f"--quiesce-after-ms must be between 0 (never) and {MAX_QUIESCE_AFTER_MS}, "
-                          f"got {quiesce_after_ms!r}")
-    raft = replace(raft, quiet_after_s=quiesce_after_ms / 1000.0)
-    if not _int_between(job_port_process_nice, 0, MAX_JOB_PORT_PROCESS_NICE):
+                          f"got {o.quiesce_after_ms!r}")
+    raft = replace(raft, quiet_after_s=o.quiesce_after_ms / 1000.0)
+    if not _int_between(o.job_port_process_nice, 0, MAX_JOB_PORT_PROCESS_NICE):
         raise ConfigError(f"--job-port-process-nice must be between 0 (the node's priority) and "
-                          f"{MAX_JOB_PORT_PROCESS_NICE}, got {job_port_process_nice!r}")
-    dial = parse_raft_dial(raft_dial, specs, node_id)
-    http = normalize_address(http_bind, "--http-bind") if http_bind else None
+                          f"{MAX_JOB_PORT_PROCESS_NICE}, got {o.job_port_process_nice!r}")
+    dial = parse_raft_dial(o.raft_dial, specs, o.node_id)
+    http = normalize_address(o.http_bind, "--http-bind") if o.http_bind else None
     try:
-        server_tls = ServerTLS.from_files(tls_cert, tls_key, tls_client_ca)
+        server_tls = ServerTLS.from_files(o.tls_cert, o.tls_key, o.tls_client_ca)
         # Peers are dialed with this node's own certificate (when they require one) and trust
         # --tls-ca, else the client CA, else the system's roots.
         peer_tls = None if server_tls is None else ClientTLS(
-            root_ca=ClientTLS.from_files(tls_ca).root_ca if tls_ca else server_tls.client_ca,
+            root_ca=ClientTLS.from_files(o.tls_ca).root_ca if o.tls_ca else server_tls.client_ca,
             client_cert=server_tls.cert_chain, client_key=server_tls.private_key)
     except TLSConfigError as e:
         raise ConfigError(str(e)) from None
-    if tls_ca and server_tls is None:
+    if o.tls_ca and server_tls is None:
         raise ConfigError("--tls-ca is for dialing TLS peers: it needs --tls-cert and --tls-key too")
     if http is not None and http in (bind, self_spec.client_address):
         raise ConfigError(f"--http-bind {http} is the client (gRPC) address; give the HTTP port its own port")
-    config = NodeConfig(
-        node_id=node_id,
+    return dict(
         peers=specs,
         client_bind=bind,
-        raft_bind=normalize_address(raft_bind, "--raft-bind") if raft_bind else None,
-        data_dir=data_dir,
-        secret=secret or None,
-        options=QuorumOptions(min_replicas=min_replicas, join_timeout_ms=join_timeout_ms,
-                              heartbeat_timeout_ms=heartbeat_timeout_ms),
-        quorum_tick_ms=quorum_tick_ms,
-        quorum_lease_ms=quorum_lease_ms,
-        liveness_timeout_ms=liveness_timeout_ms,
-        watch_manager_connections=watch_manager_connections,
+        raft_bind=normalize_address(o.raft_bind, "--raft-bind") if o.raft_bind else None,
+        secret=o.secret or None,
+        options=QuorumOptions(min_replicas=o.min_replicas, join_timeout_ms=o.join_timeout_ms,
+                              heartbeat_timeout_ms=o.heartbeat_timeout_ms),
+        quorum_lease_ms=lease_ms,
         raft=raft,
         raft_dial=dial,
         http_bind=http,
-        admin_token=admin_token or None,
+        admin_token=o.admin_token or None,
         tls=server_tls,
         peer_tls=peer_tls,
-        join=join,
-        schema_version=schema_version,
-        auto_create_jobs=bool(auto_create_jobs),
-        job_port_processes=bool(job_port_processes),
-        job_port_process_nice=job_port_process_nice,
-        unsafe_no_fsync=unsafe_no_fsync,
+        auto_create_jobs=bool(o.auto_create_jobs),
+        job_port_processes=bool(o.job_port_processes),
     )
-    if jobs is None:
-        return config
-    try:
-        base = config.new_job_settings.check()
-    except JobError as e:
-        raise ConfigError(f"[[jobs]]: the serve flags cannot be a job's settings: {e}") from None
-    return replace(config, jobs=parse_declared_jobs(jobs, base, node_id, config.reserved_ports))
+
+
+_NODE_CONFIG_FIELDS = frozenset(f.name for f in fields(NodeConfig))

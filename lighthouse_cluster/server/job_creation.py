@@ -27,6 +27,7 @@ from typing import Callable, Protocol
 import grpc
 
 from lighthouse_cluster.core.codec import JOBS_SCHEMA_VERSION
+from lighthouse_cluster.core.defaults import WATCH_FIRST_MESSAGE_TIMEOUT_S
 from lighthouse_cluster.core.jobs import SETTING_NAMES, JobError, JobSettings, JobSpec, check_job_name
 from lighthouse_cluster.core.state_machine import QuorumStateMachine
 from lighthouse_cluster.server.admin import AdminError
@@ -199,10 +200,6 @@ class WatchStreams(Protocol):
     async def serve(self, context: grpc.aio.ServicerContext) -> None: ...
 
 
-# A refused stream's first message is read before the refusal (see LivenessStreams.serve).
-FIRST_MESSAGE_TIMEOUT_S = 10.0
-
-
 class WatchOfNewJob:
     """A Watch stream naming a job this node does not have, with auto-creation on. On the serving
     leader the job is created, then its streams serve it; on any other node ``refusing`` (the
@@ -228,7 +225,7 @@ class WatchOfNewJob:
                 raise AdminError(grpc.StatusCode.UNAVAILABLE, f"job {self._job!r} is not served here yet; retry")
         except AdminError as e:
             try:
-                await asyncio.wait_for(context.read(), FIRST_MESSAGE_TIMEOUT_S)
+                await asyncio.wait_for(context.read(), WATCH_FIRST_MESSAGE_TIMEOUT_S)
             except asyncio.TimeoutError:
                 pass
             await context.abort(e.code, e.message)

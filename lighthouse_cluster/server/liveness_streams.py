@@ -1,6 +1,6 @@
 """The leader's liveness streams: ``LighthouseCluster.Watch`` served, deaths declared, peers told.
 
-A replica group's manager keeps one Watch stream open to the Raft leader (#15). Only the serving
+A replica group's manager keeps one Watch stream open to the Raft leader. Only the serving
 leader accepts one: any other node ends it FAILED_PRECONDITION, naming the leader's client
 address when it knows it. The first message names the replica (answered ``WatchAccepted``);
 every later one is a keep-alive, which counts as the replica's heartbeat. The replica is dead
@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Callable, Protocol
 import grpc
 
 from lighthouse_cluster.client.discovery import not_leader_metadata
+from lighthouse_cluster.core.defaults import WATCH_FIRST_MESSAGE_TIMEOUT_S
 from lighthouse_cluster.core.liveness import STREAM_CLOSED, Death, Liveness
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 
@@ -54,8 +55,6 @@ CHECK_PERIOD_S = 0.05
 STALL_S = 0.05
 # With no stream open the check waits for one to open, and runs at least this often.
 IDLE_CHECK_PERIOD_S = 1.0
-# A client that opens a stream must name its replica within this long.
-FIRST_MESSAGE_TIMEOUT_S = 10.0
 MAX_REPLICA_ID_CHARS = 1024  # as a Quorum call's requester.replica_id
 # Declared-dead notices kept for replicas that may come back (a restarted process has a new id,
 # so most never do): the oldest are dropped past this many.
@@ -311,10 +310,10 @@ class LivenessStreams:
         client's first write is still under way can reach it as INTERNAL ("Internal error from
         Core", grpc/grpc#36066) instead of the status sent."""
         try:
-            first = await asyncio.wait_for(context.read(), FIRST_MESSAGE_TIMEOUT_S)
+            first = await asyncio.wait_for(context.read(), WATCH_FIRST_MESSAGE_TIMEOUT_S)
         except asyncio.TimeoutError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"no WatchRequest naming the replica within {FIRST_MESSAGE_TIMEOUT_S:g} s")
+                                f"no WatchRequest naming the replica within {WATCH_FIRST_MESSAGE_TIMEOUT_S:g} s")
         if first is grpc.aio.EOF:
             return
         rid = first.replica_id

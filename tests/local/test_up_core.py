@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 
 import pytest
@@ -10,8 +12,9 @@ from lighthouse_cluster.server.config import ConfigError
 from lighthouse_cluster.local.demo import kill_line
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.core.restarts import RestartBackoff, describe_exit
-from lighthouse_cluster.local.up_plan import (Stable, UpJob, agreed_leader, job_banner,
-                                              parse_host_or_host_port, plan_addresses, plan_jobs)
+from lighthouse_cluster.local.up_plan import (Stable, UpJob, UpRequest, agreed_leader, job_banner,
+                                              parse_host_or_host_port, picked_ports_line, plan_addresses,
+                                              plan_jobs, plan_up)
 
 
 def picker():
@@ -167,3 +170,40 @@ def test_up_job_banner_says_what_each_kind_of_trainer_sets() -> None:
     assert by_name[2].endswith("LIGHTHOUSE_JOB=train-b")
     tls = job_banner(UpJob("train-a", 29600), nodes, "127.0.0.1", endpoints.replace("http", "https"), tls=True)
     assert not any("torchft trainers" in line for line in tls) and tls[-1].endswith("LIGHTHOUSE_JOB=train-a")
+
+
+# -- the whole request ----------------------------------------------------------------------------
+
+
+def test_every_up_option_is_an_up_request_field_with_the_same_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lighthouse_cluster.cli.up import up
+
+    for name in [n for n in os.environ if n.startswith("LIGHTHOUSE_CLUSTER_")]:
+        monkeypatch.delenv(name)
+    with up.make_context("up", ["--min_replicas", "2"]) as ctx:
+        given = ctx.params
+    assert given == dataclasses.asdict(UpRequest(min_replicas=2))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"nodes": 4}, "--nodes 4: use an odd number so a majority survives a split"),
+    ({"demo": True, "mtls": True}, "--demo's simulated replica groups speak plaintext: drop --tls/--mtls"),
+    ({"bind": "127.0.0.1:65534"}, "--bind: 3 nodes need ports 65534-65536, past 65535"),
+    ({"jobs": ("default",)}, "the default job is the cluster's own"),
+    ({"jobs": ("a=29600",)}, "ports already in use: 29510 (client on 127.0.0.1), 29601 (job on 127.0.0.1) "
+                             "(pick another --bind, or HOST:0 for free ports)"),
+])
+def test_plan_up_refuses_a_request_before_anything_starts(changes: dict, message: str) -> None:
+    request = UpRequest(**{"min_replicas": 1, "bind": "127.0.0.1:29510", **changes})
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        plan_up(request, picker(), lambda host, port: port not in (29510, 29601))
+
+
+def test_plan_up_plans_addresses_and_jobs_and_names_picked_ports() -> None:
+    plan = plan_up(UpRequest(min_replicas=1, bind="127.0.0.1:0", jobs=("a=30000", "b")), picker(),
+                   lambda host, port: True)
+    assert plan.node_ids == ["n1", "n2", "n3"] and plan.addresses.client.ports == (40000, 40001, 40002)
+    assert plan.jobs == (UpJob("a", 30000), UpJob("b"))
+    assert picked_ports_line(plan) == ("--bind 127.0.0.1:0: chose client ports 40000,40001,40002, "
+                                       "raft ports 40003,40004,40005, http ports 40006,40007,40008")
+    assert picked_ports_line(plan_up(UpRequest(min_replicas=1), picker(), lambda host, port: True)) is None
