@@ -30,6 +30,7 @@ from lighthouse_cluster.cli.options import (
     torchft_flags,
 )
 from lighthouse_cluster.core.codec import SCHEMA_VERSION
+from lighthouse_cluster.core.kv_store import DEFAULT_IDLE_EXPIRY_S
 from lighthouse_cluster.server.config import (
     DEFAULT_JOB_PORT_PROCESS_NICE,
     DEFAULT_QUIESCE_AFTER_MS,
@@ -93,6 +94,10 @@ from lighthouse_cluster.server.gc_thresholds import use_serving_thresholds
               envvar=ENV + "QUIESCE_AFTER_MS",
               help="With no client call for this long, the Raft leader heartbeats every 200 ms instead of 37.5 ms "
                    "(an idle node's CPU; the first client call wakes it). 0: never.")
+@click.option("--rendezvous-idle-expiry-s", type=float, default=DEFAULT_IDLE_EXPIRY_S, show_default=True,
+              envvar=ENV + "RENDEZVOUS_IDLE_EXPIRY_S",
+              help="A rendezvous namespace (torchrun's --rdzv-backend=lighthouse: one per job and run id) that no "
+                   "write touched for this many seconds is dropped by the leader. Seconds, not ms: hours is typical.")
 @lease_flag
 @liveness_flag
 @manager_watch_flag

@@ -35,6 +35,7 @@ from lighthouse_cluster.core.jobs import (
     parse_ports,
     reserved_port_clash,
 )
+from lighthouse_cluster.core.kv_store import DEFAULT_IDLE_EXPIRY_S
 from lighthouse_cluster.core.lease import DEFAULT_LEASE_MS, default_lease_ms
 from lighthouse_cluster.core.quorum import QuorumOptions
 from lighthouse_cluster.raft.replication import RaftSettings
@@ -44,6 +45,8 @@ DEFAULT_CLIENT_PORT = 29510
 # How long the Raft leader waits with no client before it heartbeats slowly (raft/quiescence.py).
 DEFAULT_QUIESCE_AFTER_MS = round(RaftSettings().quiet_after_s * 1000)
 MAX_QUIESCE_AFTER_MS = 3_600_000
+# --rendezvous-idle-expiry-s: at most a year.
+MAX_IDLE_EXPIRY_S = 365 * 86400.0
 # --job-port-process-nice: a job port process runs this many steps of CPU priority below its node
 # (job_port_process.lower_priority); 19 is the lowest priority Linux has.
 DEFAULT_JOB_PORT_PROCESS_NICE = 10
@@ -176,6 +179,9 @@ class NodeConfig:
     # --unsafe-no-fsync: nothing in the data directory is fsynced (raft/durable_journal.py); a
     # power loss can then lose acknowledged quorums. Tests and benchmarks only; never the default.
     unsafe_no_fsync: bool = False
+    # --rendezvous-idle-expiry-s: the serving leader drops a rendezvous namespace (job, run id)
+    # that no write touched for this long (server/kv_service.py).
+    rendezvous_idle_expiry_s: float = DEFAULT_IDLE_EXPIRY_S
 
     @property
     def new_job_settings(self) -> JobSettings:
@@ -379,6 +385,7 @@ class ServeOptions:
     election_timeout_ms: int | None = None  # None: RaftSettings' (150)
     quiesce_after_ms: int = DEFAULT_QUIESCE_AFTER_MS
     quorum_lease_ms: int | None = None  # None: lease.default_lease_ms(election_timeout_ms)
+    rendezvous_idle_expiry_s: float = DEFAULT_IDLE_EXPIRY_S
     liveness_timeout_ms: int = DEFAULT_LIVENESS_TIMEOUT_MS
     watch_manager_connections: bool = True
     auto_create_jobs: bool = False
@@ -448,6 +455,10 @@ def _derived_fields(o: ServeOptions) -> dict[str, Any]:
         raise ConfigError(f"--schema-version must be between {MIN_WRITABLE_VERSION} and {SCHEMA_VERSION}, "
                           f"got {o.schema_version}")
     raft = RaftSettings.from_election_timeout_ms(o.election_timeout_ms) if o.election_timeout_ms else RaftSettings()
+    expiry = o.rendezvous_idle_expiry_s
+    if isinstance(expiry, bool) or not (isinstance(expiry, (int, float)) and 0 < expiry <= MAX_IDLE_EXPIRY_S):
+        raise ConfigError(f"--rendezvous-idle-expiry-s must be a number of seconds above 0 and at most "
+                          f"{MAX_IDLE_EXPIRY_S:g} (a year), got {o.rendezvous_idle_expiry_s!r}")
     if not _int_between(o.quiesce_after_ms, 0, MAX_QUIESCE_AFTER_MS):
         raise ConfigError(f"--quiesce-after-ms must be between 0 (never) and {MAX_QUIESCE_AFTER_MS}, "
                           f"got {o.quiesce_after_ms!r}")

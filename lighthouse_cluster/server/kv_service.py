@@ -25,7 +25,7 @@ replicated state machine's ``kv``.
   it costs the caller nothing but a reconnect elsewhere (``client/kv_client.py``).
 * **Expiry**: the serving leader checks every ``check_period`` whether a namespace has been idle
   (no write) for ``idle_expiry_s`` and, if one has, commits a ``KVExpire`` with its wall clock;
-  every node drops the same namespaces. ``LIGHTHOUSE_CLUSTER_KV_IDLE_EXPIRY_S`` sets the idle
+  every node drops the same namespaces. ``serve --rendezvous-idle-expiry-s`` sets the idle
   time (default 24 h).
 """
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from typing import Any, Awaitable, Callable, Iterable, Protocol
 
@@ -70,7 +69,6 @@ from lighthouse_cluster.server.forwarding import FORWARDED_HEADER, PeerChannels
 log = logging.getLogger(__name__)
 
 SERVICE = "lighthouse_cluster.LighthouseKV"
-IDLE_EXPIRY_ENV = "LIGHTHOUSE_CLUSTER_KV_IDLE_EXPIRY_S"
 # A waiting Wait re-reads the store at least this often (see the module docstring).
 WAIT_RECHECK_S = 0.5
 # A Wait without a timeout or deadline ends (not ready) after this long; the client asks again.
@@ -82,17 +80,6 @@ MAX_WAIT_KEYS = 1024
 FORWARD_TIMEOUT_S = 10.0
 
 _CODES = {INVALID: grpc.StatusCode.INVALID_ARGUMENT, EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED}
-
-
-def idle_expiry_from_env(env: dict[str, str] | None = None) -> float:
-    """``LIGHTHOUSE_CLUSTER_KV_IDLE_EXPIRY_S`` (seconds, > 0), else 24 h; ``ValueError`` if bad."""
-    raw = (os.environ if env is None else env).get(IDLE_EXPIRY_ENV, "")
-    if not raw:
-        return DEFAULT_IDLE_EXPIRY_S
-    value = float(raw)
-    if not value > 0:
-        raise ValueError(f"{IDLE_EXPIRY_ENV} must be a number of seconds above 0, got {raw!r}")
-    return value
 
 
 class _Answer(Exception):

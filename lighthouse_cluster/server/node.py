@@ -47,7 +47,7 @@ from lighthouse_cluster.server.job_creation import JobCreator, WatchOfNewJob
 from lighthouse_cluster.server.job_ports import JobPorts, PortProcesses
 from lighthouse_cluster.server.logs import JsonFormatter
 from lighthouse_cluster.server.job_registry import JobRegistry, JobRuntime
-from lighthouse_cluster.server.kv_service import KVService, idle_expiry_from_env
+from lighthouse_cluster.server.kv_service import KVService
 from lighthouse_cluster.server.leader_term import LeaderTerm
 from lighthouse_cluster.server.event_loop import running_loop_name
 from lighthouse_cluster.server.grpc_services import (
@@ -145,7 +145,7 @@ class LighthouseNode:
         self.metrics = NodeMetrics(self, self.router)
         # The rendezvous key-value store's service (issue 34); woken by every applied entry.
         self.kv = KVService(self, self.channels, config.node_id, config.admin_token,
-                            idle_expiry_s=idle_expiry_from_env(),
+                            idle_expiry_s=config.rendezvous_idle_expiry_s,
                             count=lambda op, result: self.metrics.kv_operations.labels(op, result).inc())
         self.health = health.aio.HealthServicer()
         self._health_serving: bool | None = None

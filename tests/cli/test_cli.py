@@ -86,6 +86,18 @@ def test_the_quiesce_delay_reaches_the_raft_settings_and_bad_values_are_refused(
     assert res.exit_code == 2 and "--quiesce-after-ms must be between 0 (never) and 3600000, got -5" in res.output
 
 
+def test_the_rendezvous_idle_expiry_reaches_the_node_config_and_bad_values_are_refused() -> None:
+    common = dict(node_id="n1", peers=PEERS, client_bind=None, raft_bind=None, data_dir=None, secret="x",
+                  insecure=False, min_replicas=1, join_timeout_ms=1, quorum_tick_ms=1, heartbeat_timeout_ms=1)
+    assert build_node_config(**common).rendezvous_idle_expiry_s == 86400.0
+    assert build_node_config(**common, rendezvous_idle_expiry_s=1.5).rendezvous_idle_expiry_s == 1.5
+    for bad in (0, -1.0, float("nan"), float("inf"), 366 * 86400.0, True):
+        with pytest.raises(ConfigError, match="--rendezvous-idle-expiry-s must be a number of seconds above 0"):
+            build_node_config(**common, rendezvous_idle_expiry_s=bad)
+    res = run(serve_args("--insecure", "--rendezvous-idle-expiry-s", "0"))
+    assert res.exit_code == 2 and "--rendezvous-idle-expiry-s must be a number of seconds above 0" in res.output
+
+
 def test_the_port_process_priority_reaches_the_port_processes_and_bad_values_are_refused() -> None:
     from lighthouse_cluster.server.node import port_processes
 

@@ -21,7 +21,6 @@ from lighthouse_cluster.client.kv_client import KVClient, KVCluster, KVError
 from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
-from lighthouse_cluster.server.kv_service import IDLE_EXPIRY_ENV
 
 pytestmark = pytest.mark.integration
 
@@ -203,7 +202,7 @@ def test_a_wait_survives_its_leader_dying(cluster: LocalCluster) -> None:
 
 
 def test_idle_namespaces_expire(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setenv(IDLE_EXPIRY_ENV, "1.0")
+    monkeypatch.setenv("LIGHTHOUSE_CLUSTER_RENDEZVOUS_IDLE_EXPIRY_S", "1.0")  # serve --rendezvous-idle-expiry-s
     c = LocalCluster(root=tmp_path, nodes=1, admin_token=TOKEN)
     try:
         c.start()
