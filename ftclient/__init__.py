@@ -12,7 +12,8 @@ liveness stream to the lighthouse cluster and its peer-death notices), ``process
 ``optim``, ``data``, ``checkpointing`` (live recovery over HTTP or the process group),
 ``local_sgd`` (LocalSGD, DiLoCo; FSDP2 DTensor parameters too), ``process_group_nccl``
 (ProcessGroupNCCL), ``process_group_baby`` (collectives in a killable child process),
-``as_torchft`` and ``torchft_compat`` (run an unedited torchft program, e.g. torchtitan, on ftclient).
+``as_torchft`` and ``torchft_compat`` (run an unedited torchft program, e.g. torchtitan, on ftclient),
+``torchrun_rendezvous`` (torchrun's ``--rdzv-backend=lighthouse``; not imported here).
 """
 
 from .checkpointing import CheckpointTransport, HTTPTransport, PGTransport
