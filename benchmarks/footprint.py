@@ -16,7 +16,7 @@ from lighthouse_cluster.server.config import DEFAULT_QUIESCE_AFTER_MS
 from .procs import CpuMeter, RustLighthouse, rss_bytes
 
 SETTLE_S = 1.0
-# An idle cluster's leader quiesces once no client called for --quiesce-after-ms (raft/quiescence.py):
+# An idle cluster's leader quiesces once no client called for --quiesce-after-ms (raft/extensions/quiescence.py):
 # the cluster is measured after that, as it runs idle.
 QUIESCE_S = DEFAULT_QUIESCE_AFTER_MS / 1000
 

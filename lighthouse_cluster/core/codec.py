@@ -65,7 +65,7 @@ JOBS_SCHEMA_VERSION = 4
 # (``raft/message_cipher.py``), and send them so once the cluster enables it.
 CIPHER_SCHEMA_VERSION = 5
 # Version 6 changes nothing in the log either: its nodes read a quiet leader's append_entries
-# (``raft/quiescence.py``: a longer election timeout), so a leader quiesces only once it is enabled.
+# (``raft/extensions/quiescence.py``: a longer election timeout), so a leader quiesces only once it is enabled.
 QUIESCENCE_SCHEMA_VERSION = 6
 # Version 7: the rendezvous key-value store (kv_write, kv_drop, kv_expire; ``kv_store.py``).
 KV_SCHEMA_VERSION = 7

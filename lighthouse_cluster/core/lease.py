@@ -16,7 +16,7 @@ round, as in the Raft thesis (section 6.4.1, leases for reads):
    majority ``Q`` stored it in term ``T``, after ``s``. Any later leader is elected by a majority
    that shares a node with ``Q``, and that node stored the entry before it moved to a later term;
    so every later leader was elected after ``s`` (real time). A *lease probe* asked at ``s``
-   (``raft/lease_probes.py``; how ``LeaderTerm`` renews a busy leader's lease, with no entry)
+   (``raft/extensions/lease_probes.py``; how ``LeaderTerm`` renews a busy leader's lease, with no entry)
    gives the same: it is confirmed once a majority ``Q`` acknowledged, while in term ``T`` and
    following this leader, a heartbeat sent after ``s``; each of them heard from a current leader
    at that moment, and none of them had moved to a later term before it.
@@ -33,12 +33,12 @@ round, as in the Raft thesis (section 6.4.1, leases for reads):
    it alone (``LeaderTerm``; with 100 ms, a probe of its own every 25 ms:
    docs/design/lease-renewal.md).
 
-The vote-refusal window ``R`` (``raft/fast_election.py``, ``vote_refused``; Raft thesis 4.2.3):
+The vote-refusal window ``R`` (``raft/extensions/fast_election.py``, ``vote_refused``; Raft thesis 4.2.3):
 a node grants no vote, and a follower does not even take the candidate's term, until ``R`` after
 it last heard from a current leader (an append_entries of a term >= its own; a leader hears from
 itself), on its own clock, or after its own start. The one exception is a candidate standing on
 its leader's TimeoutNow (a handover: ``transfer-leader``, a stopping leader), which records the
-term (``FastElectionSyncObj.handover_term``) and, winning it, serves after the full ``max(L, L')``
+term (``FastElection.handover_term``, raft/extensions/fast_election.py) and, winning it, serves after the full ``max(L, L')``
 (``R`` = 0 above: the old argument, unchanged). A node's vote for itself keeps the window too: it
 stands no earlier than ``R`` after it last heard from a leader, whether its election timeout fires
 (at least ``raftMinTimeout`` = ``R`` after the leader's last append_entries), it stands early after

@@ -11,7 +11,7 @@ A new stream replaces the replica's previous one; a close or expiry of a replace
 ignored (the manager reconnected: it is alive). A leader that itself stalled (its event loop held
 for longer than a check period) cannot tell silence from keep-alives it has not read yet: the
 stall is excused (:meth:`Liveness.excuse_stall`), as the Raft thread excuses its own stalls
-(``raft/stall_tolerance.py``), so a loaded leader does not declare live replicas dead. A leader
+(``raft/extensions/stall_tolerance.py``), so a loaded leader does not declare live replicas dead. A leader
 knows only the streams opened to it, so a new leader declares nobody dead before each replica had
 the chance to reconnect: the replicas of the last quorum are seeded with a heartbeat at warm-up
 exactly as before streams existed.

@@ -1,9 +1,9 @@
-"""``composed_syncobj``: a node's ``RaftHost`` with this project's extensions, in their order.
+"""``LighthouseSyncObj``: a node's ``RaftHost`` with this project's extensions, in their order.
 
 The one place the order of the extensions is decided (``extension_order``). A ``RaftHost`` runs
 the "before" hooks (``before_tick``, ``message_in``, ``message_out``, ``ack_out``) in this order and
 the "after" hooks (``after_tick``, ``message_handled``) in reverse, as the chain of subclasses it
-replaces did (``LeaseProbeSyncObj`` outermost, ``DurableSyncObj`` innermost). Each constraint:
+replaced ran its code (lease probes outermost, durable sync innermost). Each constraint:
 
 1. ``lease_probes`` before ``idle_acks`` (``ack_out``): it marks an echo ``must_send`` before
    ``idle_acks`` decides whether a repeat is held back. Its ``message_out`` runs first, so its key
@@ -24,15 +24,15 @@ replaces did (``LeaseProbeSyncObj`` outermost, ``DurableSyncObj`` innermost). Ea
 6. ``durable_sync`` last: its ``before_tick`` sync is the last thing before pysyncobj counts the
    leader's own copy, and its ``ack_out`` syncs only an acknowledgement that is really sent.
 
-``LighthouseSyncObj`` adds the calls ``RaftNode`` makes on its SyncObj today (``quiet``,
-``probe_leadership``, ``vote_refusal_s``, ...), each delegating to the extension that owns it, so
-that the swap in ``raft/replication.py`` is the class it constructs.
+``LighthouseSyncObj`` adds the calls ``RaftNode`` makes on its SyncObj (``quiet``,
+``probe_leadership``, ``vote_refusal_s``, ...), each delegating to the extension that owns it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from pysyncobj import SyncObjConf
@@ -47,8 +47,9 @@ from lighthouse_cluster.raft.extensions.quiescence import Quiescence
 from lighthouse_cluster.raft.extensions.signals import NodeSignals
 from lighthouse_cluster.raft.extensions.stall_tolerance import StallTolerance
 from lighthouse_cluster.raft.host import Extension, RaftHost
+from lighthouse_cluster.raft.host_transport import HostTransport
 
-__all__ = ["LighthouseExtensions", "LighthouseSyncObj", "composed_syncobj", "extension_order"]
+__all__ = ["EXTENSION_CLASSES", "LighthouseExtensions", "LighthouseSyncObj", "build_extensions", "extension_order"]
 
 
 @dataclass(frozen=True)
@@ -71,19 +72,32 @@ def extension_order(ext: LighthouseExtensions) -> tuple[Extension, ...]:
             ext.adaptive_tick, ext.durable_sync)
 
 
+# The class of each extension, by its name in ``LighthouseExtensions``. A node class may name
+# others (``LighthouseSyncObj.extension_classes``), each taking the same arguments: the tests'
+# simulated cluster switches one mechanism off this way (tests/support/sim_raft.py).
+EXTENSION_CLASSES: Mapping[str, type[Extension]] = MappingProxyType({
+    "lease_probes": LeaseProbes, "quiescence": Quiescence, "stall_tolerance": StallTolerance,
+    "fast_election": FastElection, "idle_acks": IdleAcks, "adaptive_tick": AdaptiveTick,
+    "durable_sync": DurableSync,
+})
+
+
 def build_extensions(conf: Any, *, longest_s: float, quiet_after_s: float, quiet_period_s: float,
-                     quiet_allowed: Callable[[], bool], vote_refusal_s: float | None) -> LighthouseExtensions:
+                     quiet_allowed: Callable[[], bool], vote_refusal_s: float | None,
+                     classes: Mapping[str, type[Extension]] = EXTENSION_CLASSES) -> LighthouseExtensions:
+    """One node's extensions, sharing one ``NodeSignals``, each of its class in ``classes``."""
     signals = NodeSignals()
+    c: Any = classes
     return LighthouseExtensions(
         signals=signals,
-        lease_probes=LeaseProbes(),
-        quiescence=Quiescence(signals, quiet_after_s=quiet_after_s, quiet_period_s=quiet_period_s,
-                              quiet_allowed=quiet_allowed),
-        stall_tolerance=StallTolerance(signals),
-        fast_election=FastElection(signals, conf, vote_refusal_s=vote_refusal_s),
-        idle_acks=IdleAcks(),
-        adaptive_tick=AdaptiveTick(signals, longest_s=longest_s),
-        durable_sync=DurableSync(),
+        lease_probes=c["lease_probes"](),
+        quiescence=c["quiescence"](signals, quiet_after_s=quiet_after_s, quiet_period_s=quiet_period_s,
+                                   quiet_allowed=quiet_allowed),
+        stall_tolerance=c["stall_tolerance"](signals),
+        fast_election=c["fast_election"](signals, conf, vote_refusal_s=vote_refusal_s),
+        idle_acks=c["idle_acks"](),
+        adaptive_tick=c["adaptive_tick"](signals, longest_s=longest_s),
+        durable_sync=c["durable_sync"](),
     )
 
 
@@ -92,18 +106,20 @@ class LighthouseSyncObj(RaftHost):
     its SyncObj, each delegated to the extension that owns it."""
 
     __slots__ = ("ext",)
+    extension_classes: Mapping[str, type[Extension]] = EXTENSION_CLASSES
 
     def __init__(self, selfNode: Any, otherNodes: Any, conf: Any = None, consumers: Any = None,  # noqa: N803
                  nodeClass: Any = None, *, longest_s: float = 0.1, cipher: Any = None,  # noqa: N803
                  quiet_after_s: float = 0.0, quiet_period_s: float = 0.2,
                  quiet_allowed: Callable[[], bool] = lambda: False, vote_refusal_s: float | None = None,
-                 open_journal: Callable[[Any], Any] | None = open_journal) -> None:
+                 open_journal: Callable[[Any], Any] | None = open_journal,
+                 transportClass: Any = HostTransport) -> None:  # noqa: N803 -- pysyncobj's name
         conf = conf if conf is not None else SyncObjConf()  # pysyncobj's default, as SyncObj uses it
         self.ext = build_extensions(conf, longest_s=longest_s, quiet_after_s=quiet_after_s,
                                     quiet_period_s=quiet_period_s, quiet_allowed=quiet_allowed,
-                                    vote_refusal_s=vote_refusal_s)
+                                    vote_refusal_s=vote_refusal_s, classes=self.extension_classes)
         super().__init__(selfNode, otherNodes, conf, consumers, nodeClass, extensions=extension_order(self.ext),
-                         open_journal=open_journal, cipher=cipher)
+                         open_journal=open_journal, cipher=cipher, transportClass=transportClass)
 
     # -- quiescence ---------------------------------------------------------------------------------
 
@@ -149,16 +165,3 @@ class LighthouseSyncObj(RaftHost):
 
     def stream_confirmations(self, term: int, on_confirmed: Callable[[float], None] | None) -> None:
         self.ext.lease_probes.stream_confirmations(term, on_confirmed)
-
-    # -- no longer needed ---------------------------------------------------------------------------
-
-    def pso_save_commit_index_when_changed(self) -> None:
-        """Nothing to do: ``DurableJournal`` saves the commit index only when it changes (remove
-        ``RaftNode``'s call with the swap)."""
-
-
-def composed_syncobj(selfNode: Any, otherNodes: Any, **kwargs: Any) -> LighthouseSyncObj:  # noqa: N803
-    """``LighthouseSyncObj(selfNode, otherNodes, **kwargs)``: takes what ``RaftNode`` passes to
-    ``LeaseProbeSyncObj`` today (``conf``, ``consumers``, ``nodeClass``, ``longest_s``, ``cipher``,
-    ``quiet_after_s``, ``quiet_period_s``, ``quiet_allowed``)."""
-    return LighthouseSyncObj(selfNode, otherNodes, **kwargs)

@@ -10,7 +10,7 @@ elect a leader without a committed quorum (``docs/operations.md``, "What survive
 
 ``DurableJournal`` is pysyncobj's journal interface (what ``FileJournal`` implements, listed in
 ``pysyncobj_internals.JOURNAL_INTERFACE``), plugged in where pysyncobj creates its own
-(``pysyncobj_internals.use_durable_storage``). It keeps pysyncobj's file format byte for byte
+(``RaftHost.adopt_journal``). It keeps pysyncobj's file format byte for byte
 (``raft.journal``), so existing data directories read as they are and a downgrade still reads
 what it wrote. What changes is when bytes reach the disk:
 
@@ -18,7 +18,7 @@ what it wrote. What changes is when bytes reach the disk:
   ``sync()`` writes the new records and the header (``pwrite``) and makes them durable with one
   ``fdatasync``, however many entries arrived since the last one: the batch. The node calls
   ``sync()`` before it acknowledges an append_entries, and on every tick before a leader counts
-  its own copy (``raft.durability.DurableSyncObj``);
+  its own copy (``raft.extensions.durable_sync``);
 * ``clear`` / ``deleteEntriesTo`` (a snapshot installed, the log compacted) rewrite the whole file:
   a new file, synced, renamed over the old, the directory synced, so a crash in the middle leaves
   the old journal or the new one, never records of both;
@@ -287,5 +287,5 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
 
 
 def open_journal(path: StoragePath) -> DurableJournal:
-    """The journal pysyncobj gets for a ``StoragePath`` (``use_durable_storage``)."""
+    """The journal pysyncobj gets for a ``StoragePath`` (``RaftHost.adopt_journal``)."""
     return DurableJournal(str(path), sync=path.sync)

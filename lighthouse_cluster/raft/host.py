@@ -34,7 +34,7 @@ after it innermost first.
 
 **What the host owns besides the dispatch.** The transport (``HostTransport``: message out,
 disconnects, per-node compression), the poller the tick thread waits in (``TickPoller``, built
-around pysyncobj's own as pysyncobj stores it: ``AdoptingSyncObj``), the journal of a node with
+around pysyncobj's own as pysyncobj stores it: ``SyncObjPrivates.adopt_poller``), the journal of a node with
 a data directory (opened here, per node, from the conf's ``StoragePath``, as pysyncobj stores
 its ``MemoryJournal``), the tick deadlines registered from outside (``add_tick_deadline``), and
 waking the tick thread (``wake``).
@@ -56,7 +56,7 @@ from typing import Any
 from pysyncobj import SyncObj
 
 from lighthouse_cluster.raft.host_transport import HostTransport
-from lighthouse_cluster.raft.pysyncobj_internals import AdoptingSyncObj, MemoryJournal, StoragePath, monotonic
+from lighthouse_cluster.raft.pysyncobj_internals import MemoryJournal, StoragePath, SyncObjPrivates, monotonic
 
 __all__ = ["Ack", "Extension", "HOOKS", "RaftHost", "TickPoller"]
 
@@ -168,19 +168,23 @@ class TickPoller:
         self.inner.poll(0.0)
 
 
-class RaftHost(AdoptingSyncObj):
+class RaftHost(SyncObjPrivates, SyncObj):
     """``SyncObj`` that runs ``extensions`` at the hooks of the module docstring.
 
     ``open_journal(path)``: the journal of a conf whose ``journalFile`` is a ``StoragePath`` (this
     project's durable journal); ``cipher``: what encrypts the Raft port (``message_cipher``; None:
-    pysyncobj's own Fernet, or none without a secret). The other arguments are ``SyncObj``'s."""
+    pysyncobj's own Fernet, or none without a secret); ``transportClass``: pysyncobj's, by default
+    ``HostTransport`` (another one, a test's simulated network, must hand every message it sends
+    to ``outgoing_message`` and report a closed connection to ``node_disconnected`` as it does).
+    The other arguments are ``SyncObj``'s."""
 
     __slots__ = ("extensions", "_hook_calls", "_cipher", "_journal_path", "_open_journal", "_deadline_fns",
                  "_commands_overran", "_tick_poller")
 
     def __init__(self, selfNode: Any, otherNodes: Any, conf: Any = None, consumers: Any = None,  # noqa: N803
                  nodeClass: Any = None, *, extensions: Iterable[Extension] = (),  # noqa: N803
-                 open_journal: Callable[[StoragePath], Any] | None = None, cipher: Any = None) -> None:
+                 open_journal: Callable[[StoragePath], Any] | None = None, cipher: Any = None,
+                 transportClass: Any = HostTransport) -> None:  # noqa: N803 -- pysyncobj's name
         # Every slot before SyncObj.__init__: it reads every attribute (looking for replicated
         # methods) and starts the tick thread, which calls the hooks.
         self.host_extensions(extensions, cipher=cipher)
@@ -189,7 +193,7 @@ class RaftHost(AdoptingSyncObj):
         self._open_journal = open_journal
         if self._journal_path is not None:
             conf.journalFile = None  # pysyncobj makes a MemoryJournal, which adopt_journal replaces
-        kwargs: dict[str, Any] = {"transportClass": HostTransport}
+        kwargs: dict[str, Any] = {"transportClass": transportClass}
         if nodeClass is not None:
             kwargs["nodeClass"] = nodeClass
         try:

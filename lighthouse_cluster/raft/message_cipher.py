@@ -20,7 +20,7 @@ Rolling upgrades: every node of this version reads both formats, and sends the n
 its state machine has applied something (a node that has not caught up yet does not know its
 cluster) at ``CIPHER_SCHEMA_VERSION`` or later, a schema version a leader enables only once every
 member reports that it reads it (``node._upgrade_schema``). Until then, and with an older member,
-it sends Fernet, as pysyncobj did. ``RaftNode`` decides (``send_gcm``); ``FastElectionSyncObj``
+it sends Fernet, as pysyncobj did. ``RaftNode`` decides (``send_gcm``); ``RaftHost``
 hands this object to pysyncobj's transport as its ``encryptor``.
 """
 

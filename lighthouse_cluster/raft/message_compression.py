@@ -9,8 +9,8 @@ For those, nearly all of ``zlib.compress`` is setting up zlib's default state (a
 (log entries with a quorum's members) keep pysyncobj's settings, where the set-up is a small part.
 
 Both are standard zlib streams, so ``zlib.decompress`` reads either on any node, of any version:
-the wire format does not change and a rolling upgrade needs nothing. ``pysyncobj_internals``
-installs it (``use_message_compression``).
+the wire format does not change and a rolling upgrade needs nothing. Each node's connections
+use it (``host_transport.CompactTcpConnection``); pysyncobj's own ``zlib`` is left alone.
 """
 
 from __future__ import annotations

@@ -1,19 +1,21 @@
 """Every private pysyncobj name this project uses, in one place, and the import-time check of them.
 
-pysyncobj has no API for what ``FastElectionSyncObj`` and ``RaftNode`` do (keep-alives between
-followers, an election started early, elections held back on a joining node, connects stuck in
-SYN-SENT dropped, a tick thread that sleeps until its next deadline, idle heartbeats acknowledged
-a few times a second, a quiet leader), for reading its journal and snapshot files, nor for
-plugging in a journal that syncs (``use_durable_storage``: ``createJournal`` and the snapshot's
-``atomicReplace`` replaced for a ``StoragePath``), so those reach into its private attributes and
-submodules. They do so only through this module:
+pysyncobj has no API for what the node's extensions (``raft/extensions/``) and ``RaftNode`` do
+(keep-alives between followers, an election started early, elections held back on a joining node,
+connects stuck in SYN-SENT dropped, a tick thread that sleeps until its next deadline, idle
+heartbeats acknowledged a few times a second, a quiet leader), for reading its journal and
+snapshot files, nor for plugging in a journal that syncs (adopted per node: ``SyncObjPrivates``)
+or a snapshot renamed durably (``use_durable_snapshots``: the snapshot's ``atomicReplace``
+replaced for a ``StoragePath``, the one process-wide hook), so those reach into its private
+attributes and submodules. They do so only through this module:
 
 * ``INTERNALS``: the table of every private name used (a ``self.__x`` attribute of a class, a
   private method, a name in a submodule), with what the check verifies for each;
 * ``check()``: run when ``lighthouse_cluster.raft`` is imported; raises ``ImportError`` in one
   line naming the installed version, every missing name and the version to install;
-* ``SyncObjInternals``: ``SyncObj`` with its private state under ``pso_*`` names, each built from
-  an entry of ``INTERNALS`` (a name that is not in the table cannot be reached this way);
+* ``SyncObjPrivates``: SyncObj's private state under ``pso_*`` names, each built from an entry
+  of ``INTERNALS`` (a name that is not in the table cannot be reached this way), mixed into the
+  one ``SyncObj`` subclass, ``raft.host.RaftHost``;
 * the private module-level names (``RAFT_STATE``, ``CONNECTION_STATE``, ``monotonic``, the
   journal's layout, ...), imported only after the check passed.
 
@@ -100,14 +102,12 @@ LAST_READ_ATTR = Internal("pysyncobj.tcp_connection", "_TcpConnection__lastReadT
 LAST_CONNECT_ATTEMPT_ATTR = Internal("pysyncobj.transport", "_lastConnectAttempt", INSTANCE, "TCPTransport")
 # The poller's callback of each socket (wrapped: a connection's read event counts as a read before
 # pysyncobj checks its silence; stall_tolerance.py).
-POLL_CALLBACKS_ATTR = Internal("pysyncobj.poller", "_PollPoller__descrToCallbacks", INSTANCE, "PollPoller")
 SHOULD_CONNECT = Internal("pysyncobj.transport", "_shouldConnect", CLASS, "TCPTransport", ("self", "node"))
 # The transport's callback when a peer's connection closes (SyncObj's own, chained: a follower
 # whose leader's connection closed stands sooner; fast_election.py).
 NODE_DISCONNECTED_CALLBACK_ATTR = Internal("pysyncobj.transport", "_onNodeDisconnectedCallback", INSTANCE, "Transport")
 
-# Where pysyncobj creates its journal and renames its snapshot (use_durable_storage).
-CREATE_JOURNAL = Internal("pysyncobj.syncobj", "createJournal")
+# Where pysyncobj renames its snapshot (use_durable_snapshots).
 ATOMIC_REPLACE = Internal("pysyncobj.serializer", "atomicReplace")
 JOURNAL_INTERFACE = tuple(Internal("pysyncobj.journal", name, CLASS, "FileJournal", params) for name, params in (
     ("add", ("self", "command", "idx", "term")),
@@ -128,7 +128,7 @@ JOURNAL_INTERFACE = tuple(Internal("pysyncobj.journal", name, CLASS, "FileJourna
 # SyncObj's transportClass, whose send, incoming connections and disconnect callback are its own;
 # the connections it re-types to compress per node (host_transport.CompactTcpConnection, whose
 # send is pysyncobj's with another compressor: ``send_compressed``); pysyncobj's MemoryJournal,
-# which a node with a data directory replaces as pysyncobj stores it (``AdoptingSyncObj``).
+# which a node with a data directory replaces as pysyncobj stores it (``SyncObjPrivates.adopt_journal``).
 TCP_TRANSPORT = Internal("pysyncobj.transport", "TCPTransport")
 TRANSPORT_SEND = Internal("pysyncobj.transport", "send", CLASS, "TCPTransport", ("self", "node", "message"))
 TRANSPORT_ADD_NODE = Internal("pysyncobj.transport", "addNode", CLASS, "TCPTransport", ("self", "node"))
@@ -152,7 +152,7 @@ INTERNALS: tuple[Internal, ...] = (
     # ReplicatedState's snapshot hooks (overridden).
     Internal("pysyncobj.syncobj", "_serialize", CLASS, "SyncObjConsumer", ("self",)),
     Internal("pysyncobj.syncobj", "_deserialize", CLASS, "SyncObjConsumer", ("self", "data")),
-    CONNECTIONS_ATTR, LAST_READ_ATTR, LAST_CONNECT_ATTEMPT_ATTR, SHOULD_CONNECT, POLL_CALLBACKS_ATTR,
+    CONNECTIONS_ATTR, LAST_READ_ATTR, LAST_CONNECT_ATTEMPT_ATTR, SHOULD_CONNECT,
     NODE_DISCONNECTED_CALLBACK_ATTR,
     Internal("pysyncobj.poller", "POLL_EVENT_TYPE"),
     Internal("pysyncobj.tcp_connection", "TcpConnection"),
@@ -160,17 +160,12 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("pysyncobj.syncobj", "_RAFT_STATE"),
     Internal("pysyncobj.syncobj", "_COMMAND_TYPE"),
     Internal("pysyncobj.tcp_connection", "CONNECTION_STATE"),
-    # The module a connection (de)compresses every message with (replaced: message_compression.py).
-    Internal("pysyncobj.tcp_connection", "zlib"),
     Internal("pysyncobj.monotonic", "monotonic"),
     Internal("pysyncobj.dns_resolver", "globalDnsResolver"),
     Internal("pysyncobj.node", "TCPNode"),
     Internal("pysyncobj.pickle", "dumps"),
     Internal("pysyncobj.pickle", "loads"),
     Internal("pysyncobj.pickle", "load"),
-    # The journal's commit index setter and getter (wrapped: save_commit_index_when_changed).
-    Internal("pysyncobj.journal", "setRaftCommitIndex", CLASS, "FileJournal", ("self", "raftCommitIndex")),
-    Internal("pysyncobj.journal", "getRaftCommitIndex", CLASS, "FileJournal", ("self",)),
     # How pysyncobj derives the Fernet key from the cluster secret (message_cipher.py reads both formats).
     Internal("pysyncobj.encryptor", "SALT"),
     Internal("pysyncobj.encryptor", "getEncryptor"),
@@ -182,11 +177,9 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("pysyncobj.journal", "JOURNAL_FORMAT_VERSION"),
     Internal("pysyncobj.journal", "LAST_RECORD_OFFSET_OFFSET"),
     Internal("pysyncobj.journal", "FIRST_RECORD_OFFSET"),
-    # Durable storage (use_durable_storage): the two names through which pysyncobj creates its
-    # journal (``createJournal(conf.journalFile)`` in SyncObj.__init__) and renames a finished
-    # snapshot into place (``atomicReplace(tmp, conf.fullDumpFile)``, written and received alike),
-    # each replaced by a function that hands a ``StoragePath`` to this project's own storage.
-    CREATE_JOURNAL,
+    # Durable snapshots (use_durable_snapshots): the name through which pysyncobj renames a
+    # finished snapshot into place (``atomicReplace(tmp, conf.fullDumpFile)``, written and received
+    # alike), replaced by a function that hands a ``StoragePath`` to this project's own storage.
     ATOMIC_REPLACE,
     # The journal interface SyncObj calls, as FileJournal defines it (raft/durable_journal.py
     # implements the same methods; a changed signature here means a changed interface).
@@ -288,15 +281,14 @@ __all__ = [
     "COMMAND_TYPE", "CONNECTION_STATE", "ENCRYPTOR_ITERATIONS", "ENCRYPTOR_SALT", "INTERNALS", "JOURNAL_APP_NAME",
     "JOURNAL_APP_VERSION", "JOURNAL_FIRST_RECORD_OFFSET", "JOURNAL_FORMAT_VERSION", "JOURNAL_LAST_RECORD_OFFSET_OFFSET",
     "JOURNAL_NAME_SIZE", "JOURNAL_VERSION_SIZE", "PINNED_VERSION", "RAFT_STATE", "Internal", "StoragePath",
-    "SyncObjInternals", "TCPNode", "check", "connecting_since", "message", "monotonic", "problems", "pso_pickle",
-    "resolve_host", "save_commit_index_when_changed", "use_durable_storage", "use_message_compression",
-    "count_arrivals_as_reads",
+    "SyncObjPrivates", "TCPNode", "check", "connecting_since", "message", "monotonic", "problems", "pso_pickle",
+    "resolve_host", "use_durable_snapshots",
 ]
 
 
 class StoragePath(str):
     """A file name in a ``SyncObjConf`` (``journalFile``, ``fullDumpFile``) that this project's
-    storage handles (``use_durable_storage``), with ``sync``: whether it is fsynced (False only
+    storage handles (the host's journal, ``use_durable_snapshots``), with ``sync``: whether it is fsynced (False only
     with ``--unsafe-no-fsync``). A ``str``, as pysyncobj expects (``os.path.isfile``, ``+ '.tmp'``):
     pysyncobj hands these two names, and only them, to the journal factory and to the snapshot's
     rename, so the name itself says which storage and which durability a node asked for, with no
@@ -310,22 +302,18 @@ class StoragePath(str):
         return self
 
 
-def use_durable_storage(open_journal: Callable[[StoragePath], Any],
-                        replace: Callable[[str, StoragePath], None]) -> None:
-    """Make pysyncobj create the journal of a conf whose ``journalFile`` is a ``StoragePath`` with
-    ``open_journal(path)``, and rename a snapshot whose ``fullDumpFile`` is one into place with
-    ``replace(tmp, path)``. Any other conf keeps pysyncobj's own (FileJournal, ``os.rename``).
-    Idempotent; process-wide, as pysyncobj's names are, but only StoragePath files are affected."""
-    from pysyncobj import serializer, syncobj
+def use_durable_snapshots(replace: Callable[[str, StoragePath], None]) -> None:
+    """Make pysyncobj rename a snapshot whose ``fullDumpFile`` is a ``StoragePath`` into place with
+    ``replace(tmp, path)``; any other name keeps pysyncobj's own ``os.rename``. Idempotent.
 
-    create, rename = getattr(syncobj, CREATE_JOURNAL.name), getattr(serializer, ATOMIC_REPLACE.name)
-    original_create = getattr(create, "pysyncobj_original", create)
+    The one process-wide hook left: pysyncobj calls ``atomicReplace`` as a module-level name of
+    its serializer (inside ``Serializer.serialize`` and ``setTransmissionData``), with no per-node
+    seam short of re-implementing both on private state; only StoragePath names, which only a
+    ``RaftNode`` with a data directory gives, are affected."""
+    from pysyncobj import serializer
+
+    rename = getattr(serializer, ATOMIC_REPLACE.name)
     original_rename = getattr(rename, "pysyncobj_original", rename)
-
-    def create_journal(journal_file: Any = None) -> Any:
-        if isinstance(journal_file, StoragePath):
-            return open_journal(journal_file)
-        return original_create(journal_file)
 
     def atomic_replace(tmp: str, final: Any) -> Any:
         if isinstance(final, StoragePath):
@@ -333,31 +321,8 @@ def use_durable_storage(open_journal: Callable[[StoragePath], Any],
             return True
         return original_rename(tmp, final)
 
-    create_journal.pysyncobj_original = original_create  # type: ignore[attr-defined]
     atomic_replace.pysyncobj_original = original_rename  # type: ignore[attr-defined]
-    setattr(syncobj, CREATE_JOURNAL.name, create_journal)
     setattr(serializer, ATOMIC_REPLACE.name, atomic_replace)
-
-
-def use_message_compression(codec: Any) -> None:
-    """Make pysyncobj's connections compress and decompress their messages with ``codec`` (an
-    object with zlib's ``compress(data, level)`` and ``decompress(data)``) instead of ``zlib``."""
-    from pysyncobj import tcp_connection
-
-    tcp_connection.zlib = codec
-
-
-class _ArrivalsCountedAsReads(dict):  # type: ignore[type-arg]
-    """A ``PollPoller``'s socket -> callback map whose connection callbacks first count a read
-    event as a read (``count_arrivals_as_reads``)."""
-
-    def __init__(self, callbacks: dict[Any, Any]) -> None:
-        super().__init__()
-        for descr, callback in callbacks.items():
-            self[descr] = callback
-
-    def __setitem__(self, descr: Any, callback: Any) -> None:
-        super().__setitem__(descr, _counting_arrival(callback))
 
 
 def _counting_arrival(callback: Any) -> Any:
@@ -372,34 +337,6 @@ def _counting_arrival(callback: Any) -> Any:
         callback(descr, event_mask)
 
     return on_event
-
-
-def count_arrivals_as_reads(poller: Any) -> bool:
-    """Make every connection on ``poller`` (pysyncobj's ``PollPoller``) count a socket with bytes
-    waiting as read from now. pysyncobj checks a connection's silence (nothing read for
-    ``connectionTimeout``) *before* it reads, so a node whose thread stalled past that timeout
-    dropped the link on the very read that would have ended the silence. Call on the tick thread
-    (which alone changes the map). False for another poller (the select poller: left as it is)."""
-    callbacks = getattr(poller, POLL_CALLBACKS_ATTR.name, None)
-    if callbacks is None:
-        return False
-    if not isinstance(callbacks, _ArrivalsCountedAsReads):
-        setattr(poller, POLL_CALLBACKS_ATTR.name, _ArrivalsCountedAsReads(callbacks))
-    return True
-
-
-def save_commit_index_when_changed(journal: Any) -> None:
-    """pysyncobj's ``FileJournal`` marks its meta file unsaved whenever the commit index is set,
-    which a follower does on every append_entries, changed or not, and so rewrites the file (open,
-    write, rename) every second: ~8 % of an idle follower's tick thread (docs/design/idle-cost.md).
-    Set it only when it changes: what is saved is the same."""
-    set_index, get_index = journal.setRaftCommitIndex, journal.getRaftCommitIndex
-
-    def set_when_changed(index: int) -> None:
-        if index != get_index():
-            set_index(index)
-
-    journal.setRaftCommitIndex = set_when_changed
 
 
 def resolve_host(host: str) -> str | None:
@@ -437,19 +374,53 @@ def _method(entry: Internal) -> Callable[..., Any]:
     return getattr(SyncObj, entry.name)
 
 
-class SyncObjInternals(SyncObj):
-    """``SyncObj`` with the private state this project reads and writes under ``pso_*`` names, and
-    ``on_raft_message``, called with every Raft message the node receives (on the tick thread).
-    pysyncobj's protected ``_onTick``, ``_isLeader`` and ``_getLeader`` are used as they are
-    (listed in ``INTERNALS``)."""
+class _AdoptOnStore:
+    """A set-only descriptor: when pysyncobj stores the SyncObj attribute ``entry`` (in
+    ``SyncObj.__init__``), the instance's method ``adopt`` gets the value and what it returns is
+    stored instead, in the instance's ``__dict__`` (reads stay plain attribute reads: a descriptor
+    without ``__get__`` does not shadow the instance's dict)."""
+
+    def __init__(self, entry: Internal, adopt: str) -> None:
+        if entry not in INTERNALS or entry.kind != INSTANCE or entry.owner != "SyncObj":
+            raise TypeError(f"{entry.label} is not a checked SyncObj attribute")
+        self.name = entry.name
+        self.adopt = adopt
+
+    def __set__(self, instance: Any, value: Any) -> None:
+        instance.__dict__[self.name] = getattr(instance, self.adopt)(value)
+
+
+class SyncObjPrivates:
+    """SyncObj's private state under ``pso_*`` names, mixed into the one ``SyncObj`` subclass
+    (``RaftHost(SyncObjPrivates, SyncObj)``; not a subclass itself): ``on_raft_message``, called
+    with every Raft message the node receives, and ``on_ack``, with every acknowledgement it
+    sends (on the tick thread). pysyncobj's protected ``_onTick``, ``_isLeader`` and
+    ``_getLeader`` are used as they are (listed in ``INTERNALS``).
+
+    It also adopts two objects pysyncobj creates in ``SyncObj.__init__``, as it stores them,
+    before anything uses them and before the tick thread starts: its journal (``adopt_journal``:
+    pysyncobj's creation goes through the module-level ``createJournal``, which only a
+    process-wide replacement could change) and its poller (``adopt_poller``: the tick thread's
+    wait, and every socket's registration). Both return the object to use; by default the one
+    pysyncobj made."""
+
+    __slots__ = ()
+
+    _SyncObj__raftLog = _AdoptOnStore(RAFT_LOG_ATTR, "adopt_journal")
+    _poller = _AdoptOnStore(POLLER_ATTR, "adopt_poller")
+
+    def adopt_journal(self, journal: Any) -> Any:
+        return journal
+
+    def adopt_poller(self, poller: Any) -> Any:
+        return poller
+
 
     pso_state = _attr(RAFT_STATE_ATTR, "RAFT_STATE.FOLLOWER, CANDIDATE or LEADER.")
     pso_voted_for = _attr(VOTED_FOR_ATTR, "The node id this node voted for in its term, or None.", writable=True)
     pso_election_deadline = _attr(ELECTION_DEADLINE_ATTR,
                                   "``monotonic()`` time at which a follower starts an election.", writable=True)
     _pso_transport = _attr(TRANSPORT_ATTR, "The TCPTransport.")
-    pso_poller = _attr(POLLER_ATTR, "The poller the tick thread waits in (and every socket is registered with).",
-                       writable=True)
     _pso_handle_message = _method(ON_MESSAGE_RECEIVED)
     _pso_log_term = _method(LOG_TERM)
     _pso_log_index = _method(LOG_INDEX)
@@ -503,19 +474,6 @@ class SyncObjInternals(SyncObj):
         return [attempts.get(node, float("-inf")) + retry for node, conn in list(self.pso_connections.items())
                 if conn.state == CONNECTION_STATE.DISCONNECTED and should_connect(node)]
 
-    def pso_on_node_disconnected(self, callback: Callable[[Any], None]) -> None:
-        """Call ``callback(node)`` (on the tick thread) after pysyncobj's own handling whenever the
-        connection to the member ``node`` closes or is dropped as dead."""
-        transport = self._pso_transport
-        inner = getattr(transport, NODE_DISCONNECTED_CALLBACK_ATTR.name)
-
-        def on_disconnected(node: Any) -> None:
-            if inner is not None:
-                inner(node)
-            callback(node)
-
-        transport.setOnNodeDisconnectedCallback(on_disconnected)
-
     def pso_excuse_stall(self, stall_s: float, now: float) -> None:
         """This node's tick thread did not run for ``stall_s``: its silence timers do not count
         that time against its peers. Every connection's last read (pysyncobj drops a link that
@@ -541,22 +499,10 @@ class SyncObjInternals(SyncObj):
         return self._pso_generate_timeout()
 
     @property
-    def encryptor(self) -> Any:
-        """What encrypts this node's Raft messages (pysyncobj's transport reads it for every new
-        connection): ``_message_cipher`` when a subclass set one before ``SyncObj.__init__``
-        (``message_cipher.MessageCipher``), else pysyncobj's own Fernet (None without a secret)."""
-        cipher = self.__dict__.get("_message_cipher")
-        return cipher if cipher is not None else SyncObj.encryptor.fget(self)  # type: ignore[attr-defined]
-
-    @property
     def pso_journal(self) -> Any:
         """pysyncobj's journal (``raft.durable_journal.DurableJournal`` for a node with a data
-        directory: ``use_durable_storage``)."""
+        directory: ``RaftHost.adopt_journal``)."""
         return getattr(self, RAFT_LOG_ATTR.name)
-
-    def pso_save_commit_index_when_changed(self) -> None:
-        """See ``save_commit_index_when_changed``: on this node's journal."""
-        save_commit_index_when_changed(getattr(self, RAFT_LOG_ATTR.name))
 
     def on_raft_message(self, node: Any, message: Any) -> None:
         """Every Raft message from ``node``, on the tick thread. Override; call
@@ -630,45 +576,6 @@ from pysyncobj.journal import MemoryJournal  # noqa: E402 -- past the checks
 from pysyncobj.transport import TCPTransport  # noqa: E402 -- past the checks
 
 
-class _AdoptOnStore:
-    """A set-only descriptor: when pysyncobj stores the SyncObj attribute ``entry`` (in
-    ``SyncObj.__init__``), the instance's method ``adopt`` gets the value and what it returns is
-    stored instead, in the instance's ``__dict__`` (reads stay plain attribute reads: a descriptor
-    without ``__get__`` does not shadow the instance's dict)."""
-
-    def __init__(self, entry: Internal, adopt: str) -> None:
-        if entry not in INTERNALS or entry.kind != INSTANCE or entry.owner != "SyncObj":
-            raise TypeError(f"{entry.label} is not a checked SyncObj attribute")
-        self.name = entry.name
-        self.adopt = adopt
-
-    def __set__(self, instance: Any, value: Any) -> None:
-        instance.__dict__[self.name] = getattr(instance, self.adopt)(value)
-
-
-class AdoptingSyncObj(SyncObjInternals):
-    """``SyncObjInternals`` that adopts two objects pysyncobj creates in ``SyncObj.__init__``, as it
-    stores them, before anything uses them and before the tick thread starts: its journal
-    (``adopt_journal``: pysyncobj's creation goes through the module-level ``createJournal``,
-    which only a process-wide replacement could change) and its poller (``adopt_poller``: the
-    tick thread's wait, and every socket's registration). Both return the object to use; by
-    default the one pysyncobj made."""
-
-    _SyncObj__raftLog = _AdoptOnStore(RAFT_LOG_ATTR, "adopt_journal")
-    _poller = _AdoptOnStore(POLLER_ATTR, "adopt_poller")
-
-    def adopt_journal(self, journal: Any) -> Any:
-        return journal
-
-    def adopt_poller(self, poller: Any) -> Any:
-        return poller
-
-    @property
-    def pso_last_response_times(self) -> dict[Any, float]:
-        """A leader's last response time from each follower (pysyncobj's ``monotonic()``)."""
-        return self.__dict__.get(LAST_RESPONSE_ATTR.name, {})
-
-
 def send_compressed(connection: Any, message: Any, compress: Callable[[bytes], bytes]) -> None:
     """``TcpConnection.send(message)`` as pysyncobj does it (its random key, its Fernet or our
     cipher, the length prefix, the write buffer), with ``compress`` in place of
@@ -685,10 +592,12 @@ def send_compressed(connection: Any, message: Any, compress: Callable[[bytes], b
 
 def counting_arrivals(callback: Any) -> Any:
     """A poller callback that first counts a read event of a connected ``TcpConnection`` as a read
-    (see ``count_arrivals_as_reads``); any other callback as it is. For a poller that wraps each
-    callback as it is subscribed (raft/host.py), instead of replacing the poller's map."""
+    any other callback as it is. pysyncobj checks a connection's silence (nothing read for
+    ``connectionTimeout``) *before* it reads, so a node whose thread stalled past that timeout
+    dropped the link on the very read that would have ended the silence. For the host's poller,
+    which wraps each callback as it is subscribed (``extensions/stall_tolerance.py``)."""
     return _counting_arrival(callback)
 
 
-__all__ += ["AdoptingSyncObj", "MESSAGE_SHAPES", "MemoryJournal", "TCPTransport", "check_message_shapes",
+__all__ += ["MESSAGE_SHAPES", "MemoryJournal", "TCPTransport", "check_message_shapes",
             "counting_arrivals", "message_shape_problems", "send_compressed"]

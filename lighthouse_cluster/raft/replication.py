@@ -1,31 +1,32 @@
 """Raft replication of the quorum state machine: the API the rest of the node uses.
 
 It owns:
-* ``RaftNode``: starts the SyncObj (``LeaseProbeSyncObj``) with the journal and snapshot in
-  the data directory, the cluster secret on the Raft port, and exposes role, term, leader and
-  indexes, writes (``submit``), membership changes and leadership transfer to the rest of the node;
+* ``RaftNode``: starts the node's ``LighthouseSyncObj`` (a ``RaftHost`` with this project's
+  extensions) with the journal and snapshot in the data directory, the cluster secret on the Raft
+  port, and exposes role, term, leader and indexes, writes (``submit``), membership changes and
+  leadership transfer to the rest of the node;
 * ``ReplicatedState``: a ``SyncObjConsumer`` with one replicated method whose single argument is
   a msgpack-encoded command (so the log never holds pickled objects of ours, and the method id
   never shifts between versions), and msgpack snapshots;
 * ``Role`` and ``CommitError``: pysyncobj's states and failure codes in this project's terms.
 
 The rest of ``lighthouse_cluster.raft``: ``settings`` (``RaftSettings``, the ``SyncObjConf``),
-``dial`` (``DialNode``: ``--raft-dial``), ``lease_probes`` (``LeaseProbeSyncObj``: a leader
-confirms its leadership with an acknowledged heartbeat, for the quorum lease), built on
-``quiescence`` (``QuiescentSyncObj``: a leader with no clients heartbeats slowly), built on
-``stall_tolerance`` (``StallTolerantSyncObj``: a stalled tick thread does not depose a live
-leader), built on ``fast_election`` (``FastElectionSyncObj``, built on ``adaptive_tick``'s tick
-that sleeps until its next deadline and ``idle_acks``, built on ``durability``'s
-``DurableSyncObj``: nothing acknowledged or counted before it is on disk), ``durable_journal``
-(the journal, term and vote, synced), ``journal`` (the format of a node's Raft files, read from
-outside too) and ``pysyncobj_internals`` (every private pysyncobj name used, checked at import).
-``RaftSettings``, ``DialNode``, ``peer_nodes`` and ``FastElectionSyncObj`` are importable from
-here too.
+``dial`` (``DialNode``: ``--raft-dial``), ``host`` (``RaftHost``: the one ``SyncObj`` subclass,
+running extensions at named hooks; ``host_transport``: its transport), ``composed_node``
+(``LighthouseSyncObj``: the extensions in their order), ``extensions/`` (one mechanism each:
+``lease_probes``, a leader confirms its leadership with an acknowledged heartbeat, for the quorum
+lease; ``quiescence``, a leader with no clients heartbeats slowly; ``stall_tolerance``, a stalled
+tick thread does not depose a live leader; ``fast_election``, failovers take one election and
+votes wait out the lease; ``idle_acks``; ``adaptive_tick``, a tick that sleeps until its next
+deadline; ``durable_sync``, nothing acknowledged or counted before it is on disk),
+``durable_journal`` (the journal, term and vote, synced), ``journal`` (the format of a node's Raft
+files, read from outside too), ``message_cipher`` and ``message_compression`` (the Raft port's
+bytes) and ``pysyncobj_internals`` (every private pysyncobj name used, checked at import).
+``RaftSettings``, ``DialNode`` and ``peer_nodes`` are importable from here too.
 
 Everything pysyncobj calls back happens on its tick thread; callers that live in an event loop
 hop back with ``loop.call_soon_threadsafe``.
 """
-
 from __future__ import annotations
 
 import enum
@@ -42,15 +43,13 @@ from lighthouse_cluster.core import codec
 from lighthouse_cluster.core.state_machine import QuorumStateMachine
 from lighthouse_cluster.durable_files import make_directory_durably
 from lighthouse_cluster.raft.dial import DialNode, peer_nodes
-from lighthouse_cluster.raft.fast_election import FastElectionSyncObj
+from lighthouse_cluster.raft.composed_node import LighthouseSyncObj
 from lighthouse_cluster.raft.journal import JOURNAL_FILE, SNAPSHOT_FILE
 from lighthouse_cluster.raft.message_cipher import MessageCipher
 from lighthouse_cluster.raft.pysyncobj_internals import RAFT_STATE, StoragePath, TCPNode, connecting_since, monotonic
-from lighthouse_cluster.raft.lease_probes import LeaseProbeSyncObj
 from lighthouse_cluster.raft.settings import RaftSettings, syncobj_conf
 
-__all__ = ["CommitError", "DialNode", "FastElectionSyncObj", "RaftNode", "RaftSettings", "ReplicatedState", "Role",
-           "peer_nodes"]
+__all__ = ["CommitError", "DialNode", "RaftNode", "RaftSettings", "ReplicatedState", "Role", "peer_nodes"]
 
 log = logging.getLogger(__name__)
 
@@ -181,18 +180,17 @@ class RaftNode:
                             snapshot_file=dump, on_state_changed=state_changed)
         # The Raft port's encryption: AES-256-GCM once the cluster reads it (message_cipher.py).
         self.cipher = MessageCipher(secret, send_gcm=self._send_gcm) if secret else None
-        # A quiet leader (quiescence.py) only where its period is longer than the normal one.
+        # A quiet leader (extensions/quiescence.py) only where its period is longer than the normal one.
         quiet_after_s = settings.quiet_after_s if settings.quiet_period_s > settings.append_entries_period_s else 0.0
         common: dict[str, Any] = dict(conf=conf, consumers=[state], longest_s=settings.idle_tick_max_s,
                                       cipher=self.cipher, quiet_after_s=quiet_after_s,
                                       quiet_period_s=settings.quiet_period_s, quiet_allowed=self._quiet_allowed)
         if dial:
             nodes, node_class = peer_nodes(peer_addresses, dial)
-            self._syncobj = LeaseProbeSyncObj(self_address, nodes, nodeClass=node_class, **common)
+            self._syncobj = LighthouseSyncObj(self_address, nodes, nodeClass=node_class, **common)
         else:
-            self._syncobj = LeaseProbeSyncObj(self_address, peer_addresses, **common)
+            self._syncobj = LighthouseSyncObj(self_address, peer_addresses, **common)
 
-        self._syncobj.pso_save_commit_index_when_changed()
         self._nodes_by_address: dict[str, TCPNode] = {}
         self._connect_timeout_s = conf.connectionTimeout
         self._syncobj.addOnTickCallback(self._expire_stuck_connects)
@@ -223,7 +221,7 @@ class RaftNode:
         return not machine.fresh and machine.schema_version >= codec.CIPHER_SCHEMA_VERSION
 
     def _quiet_allowed(self) -> bool:
-        """On the tick thread: whether the leader may quiesce (``raft/quiescence.py``): the cluster
+        """On the tick thread: whether the leader may quiesce (``raft/extensions/quiescence.py``): the cluster
         enabled ``QUIESCENCE_SCHEMA_VERSION``, which it does only once every member reads it."""
         machine = self.state.machine
         return not machine.fresh and machine.schema_version >= codec.QUIESCENCE_SCHEMA_VERSION
@@ -249,7 +247,7 @@ class RaftNode:
 
     @property
     def tick_stalls(self) -> int:
-        """How many times this node's Raft tick thread stalled (``raft/stall_tolerance.py``)."""
+        """How many times this node's Raft tick thread stalled (``raft/extensions/stall_tolerance.py``)."""
         return self._syncobj.stalls
 
     @property

@@ -2,7 +2,7 @@
 
 Why: every call a node serves shares its one event loop. With the job ports in the node's
 process, a job whose many replica groups hammer quorums fills that loop with its calls, and
-another job's rounds wait behind them (benchmarks/README.md, "Isolation"). Here each job port is a
+another job's rounds wait behind them (docs/design/job-port-processes.md). Here each job port is a
 child process of the node that does what a follower does with a call (``routing.Router`` with no
 Raft and no coordinator): Quorum calls travel to the leader on one batched
 ``ForwardQuorums`` stream, heartbeats in one batch per 50 ms (``forwarding.py``). The node that

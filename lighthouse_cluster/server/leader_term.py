@@ -18,7 +18,7 @@ successors and grants the first lease. After that:
   than issued on it, which renews it;
 * while rounds come faster than one per ``BUSY_GAP_S`` (``round_issued``), ``LeaderTerm`` also
   confirms the term in the background, so that no round waits for a commit: every heartbeat the
-  leader sends is then a lease probe (``stream``: ``raft/lease_probes.py``, "Heartbeats as
+  leader sends is then a lease probe (``stream``: ``raft/extensions/lease_probes.py``, "Heartbeats as
   probes"; no log entry, no message of its own), and each one a majority acknowledged renews the
   lease from when it was sent. Where less than a quarter of a confirmation's worth is left all
   the same (heartbeats late, or unanswered), it asks a probe of its own (an append_entries sent

@@ -57,11 +57,11 @@ class RaftReadings(Protocol):
 
     @property
     def quiet(self) -> bool:
-        """Whether this node's Raft heartbeats are quiet (no client: ``raft/quiescence.py``)."""
+        """Whether this node's Raft heartbeats are quiet (no client: ``raft/extensions/quiescence.py``)."""
 
     @property
     def tick_stalls(self) -> int:
-        """How many times the Raft tick thread stalled (``raft/stall_tolerance.py``)."""
+        """How many times the Raft tick thread stalled (``raft/extensions/stall_tolerance.py``)."""
 
     @property
     def election_patience_s(self) -> float:

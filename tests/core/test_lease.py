@@ -308,7 +308,7 @@ def test_a_commit_applied_after_the_term_ended_renews_nothing() -> None:
     asyncio.run(main())
 
 
-# -- renewals by lease probe (raft/lease_probes.py) ------------------------------------------------
+# -- renewals by lease probe (raft/extensions/lease_probes.py) ------------------------------------------------
 
 
 async def _busy_term(probe: Any, *, until: Any, timeout: float = 5.0, stream: Any = None,

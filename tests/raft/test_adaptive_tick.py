@@ -18,7 +18,7 @@ import pytest
 
 from support.waiting import wait_for
 from lighthouse_cluster.core.state_machine import QuorumStateMachine
-from lighthouse_cluster.raft.adaptive_tick import tick_wait
+from lighthouse_cluster.raft.extensions.adaptive_tick import tick_wait
 from lighthouse_cluster.raft.replication import RaftNode, RaftSettings, ReplicatedState
 
 # Far longer than any wait_for below: a tick that happens anyway came from a deadline or a wake-up.
@@ -69,7 +69,7 @@ def test_a_tick_job_submitted_during_a_long_wait_runs_at_once() -> None:
                     settings=RaftSettings(idle_tick_max_s=LONG_S), hold_elections_until_leader=True)
     syncobj = raft._syncobj
     try:
-        wait_for("the tick thread waiting LONG_S", lambda: syncobj.last_wait == LONG_S, 10.0)
+        wait_for("the tick thread waiting LONG_S", lambda: syncobj.ext.adaptive_tick.last_wait == LONG_S, 10.0)
         ran = threading.Event()
         submitted = time.monotonic()
         raft.call_on_tick_thread(lambda: threading.current_thread().name, lambda _r, _e: ran.set())

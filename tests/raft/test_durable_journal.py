@@ -1,4 +1,4 @@
-"""raft.durable_journal and raft.durability: the Raft log, term and vote on disk before the node
+"""raft.durable_journal and raft.extensions.durable_sync: the Raft log, term and vote on disk before the node
 acts on them (issue 32).
 
 Unit tests, no processes: the file layer (``os.pwrite``, ``os.fsync``, ``os.fdatasync``,
@@ -22,11 +22,9 @@ from pysyncobj.journal import FileJournal
 
 from lighthouse_cluster import durable_files
 from lighthouse_cluster.raft import durable_journal
-from lighthouse_cluster.raft.durability import DurableSyncObj
 from lighthouse_cluster.raft.durable_journal import DurableJournal, StorageFailure
 from lighthouse_cluster.raft.journal import JOURNAL_FILE, journal_header, read_records
-from lighthouse_cluster.raft.pysyncobj_internals import (JOURNAL_FIRST_RECORD_OFFSET, StoragePath,
-                                                       SyncObjInternals)
+from lighthouse_cluster.raft.pysyncobj_internals import JOURNAL_FIRST_RECORD_OFFSET, StoragePath
 
 
 class FileLayer:
@@ -309,55 +307,13 @@ def test_a_journal_file_without_a_header_starts_empty(tmp_path: Path) -> None:
 # -- the node: sync before the acknowledgement, before the leader's own count --------------------------
 
 
-class RecordingJournal:
-    def __init__(self, events: list[str]) -> None:
-        self.events = events
-
-    def sync(self) -> None:
-        self.events.append("sync")
-
-
-def syncobj_with(journal: Any) -> DurableSyncObj:
-    """A DurableSyncObj whose pysyncobj state is only a journal (its __init__ starts a node)."""
-    node = object.__new__(DurableSyncObj)
-    node.__dict__["_SyncObj__raftLog"] = journal
-    return node
-
-
-def test_an_acknowledgement_is_sent_only_after_the_journal_is_synced(monkeypatch: pytest.MonkeyPatch) -> None:
-    events: list[str] = []
-    monkeypatch.setattr(SyncObjInternals, "pso_send_ack", lambda self, *a: events.append("ack"))
-    syncobj_with(RecordingJournal(events)).pso_send_ack("n2", False, 5, True)
-    assert events == ["sync", "ack"]
-
-
-def test_every_tick_starts_with_the_journal_synced(monkeypatch: pytest.MonkeyPatch) -> None:
-    """pysyncobj's tick counts the leader's own copy toward a commit: after the sync."""
-    events: list[str] = []
-    monkeypatch.setattr(SyncObjInternals, "_onTick", lambda self, t=0.0: events.append("pysyncobj tick"))
-    syncobj_with(RecordingJournal(events))._onTick(0.01)
-    assert events == ["sync", "pysyncobj tick"]
-
-
-def test_a_node_without_a_data_directory_has_nothing_to_sync(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pysyncobj.journal import MemoryJournal
-
-    events: list[str] = []
-    monkeypatch.setattr(SyncObjInternals, "pso_send_ack", lambda self, *a: events.append("ack"))
-    syncobj_with(MemoryJournal()).pso_send_ack("n2", False, 5, True)
-    assert events == ["ack"]
-
-
 def test_storage_paths_go_to_the_durable_journal_and_other_names_to_pysyncobjs(tmp_path: Path) -> None:
-    import lighthouse_cluster.raft  # noqa: F401 -- installs the storage
-    from pysyncobj import serializer, syncobj
+    import lighthouse_cluster.raft  # noqa: F401 -- installs the snapshot's rename
+    from pysyncobj import serializer
 
-    journal = syncobj.createJournal(StoragePath(str(tmp_path / "a" / JOURNAL_FILE), sync=False))
+    # The journal: opened per node by the host for a StoragePath (RaftHost.adopt_journal).
+    journal = durable_journal.open_journal(StoragePath(str(tmp_path / "a" / JOURNAL_FILE), sync=False))
     assert isinstance(journal, DurableJournal) and not journal.sync_enabled
-    assert not isinstance(syncobj.createJournal(None), DurableJournal)
-    plain = syncobj.createJournal(str(tmp_path / "plain.journal"))
-    assert isinstance(plain, FileJournal)
-    plain._destroy()
     (tmp_path / "snap.tmp").write_bytes(b"x")
     assert serializer.atomicReplace(str(tmp_path / "snap.tmp"), StoragePath(str(tmp_path / "snap"))) is True
     assert (tmp_path / "snap").read_bytes() == b"x"

@@ -1,4 +1,4 @@
-"""fast_election.FastElectionSyncObj: early election after a refusal (docs/design/fast-election.md),
+"""fast_election.LighthouseSyncObj: early election after a refusal (docs/design/fast-election.md),
 a connection reset or dropped for its silence, a leader taking a higher term without a vote, the
 depose mark only a leader acts on, no attributes of ours in pysyncobj's snapshots. Three in-process
 pysyncobj nodes on loopback (one for the snapshot). Follower keep-alives, the closed leader
@@ -19,7 +19,8 @@ from pysyncobj import SyncObjConf
 from support.raft_counter import Counter
 from support.raft_nodes import free_port as _free_port, run_on_tick_thread, start_nodes
 from support.waiting import wait_for
-from lighthouse_cluster.raft.fast_election import DEPOSE_KEY, FastElectionSyncObj, leader_lost_deadline
+from lighthouse_cluster.raft.composed_node import LighthouseSyncObj
+from lighthouse_cluster.raft.extensions.fast_election import DEPOSE_KEY, leader_lost_deadline
 from lighthouse_cluster.raft.pysyncobj_internals import RAFT_STATE, pso_pickle
 from lighthouse_cluster.raft.pysyncobj_internals import monotonic as raft_monotonic
 
@@ -31,13 +32,13 @@ def _conf(**kwargs: Any) -> SyncObjConf:
                        connectionTimeout=0.5, connectionRetryTime=0.25, appendEntriesUseBatch=False, **kwargs)
 
 
-def _start(count: int = 3, **kwargs: Any) -> list[FastElectionSyncObj]:
-    return start_nodes([FastElectionSyncObj] * count, lambda out: any(n._isLeader() for n in out), conf=_conf(),
+def _start(count: int = 3, **kwargs: Any) -> list[LighthouseSyncObj]:
+    return start_nodes([LighthouseSyncObj] * count, lambda out: any(n._isLeader() for n in out), conf=_conf(),
                        **kwargs)
 
 
 @pytest.fixture
-def nodes() -> Iterator[list[FastElectionSyncObj]]:
+def nodes() -> Iterator[list[LighthouseSyncObj]]:
     out = _start()
     try:
         yield out
@@ -51,7 +52,7 @@ def vote_request(term: int, last_term: int, last_index: int) -> dict:
 
 
 @pytest.mark.timeout(60)
-def test_refusing_a_candidate_that_is_behind_starts_an_election_soon(nodes: list[FastElectionSyncObj]) -> None:
+def test_refusing_a_candidate_that_is_behind_starts_an_election_soon(nodes: list[LighthouseSyncObj]) -> None:
     leader = next(n for n in nodes if n._isLeader())
     for _ in range(3):
         leader.counter.inc(sync=True, timeout=5)  # type: ignore[attr-defined]
@@ -63,32 +64,32 @@ def test_refusing_a_candidate_that_is_behind_starts_an_election_soon(nodes: list
 
     # A stale request (older term) and an up-to-date candidate: no early election.
     follower.on_raft_message(other.selfNode, vote_request(term - 1, 0, 0))
-    assert follower.early_elections == 0
+    assert follower.ext.fast_election.early_elections == 0
     # Handled on the caller's thread (not the tick thread): call it with the node's state frozen.
     my_term, my_index = follower.pso_last_log()
     # While the leader lives (an append_entries less than raftMinTimeout ago) a request is put off:
     # no vote, and the follower keeps its term (the leader is not disrupted).
-    follower._heard_leader_at = raft_monotonic()
-    put_off = follower.votes_put_off
+    follower.ext.signals.heard_leader_at = raft_monotonic()
+    put_off = follower.ext.fast_election.votes_put_off
     follower.on_raft_message(other.selfNode, vote_request(term + 1, my_term, my_index + 5))
-    assert follower.votes_put_off == put_off + 1 and follower.raftCurrentTerm == term
+    assert follower.ext.fast_election.votes_put_off == put_off + 1 and follower.raftCurrentTerm == term
     # A candidate whose log is behind while the leader is alive: put off too, no early election.
-    follower._heard_leader_at = raft_monotonic()
+    follower.ext.signals.heard_leader_at = raft_monotonic()
     follower.on_raft_message(other.selfNode, vote_request(term + 2, my_term, my_index - 1))
-    assert follower.early_elections == 0 and follower.raftCurrentTerm == term
+    assert follower.ext.fast_election.early_elections == 0 and follower.raftCurrentTerm == term
     # The same once the leader is gone (no append_entries for a while), in a new term the
     # follower has not voted in: refused, and the follower stands itself within raftMinTimeout / 5.
-    follower._heard_leader_at = raft_monotonic() - 1.0
+    follower.ext.signals.heard_leader_at = raft_monotonic() - 1.0
     term = follower.raftCurrentTerm
     before = raft_monotonic()
     follower.on_raft_message(other.selfNode, vote_request(term + 2, my_term, my_index - 1))
-    assert follower.early_elections == 1
+    assert follower.ext.fast_election.early_elections == 1
     assert follower.pso_election_deadline <= before + 0.2 * 0.15 + 0.01
     assert follower.pso_state in (RAFT_STATE.FOLLOWER, RAFT_STATE.CANDIDATE, RAFT_STATE.LEADER)
     # Never for a term it voted in.
     follower.pso_voted_for = follower.selfNode.id
     follower.on_raft_message(other.selfNode, vote_request(term + 2, my_term, my_index - 1))
-    assert follower.early_elections == 1
+    assert follower.ext.fast_election.early_elections == 1
     # The cluster settles on one leader.
     wait_for("one leader, known to every node",
              lambda: sum(n._isLeader() for n in nodes) == 1 and all(n._getLeader() is not None for n in nodes), 5.0,
@@ -105,8 +106,8 @@ WINDOW_S = 0.3
 
 
 @pytest.fixture
-def slow_nodes() -> Iterator[list[FastElectionSyncObj]]:
-    out = start_nodes([FastElectionSyncObj] * 3, lambda ns: sum(n._isLeader() for n in ns) == 1
+def slow_nodes() -> Iterator[list[LighthouseSyncObj]]:
+    out = start_nodes([LighthouseSyncObj] * 3, lambda ns: sum(n._isLeader() for n in ns) == 1
                       and all(n._getLeader() is not None for n in ns), conf=SyncObjConf(**SLOW_TIMEOUTS),
                       vote_refusal_s=WINDOW_S)
     try:
@@ -125,12 +126,12 @@ def test_the_survivors_stand_one_after_the_other_from_the_end_of_the_window() ->
 
 
 @pytest.mark.timeout(60)
-def test_a_connection_reset_while_the_leader_lives_deposes_nobody(slow_nodes: list[FastElectionSyncObj]) -> None:
+def test_a_connection_reset_while_the_leader_lives_deposes_nobody(slow_nodes: list[LighthouseSyncObj]) -> None:
     leader = _caught_up(slow_nodes)
     follower = next(n for n in slow_nodes if n is not leader)
     term = leader.raftCurrentTerm
     run_on_tick_thread(follower, lambda: follower.pso_connections[leader.selfNode].disconnect())
-    assert follower.leader_connection_losses == 1
+    assert follower.ext.fast_election.leader_connection_losses == 1
     # pysyncobj re-dials at once and the leader's next append_entries (<= 50 ms) comes before the
     # window's end (0.3 s): the follower's deadline moves on, nobody stands.
     wait_for("the link back", lambda: follower.isNodeConnected(leader.selfNode), 5.0, interval=0.005)
@@ -140,26 +141,26 @@ def test_a_connection_reset_while_the_leader_lives_deposes_nobody(slow_nodes: li
 
 
 @pytest.mark.timeout(60)
-def test_a_link_dropped_for_its_silence_brings_no_election_forward(slow_nodes: list[FastElectionSyncObj]) -> None:
+def test_a_link_dropped_for_its_silence_brings_no_election_forward(slow_nodes: list[LighthouseSyncObj]) -> None:
     leader = _caught_up(slow_nodes)
     follower = next(n for n in slow_nodes if n is not leader)
     deadlines: list[float] = []
 
     def drop_after_silence() -> None:
         # As pysyncobj drops a link that read nothing for connectionTimeout (a stalled leader).
-        follower._heard_leader_at = raft_monotonic() - SLOW_TIMEOUTS["connectionTimeout"]
+        follower.ext.signals.heard_leader_at = raft_monotonic() - SLOW_TIMEOUTS["connectionTimeout"]
         deadlines.append(follower.pso_election_deadline)
         follower.pso_connections[leader.selfNode].disconnect()
         deadlines.append(follower.pso_election_deadline)
 
     run_on_tick_thread(follower, drop_after_silence)
-    assert follower.leader_connection_losses == 0 and deadlines[0] == deadlines[1]
+    assert follower.ext.fast_election.leader_connection_losses == 0 and deadlines[0] == deadlines[1]
 
 
 # -- the vote-refusal window (core/lease.py point 3, docs/design/leader-lease.md) ---------------------
 
 
-def _caught_up(nodes: list[FastElectionSyncObj]) -> FastElectionSyncObj:
+def _caught_up(nodes: list[LighthouseSyncObj]) -> LighthouseSyncObj:
     leader = next(n for n in nodes if n._isLeader())
     leader.counter.inc(sync=True, timeout=5)  # type: ignore[attr-defined]
     wait_for("every node to apply the leader's entries",
@@ -174,7 +175,7 @@ def _caught_up(nodes: list[FastElectionSyncObj]) -> FastElectionSyncObj:
 
 
 @pytest.mark.timeout(60)
-def test_a_leader_takes_a_higher_term_from_a_vote_request_but_gives_no_vote(nodes: list[FastElectionSyncObj]) -> None:
+def test_a_leader_takes_a_higher_term_from_a_vote_request_but_gives_no_vote(nodes: list[LighthouseSyncObj]) -> None:
     leader = _caught_up(nodes)
     follower = next(n for n in nodes if n is not leader)
     term = leader.raftCurrentTerm
@@ -216,14 +217,14 @@ def test_no_attribute_of_ours_goes_into_pysyncobjs_snapshots(tmp_path: Path) -> 
     # (the last keep-alive, the last leader contact) would land on another's.
     dump = tmp_path / "raft.snapshot"
     counter = Counter()
-    node = FastElectionSyncObj(f"127.0.0.1:{_free_port()}", [], conf=_conf(fullDumpFile=str(dump)),
+    node = LighthouseSyncObj(f"127.0.0.1:{_free_port()}", [], conf=_conf(fullDumpFile=str(dump)),
                                consumers=[counter])
     try:
         wait_for("a leader", node._isLeader, 10.0)
         for _ in range(3):
             counter.inc(sync=True, timeout=5)
         # Let a few ticks run (keep-alives, acks and the adaptive tick set their attributes then).
-        wait_for("a few ticks", lambda: node.tick_waits > 20, 5.0, interval=0.01)
+        wait_for("a few ticks", lambda: node.ext.adaptive_tick.tick_waits > 20, 5.0, interval=0.01)
         node.forceLogCompaction()
         wait_for("a snapshot", lambda: dump.exists() and dump.stat().st_size > 0, 10.0, interval=0.01)
         with gzip.open(dump, "rb") as g:

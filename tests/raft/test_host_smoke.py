@@ -12,7 +12,7 @@ from pysyncobj import SyncObjConf
 from support.raft_nodes import start_nodes
 from support.waiting import wait_for
 
-from lighthouse_cluster.raft.composed_node import LighthouseSyncObj, composed_syncobj
+from lighthouse_cluster.raft.composed_node import LighthouseSyncObj
 from lighthouse_cluster.raft.host_transport import CompactTcpConnection
 
 pytestmark = pytest.mark.integration
@@ -29,7 +29,7 @@ def _leaders(nodes: list[Any]) -> list[Any]:
 
 
 def test_three_composed_nodes_elect_commit_and_elect_again_after_the_leader_goes() -> None:
-    nodes: list[LighthouseSyncObj] = start_nodes([composed_syncobj] * 3, lambda ns: len(_leaders(ns)) == 1
+    nodes: list[LighthouseSyncObj] = start_nodes([LighthouseSyncObj] * 3, lambda ns: len(_leaders(ns)) == 1
                                                  and all(n._getLeader() is not None for n in ns), conf=_conf())
     try:
         leader = _leaders(nodes)[0]

@@ -18,7 +18,7 @@ from support.raft_counter import Counter
 from support.raft_nodes import free_port
 
 from lighthouse_cluster.raft import pysyncobj_internals as internals
-from lighthouse_cluster.raft.composed_node import composed_syncobj
+from lighthouse_cluster.raft.composed_node import LighthouseSyncObj
 from lighthouse_cluster.raft.durable_journal import DurableJournal
 from lighthouse_cluster.raft.pysyncobj_internals import StoragePath, monotonic
 
@@ -35,7 +35,7 @@ def test_a_snapshot_holds_no_attribute_of_the_host_or_its_extensions(tmp_path: P
                        appendEntriesPeriod=0.005, connectionTimeout=0.5, logCompactionMinEntries=10**6,
                        logCompactionMinTime=10**6)
     counter = Counter()
-    node = composed_syncobj(f"127.0.0.1:{free_port()}", [], conf=conf, consumers=[counter])
+    node = LighthouseSyncObj(f"127.0.0.1:{free_port()}", [], conf=conf, consumers=[counter])
     try:
         assert isinstance(node.pso_journal, DurableJournal) and conf.journalFile == journal
         deadline = monotonic() + 5

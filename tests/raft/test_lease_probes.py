@@ -1,4 +1,4 @@
-"""lease_probes: a leader confirms its leadership with one acknowledged heartbeat and no log entry
+"""extensions/lease_probes.py: a leader confirms its leadership with one acknowledged heartbeat and no log entry
 (the quorum lease's renewals, docs/design/lease-renewal.md). The majority rule alone, then three
 in-process pysyncobj nodes on loopback: refused off the term or off the leader, echoed even while a
 follower holds back its acknowledgements, an echo of another term or from the future counting for
@@ -10,6 +10,7 @@ stops or the term ends."""
 from __future__ import annotations
 
 import queue
+from typing import Any
 from collections.abc import Iterator
 
 import pytest
@@ -18,7 +19,9 @@ from pysyncobj import SyncObjConf
 from support.raft_nodes import run_on_tick_thread, start_nodes
 from support.waiting import wait_for
 from lighthouse_cluster.raft.pysyncobj_internals import monotonic
-from lighthouse_cluster.raft.lease_probes import LEASE_PROBE_KEY, PROBE_EXPIRY_S, LeaseProbeSyncObj, confirmed_since
+from lighthouse_cluster.raft.composed_node import EXTENSION_CLASSES, LighthouseSyncObj
+from lighthouse_cluster.raft.extensions.lease_probes import (LEASE_PROBE_KEY, PROBE_EXPIRY_S, LeaseProbes,
+                                                              confirmed_since)
 
 
 # -- the majority rule (no processes) ------------------------------------------------------------
@@ -45,21 +48,46 @@ def _conf() -> SyncObjConf:
                        connectionTimeout=0.5, connectionRetryTime=0.25, appendEntriesUseBatch=False)
 
 
-class _Unmarked(LeaseProbeSyncObj):
+class _CountingProbes(LeaseProbes):
+    """Lease probes that count the append_entries going out (every one passes through them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.append_entries_out = 0
+
+    def message_out(self, node: Any, message: Any) -> Any:
+        if isinstance(message, dict) and message.get("type") == "append_entries":
+            self.append_entries_out += 1
+        return super().message_out(node, message)
+
+
+class _UnmarkedProbes(LeaseProbes):
     """A leader whose append_entries never carry its probes: only a forged echo could confirm one."""
 
-    def _mark_probe(self) -> None:
-        return None
+    def message_out(self, node: Any, message: Any) -> Any:
+        if isinstance(message, dict) and message.get("type") == "append_entries":
+            return message
+        return super().message_out(node, message)
 
 
-def _start(classes: list[type[LeaseProbeSyncObj]]) -> list[LeaseProbeSyncObj]:
+class _Counted(LighthouseSyncObj):
+    __slots__ = ()
+    extension_classes = {**EXTENSION_CLASSES, "lease_probes": _CountingProbes}
+
+
+class _Unmarked(LighthouseSyncObj):
+    __slots__ = ()
+    extension_classes = {**EXTENSION_CLASSES, "lease_probes": _UnmarkedProbes}
+
+
+def _start(classes: list[type[LighthouseSyncObj]]) -> list[LighthouseSyncObj]:
     return start_nodes(classes, lambda out: any(n._isLeader() for n in out)
                        and all(n._getLeader() is not None for n in out), conf=_conf())
 
 
 @pytest.fixture
-def nodes(request: pytest.FixtureRequest) -> Iterator[list[LeaseProbeSyncObj]]:
-    out = _start(getattr(request, "param", [LeaseProbeSyncObj] * 3))
+def nodes(request: pytest.FixtureRequest) -> Iterator[list[LighthouseSyncObj]]:
+    out = _start(getattr(request, "param", [_Counted] * 3))
     try:
         yield out
     finally:
@@ -67,19 +95,19 @@ def nodes(request: pytest.FixtureRequest) -> Iterator[list[LeaseProbeSyncObj]]:
             n.destroy()
 
 
-def _probe(node: LeaseProbeSyncObj, term: int | None = None, timeout: float = PROBE_EXPIRY_S + 5.0) -> bool:
+def _probe(node: LighthouseSyncObj, term: int | None = None, timeout: float = PROBE_EXPIRY_S + 5.0) -> bool:
     answers: queue.Queue[bool] = queue.Queue()
     run_on_tick_thread(node, lambda: node.probe_leadership(node.raftCurrentTerm if term is None else term, answers.put))
     return answers.get(timeout=timeout)
 
 
-def _leader(nodes: list[LeaseProbeSyncObj]) -> LeaseProbeSyncObj:
+def _leader(nodes: list[LighthouseSyncObj]) -> LighthouseSyncObj:
     return next(n for n in nodes if n._isLeader())
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(60)
-def test_a_probe_off_the_term_or_off_the_leader_is_refused_at_once(nodes: list[LeaseProbeSyncObj]) -> None:
+def test_a_probe_off_the_term_or_off_the_leader_is_refused_at_once(nodes: list[LighthouseSyncObj]) -> None:
     leader = _leader(nodes)
     follower = next(n for n in nodes if n is not leader)
     assert _probe(leader, term=leader.raftCurrentTerm + 1, timeout=PROBE_EXPIRY_S / 2) is False
@@ -89,24 +117,24 @@ def test_a_probe_off_the_term_or_off_the_leader_is_refused_at_once(nodes: list[L
 
 @pytest.mark.integration
 @pytest.mark.timeout(60)
-def test_a_follower_holding_back_its_acknowledgements_still_echoes_a_probe(nodes: list[LeaseProbeSyncObj]) -> None:
+def test_a_follower_holding_back_its_acknowledgements_still_echoes_a_probe(nodes: list[LighthouseSyncObj]) -> None:
     # An idle leader's heartbeats are acknowledged a few times a second (idle_acks): an echo that
     # waited for the next one would come ~100 ms late, and an ack held back would carry none.
     leader = _leader(nodes)
     followers = [n for n in nodes if n is not leader]
-    skipped = sum(n.acks_skipped for n in followers)
+    skipped = sum(n.ext.idle_acks.acks_skipped for n in followers)
     wait_for("the followers holding back repeated acknowledgements",
-             lambda: sum(n.acks_skipped for n in followers) > skipped + 10, 10)
-    echoed = sum(n.lease_probes_echoed for n in followers)
+             lambda: sum(n.ext.idle_acks.acks_skipped for n in followers) > skipped + 10, 10)
+    echoed = sum(n.ext.lease_probes.lease_probes_echoed for n in followers)
     for _ in range(10):
         assert _probe(leader) is True
-    assert sum(n.lease_probes_echoed for n in followers) >= echoed + 10
+    assert sum(n.ext.lease_probes.lease_probes_echoed for n in followers) >= echoed + 10
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("nodes", [[_Unmarked, _Unmarked, _Unmarked]], indirect=True)
-def test_an_echo_of_another_term_or_from_the_future_counts_for_nothing(nodes: list[LeaseProbeSyncObj]) -> None:
+def test_an_echo_of_another_term_or_from_the_future_counts_for_nothing(nodes: list[LighthouseSyncObj]) -> None:
     leader = _leader(nodes)
     follower = next(n for n in nodes if n is not leader)
     answers: queue.Queue[bool] = queue.Queue()
@@ -144,20 +172,22 @@ class _Confirmations:
 
 
 class _AppendEntriesSent:
-    """Counts the append_entries a node sends (one per follower per heartbeat or entry)."""
+    """Counts the append_entries a ``_Counted`` node sends from now (one per follower per heartbeat
+    or entry)."""
 
-    def __init__(self, node: LeaseProbeSyncObj) -> None:
-        self.count = 0
-        run_on_tick_thread(node, lambda: node.mark_append_entries(self._seen))
+    def __init__(self, node: LighthouseSyncObj) -> None:
+        self._probes = node.ext.lease_probes
+        self._start = self._probes.append_entries_out
 
-    def _seen(self) -> None:
-        self.count += 1
+    @property
+    def count(self) -> int:
+        return self._probes.append_entries_out - self._start
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_every_heartbeat_of_a_streaming_leader_is_a_confirmed_probe_and_nothing_more(
-        nodes: list[LeaseProbeSyncObj]) -> None:
+        nodes: list[LighthouseSyncObj]) -> None:
     leader = _leader(nodes)
     wait_for("every entry committed everywhere",
              lambda: len({(n.raftCommitIndex, n.pso_last_log()) for n in nodes}) == 1
@@ -170,7 +200,7 @@ def test_every_heartbeat_of_a_streaming_leader_is_a_confirmed_probe_and_nothing_
     wait_for("20 confirmations", lambda: seen.times.qsize() >= 20, 10)
     run_on_tick_thread(leader, lambda: leader.stream_confirmations(term, None))
     times = seen.drain()
-    marked, heartbeats = leader.lease_probes_sent, sent.count
+    marked, heartbeats = leader.ext.lease_probes.lease_probes_sent, sent.count
     # Each a later send time of the leader's clock, and no entry written anywhere.
     assert times == sorted(times) and len(set(times)) == len(times) and times[-1] <= monotonic()
     assert [(n.pso_last_log(), n.raftCommitIndex) for n in nodes] == before
@@ -180,13 +210,13 @@ def test_every_heartbeat_of_a_streaming_leader_is_a_confirmed_probe_and_nothing_
     assert heartbeats <= 2 * (len(times) + 3), (heartbeats, len(times))
     # Stopped: the heartbeats that follow carry no probe and confirm nothing.
     wait_for("ten more heartbeats", lambda: sent.count >= heartbeats + 10, 10)
-    assert leader.lease_probes_sent == marked and seen.drain() == []
+    assert leader.ext.lease_probes.lease_probes_sent == marked and seen.drain() == []
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(60)
 def test_a_stream_confirms_with_one_live_follower_of_two_and_not_with_none(
-        nodes: list[LeaseProbeSyncObj]) -> None:
+        nodes: list[LighthouseSyncObj]) -> None:
     leader = _leader(nodes)
     a, b = (n for n in nodes if n is not leader)
     a.destroy()
@@ -207,11 +237,11 @@ def test_a_stream_confirms_with_one_live_follower_of_two_and_not_with_none(
 
 @pytest.mark.integration
 @pytest.mark.timeout(60)
-def test_a_stream_of_another_term_marks_and_reports_nothing(nodes: list[LeaseProbeSyncObj]) -> None:
+def test_a_stream_of_another_term_marks_and_reports_nothing(nodes: list[LighthouseSyncObj]) -> None:
     leader = _leader(nodes)
     sent = _AppendEntriesSent(leader)
     seen = _Confirmations()
-    marked = leader.lease_probes_sent
+    marked = leader.ext.lease_probes.lease_probes_sent
     run_on_tick_thread(leader, lambda: leader.stream_confirmations(leader.raftCurrentTerm - 1, seen))
     wait_for("ten heartbeats", lambda: sent.count >= 10, 10)
-    assert leader.lease_probes_sent == marked and seen.drain() == []
+    assert leader.ext.lease_probes.lease_probes_sent == marked and seen.drain() == []

@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 from cryptography.fernet import InvalidToken
 from pysyncobj.encryptor import getEncryptor
-from pysyncobj.journal import createJournal
 
 from lighthouse_cluster.raft.message_cipher import GCM_FORMAT, MessageCipher
-from lighthouse_cluster.raft.pysyncobj_internals import save_commit_index_when_changed
+from lighthouse_cluster.raft.durable_journal import DurableJournal
 
 SECRET = "a-cluster-secret-0f3c"
 DATA = b"\x80\x04 a pickled, compressed append_entries"
@@ -84,9 +83,8 @@ def test_keys_of_refused_tokens_are_not_kept() -> None:
 
 
 def test_the_commit_index_is_saved_only_when_it_changes(tmp_path) -> None:
-    journal = createJournal(str(tmp_path / "raft.journal"))
+    journal = DurableJournal(str(tmp_path / "raft.journal"), sync=False)
     meta = tmp_path / "raft.journal.meta"
-    save_commit_index_when_changed(journal)
     journal.setRaftCommitIndex(5)
     journal.onOneSecondTimer()
     written = meta.stat().st_ino, meta.read_bytes()

@@ -1,5 +1,5 @@
 """Raft messages compressed with a small zlib state (raft/message_compression.py): still the
-zlib format every node reads, installed into pysyncobj's connections, and cheaper per message."""
+zlib format every node reads, used by each node's connections, and cheaper per message."""
 
 from __future__ import annotations
 
@@ -34,8 +34,10 @@ def test_a_small_message_gets_the_small_window_and_a_large_one_pysyncobjs_settin
     assert codec.compress(large, 3) == zlib.compress(large, 3)
 
 
-def test_importing_the_raft_package_installs_it_into_pysyncobjs_connections() -> None:
+def test_importing_the_raft_package_leaves_pysyncobjs_own_compression_alone() -> None:
+    """Each node's connections compress with it (``host_transport.CompactTcpConnection``);
+    pysyncobj's module, which other code in the process may use, keeps ``zlib``."""
     import lighthouse_cluster.raft  # noqa: F401
     from pysyncobj import tcp_connection
 
-    assert isinstance(tcp_connection.zlib, SmallMessageZlib)
+    assert tcp_connection.zlib is zlib

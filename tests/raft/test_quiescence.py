@@ -1,4 +1,4 @@
-"""raft/quiescence.py on three real Raft nodes (in-process, loopback): followers keep their links
+"""raft/extensions/quiescence.py on three real Raft nodes (in-process, loopback): followers keep their links
 alive when a quiet leader's heartbeats stop, a follower woken by a client replaces a leader that
 died while quiet on its normal timeouts, no quiescence before the schema, few busy checks. (An
 idle cluster quiescing without an election and a client waking it: a case of
@@ -84,7 +84,7 @@ def test_followers_keep_their_link_alive_when_a_quiet_leaders_heartbeats_stop(ra
     leader = leader_of(rafts)
     a, b = (r for r in rafts if r is not leader)
     wait_for("the leader and its followers quiet", lambda: leader.quiet and a.quiet and b.quiet, 10.0)
-    sent = a._syncobj.keepalives_sent
+    sent = a._syncobj.ext.fast_election.keepalives_sent
     hang_s = 1.2  # > 2 connectionTimeouts (0.5 s) without a heartbeat
     leader.call_on_tick_thread(lambda: time.sleep(hang_s), lambda _r, _e: None)
     started, states = time.monotonic(), []
@@ -92,7 +92,7 @@ def test_followers_keep_their_link_alive_when_a_quiet_leaders_heartbeats_stop(ra
         states.append(on_tick_thread(a, lambda s: s.isNodeConnected(b._syncobj.selfNode)))
         time.sleep(0.05)
     assert all(states), states
-    assert a._syncobj.keepalives_sent - sent >= 2  # at most 0.35 s apart while no heartbeat came
+    assert a._syncobj.ext.fast_election.keepalives_sent - sent >= 2  # at most 0.35 s apart while no heartbeat came
 
 
 @pytest.mark.integration
@@ -129,7 +129,7 @@ def test_a_cluster_that_has_not_enabled_the_schema_never_quiesces() -> None:
         time.sleep(QUIET_AFTER_S + 1.0)  # past the quiet delay: nothing may change
         assert not any(r.quiet for r in rafts)
         assert leader._syncobj.conf.appendEntriesPeriod == SETTINGS.append_entries_period_s
-        assert leader._syncobj.quiet_spells == 0
+        assert leader._syncobj.ext.quiescence.quiet_spells == 0
     finally:
         for r in rafts:
             r.destroy()
@@ -141,20 +141,21 @@ def test_a_leader_with_a_recent_client_looks_at_its_log_and_followers_only_a_few
         rafts: list[RaftNode]) -> None:
     """Whether to quiesce is no while a client is recent: the leader does not work it out on every
     tick (it was ~10 % of a busy leader's tick thread), only every ``BUSY_CHECK_S``."""
-    from lighthouse_cluster.raft.quiescence import BUSY_CHECK_S
+    from lighthouse_cluster.raft.extensions.quiescence import BUSY_CHECK_S
 
     leader = leader_of(rafts)
     looked: list[float] = []
     ticks: list[float] = []
 
     def instrument(s: Any) -> None:
-        allowed = s._quiet_allowed
+        quiescence = s.ext.quiescence
+        allowed = quiescence._quiet_allowed
 
         def counting() -> bool:
             looked.append(monotonic())
             return allowed()
 
-        s._quiet_allowed = counting
+        quiescence._quiet_allowed = counting
 
     leader.note_client_activity()
     on_tick_thread(leader, instrument)

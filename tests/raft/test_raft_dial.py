@@ -151,10 +151,7 @@ def test_no_option_constructs_syncobj_exactly_as_before(monkeypatch: pytest.Monk
         def add_tick_deadline(self, fn: Any) -> None:
             pass
 
-        def pso_save_commit_index_when_changed(self) -> None:
-            pass
-
-    monkeypatch.setattr(replication, "LeaseProbeSyncObj", FakeSyncObj)  # RaftNode's SyncObj class
+    monkeypatch.setattr(replication, "LighthouseSyncObj", FakeSyncObj)  # RaftNode's SyncObj class
     peers = ["127.0.0.1:7002", "127.0.0.1:7003"]
     RaftNode("127.0.0.1:7001", peers, ReplicatedState(QuorumStateMachine()))
     RaftNode("127.0.0.1:7001", peers, ReplicatedState(QuorumStateMachine()), dial={})

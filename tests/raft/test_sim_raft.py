@@ -21,53 +21,60 @@ import pytest
 
 from support.sim_raft import SimCluster
 from lighthouse_cluster.core.codec import ConfirmLeadership
-from lighthouse_cluster.raft.fast_election import HANDOVER_KEY
-from lighthouse_cluster.raft.lease_probes import LEASE_PROBE_KEY, PROBE_EXPIRY_S, LeaseProbeSyncObj
-from lighthouse_cluster.raft.quiescence import QUIET_KEY
+from lighthouse_cluster.raft.composed_node import EXTENSION_CLASSES, LighthouseSyncObj
+from lighthouse_cluster.raft.extensions.fast_election import HANDOVER_KEY, FastElection
+from lighthouse_cluster.raft.extensions.idle_acks import IdleAcks
+from lighthouse_cluster.raft.extensions.lease_probes import LEASE_PROBE_KEY, PROBE_EXPIRY_S, LeaseProbes
+from lighthouse_cluster.raft.extensions.quiescence import QUIET_KEY
+from lighthouse_cluster.raft.extensions.stall_tolerance import StallTolerance
+from lighthouse_cluster.raft.host import Extension
 from lighthouse_cluster.raft.replication import RaftSettings
 
 # -- the mechanisms switched off --------------------------------------------------------------------
 
 
-class NoKeepalives(LeaseProbeSyncObj):
+def node_with(**extension: type[Extension]) -> type[LighthouseSyncObj]:
+    """The production node with the named extensions of another class (``extension_classes``)."""
+    return type("SwitchedSyncObj", (LighthouseSyncObj,),
+                {"__slots__": (), "extension_classes": {**EXTENSION_CLASSES, **extension}})
+
+
+class NoKeepaliveElection(FastElection):
     """Followers send each other nothing while a leader lives (pysyncobj: their link idles)."""
 
     def keepalive_period_s(self) -> float:
         return float("inf")
 
 
-class NoClosedLeaderReaction(LeaseProbeSyncObj):
+class NoClosedLeaderElection(FastElection):
     """A follower whose leader's connection closed waits out its election timeout (pysyncobj)."""
 
-    def _on_node_disconnected(self, node: Any) -> None:
+    def node_disconnected(self, node: Any) -> None:
         pass
 
 
-class NoStaleLeaderTold(LeaseProbeSyncObj):
+class NoStaleLeaderElection(FastElection):
     """An append_entries of an older term is ignored without a word (pysyncobj)."""
 
     def _tell_stale_leader(self, node: Any, term: int) -> None:
         pass
 
 
-class NoHandoverMark(LeaseProbeSyncObj):
+class NoHandoverElection(FastElection):
     """A candidate standing on TimeoutNow asks for votes as any candidate does (unmarked)."""
 
     def _send_handover_votes(self) -> None:
         pass
 
 
-class NoStallTolerance(LeaseProbeSyncObj):
+class NoStallMeasured(StallTolerance):
     """A tick that starts late is not noticed, and timers are checked before reading (pysyncobj)."""
 
-    def tick_lateness(self, now: float) -> float:
-        return 0.0
-
-    def read_now(self) -> None:
+    def before_tick(self) -> None:
         pass
 
 
-class AckEveryHeartbeat(LeaseProbeSyncObj):
+class AckEveryHeartbeatAcks(IdleAcks):
     """A follower acknowledges every append_entries (pysyncobj)."""
 
     @property
@@ -75,15 +82,26 @@ class AckEveryHeartbeat(LeaseProbeSyncObj):
         return 0.0
 
 
-class NoEcho(LeaseProbeSyncObj):
+class NoEchoProbes(LeaseProbes):
     """A follower echoes no lease probe (an older version)."""
 
-    def _mark_echo(self, node: Any) -> None:
-        return None
+    def message_in(self, node: Any, message: Any) -> bool:
+        return False
 
 
-class FixedTick(LeaseProbeSyncObj):
+NoKeepalives = node_with(fast_election=NoKeepaliveElection)
+NoClosedLeaderReaction = node_with(fast_election=NoClosedLeaderElection)
+NoStaleLeaderTold = node_with(fast_election=NoStaleLeaderElection)
+NoHandoverMark = node_with(fast_election=NoHandoverElection)
+NoStallTolerance = node_with(stall_tolerance=NoStallMeasured)
+AckEveryHeartbeat = node_with(idle_acks=AckEveryHeartbeatAcks)
+NoEcho = node_with(lease_probes=NoEchoProbes)
+
+
+class FixedTick(LighthouseSyncObj):
     """The tick thread knows no deadline and waits its longest every time."""
+
+    __slots__ = ()
 
     def tick_deadlines(self) -> list[float]:
         return []

@@ -1,4 +1,4 @@
-"""raft/stall_tolerance.py: a node whose tick thread stalls (no CPU, the GIL held by the gRPC
+"""raft/extensions/stall_tolerance.py: a node whose tick thread stalls (no CPU, the GIL held by the gRPC
 front end) does not depose a live leader. Here the parts that need pysyncobj's own connections and
 poller: the patience rule, and a connection that counts bytes waiting as read. A stalled follower
 and a stalled leader in a cluster are cases of tests/raft/test_sim_raft.py."""
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from lighthouse_cluster.raft import stall_tolerance
+from lighthouse_cluster.raft.extensions.stall_tolerance import PATIENCE_CAP_S, patience_s
+from lighthouse_cluster.raft.host import TickPoller
 from lighthouse_cluster.raft.pysyncobj_internals import (CONNECTION_STATE, LAST_READ_ATTR, TcpConnection,
-                                                         count_arrivals_as_reads, monotonic)
-from lighthouse_cluster.raft.stall_tolerance import patience_s
+                                                         counting_arrivals, monotonic)
 
 
 def test_patience_is_twice_the_longest_recent_stall_above_the_floor_and_capped() -> None:
@@ -23,7 +23,7 @@ def test_patience_is_twice_the_longest_recent_stall_above_the_floor_and_capped()
     assert patience_s(stalls, 22.0, floor_s=0.1) == pytest.approx(0.4)  # the first is over 20 s old: dropped
     assert list(stalls) == [(15.0, 0.05), (16.0, 0.2)]
     assert patience_s(stalls, 22.0, floor_s=0.25) == 0.0  # none long enough to cost an election
-    assert patience_s(collections.deque([(0.0, 5.0)]), 1.0, floor_s=0.1) == stall_tolerance.PATIENCE_CAP_S
+    assert patience_s(collections.deque([(0.0, 5.0)]), 1.0, floor_s=0.1) == PATIENCE_CAP_S
     assert patience_s(collections.deque(), 1.0, floor_s=0.1) == 0.0
 
 
@@ -35,9 +35,8 @@ def test_a_connection_with_bytes_waiting_is_not_dropped_for_a_silence_its_own_st
     message is read and the link kept."""
     from pysyncobj.poller import PollPoller
 
-    poller = PollPoller()
-    if counted:
-        assert count_arrivals_as_reads(poller)
+    # The host's poller wraps each socket's callback as it is subscribed (StallTolerance.socket_callback).
+    poller: Any = TickPoller(PollPoller(), lambda timeout: timeout, counting_arrivals) if counted else PollPoller()
     a_sock, b_sock = socket.socketpair()
     a_sock.setblocking(False)  # as pysyncobj's own sockets are
     b_sock.setblocking(False)

@@ -4,7 +4,7 @@ tests/raft/test_fast_election.py; a failover that skips the lease wait: tests/se
 
 from __future__ import annotations
 
-from lighthouse_cluster.raft.fast_election import vote_refused
+from lighthouse_cluster.raft.extensions.fast_election import vote_refused
 
 
 def test_a_vote_is_refused_within_the_window_after_hearing_from_a_leader() -> None:

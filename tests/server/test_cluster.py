@@ -490,7 +490,7 @@ def test_steady_state_rounds_go_out_on_the_lease_without_a_commit_each(make_clus
     # The lease was renewed by the leader's heartbeats (each a probe a majority acknowledged), which
     # write nothing and are sent anyway: the log grew by the record of a fast round once a second
     # and by renewals that fell back to a commit, not by a ConfirmLeadership every ~37 ms
-    # (leader_term.py, raft/lease_probes.py).
+    # (leader_term.py, raft/extensions/lease_probes.py).
     assert renewed["heartbeat"] >= 1, diag
     assert renewed["probe"] <= renewed["heartbeat"], diag
     written = after_status.commit_index - before_status.commit_index

@@ -461,7 +461,7 @@ def test_http_bind_config() -> None:
 
 
 def test_an_idle_cluster_goes_quiet_and_a_trainers_call_wakes_it_even_after_its_leader_died(observed) -> None:
-    """raft/quiescence.py on real nodes: with no client for --quiesce-after-ms every node reports
+    """raft/extensions/quiescence.py on real nodes: with no client for --quiesce-after-ms every node reports
     lighthouse_cluster_raft_quiet 1; a heartbeat on a follower wakes all three; a leader SIGKILLed
     while the cluster is quiet is replaced once a trainer calls a follower, whose Quorum call is
     answered."""

@@ -23,10 +23,13 @@ the production code:
 What stays with real sockets: TCP itself (connects stuck in SYN-SENT, resets, the poller's read
 events, cipher and compression on the byte stream, ``--raft-dial``), the journal on real files.
 
-The single coupling to the node's class: ``replication.LeaseProbeSyncObj``, the class
+The single coupling to the node's class: ``replication.LighthouseSyncObj``, the class
 ``RaftNode`` instantiates, is replaced for the duration of the cluster by a factory that adds the
-simulated transport, turns ``autoTick`` off and, for a case that switches a mechanism off, builds a
-test-only subclass instead (``node_class``) or passes a constructor argument (``syncobj_kwargs``).
+simulated transport (as ``transportClass``: it plays ``HostTransport``'s part for the host,
+handing every message it sends to ``outgoing_message`` and every closed connection to
+``node_disconnected``), turns ``autoTick`` off and, for a case that switches a mechanism off,
+builds a test-only subclass instead (``node_class``: one that names another class for one of its
+extensions, ``extension_classes``) or passes a constructor argument (``syncobj_kwargs``).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from lighthouse_cluster.core import codec
 from lighthouse_cluster.core.codec import EnableSchema
 from lighthouse_cluster.core.state_machine import QuorumStateMachine
 from lighthouse_cluster.raft import replication
+from lighthouse_cluster.raft.host import TickPoller
 from lighthouse_cluster.raft.pysyncobj_internals import CONNECTION_STATE, LAST_READ_ATTR
 from lighthouse_cluster.raft.replication import RaftNode, RaftSettings, ReplicatedState
 
@@ -242,6 +246,7 @@ class SimTransport(Transport):
         self._lastConnectAttempt.pop(node, None)
 
     def send(self, node: Any, message: Any) -> bool:
+        message = self._syncObj.outgoing_message(node, message)  # the host's message-out hooks, as HostTransport
         conn = self._connections.get(node)
         if conn is None or conn.state != CONNECTION_STATE.CONNECTED:
             return False
@@ -306,6 +311,7 @@ class SimTransport(Transport):
         self.network.close(self.address, address, conn.generation)
         if notify:
             self._onNodeDisconnected(node)
+            self._syncObj.node_disconnected(node)
             self._dial(node)
 
     def deliver(self, item: _InFlight) -> None:
@@ -348,10 +354,11 @@ class SimPoller:
 
 
 class SimNotifier:
-    """pysyncobj's pipe notifier for a simulated node: ``notify()`` ends its wait."""
+    """pysyncobj's pipe notifier for a simulated node: ``notify()`` ends its wait. pysyncobj
+    builds it on the poller as the host adopted it (``TickPoller``, around the ``SimPoller``)."""
 
-    def __init__(self, poller: SimPoller, callback: Any = None) -> None:
-        self.poller = poller
+    def __init__(self, poller: Any, callback: Any = None) -> None:
+        self.poller: SimPoller = poller.inner if isinstance(poller, TickPoller) else poller
 
     def notify(self) -> None:
         self.poller.woken = True
@@ -413,7 +420,7 @@ class SimCluster:
         self.clock = SimClock()
         self.rng = random.Random(seed)
         self.network = SimNetwork(self.clock, random.Random(seed + 1), latency_s=latency_s, jitter_s=jitter_s)
-        self._node_class = node_class or replication.LeaseProbeSyncObj
+        self._node_class = node_class or replication.LighthouseSyncObj
         self._syncobj_kwargs = dict(syncobj_kwargs or {})
         self._undo: list[tuple[Any, str, Any]] = []
         self._pollers: list[SimPoller] = []
@@ -455,7 +462,7 @@ class SimCluster:
             built.append(syncobj)
             return syncobj
 
-        self._patch(replication, "LeaseProbeSyncObj", make_syncobj)
+        self._patch(replication, "LighthouseSyncObj", make_syncobj)
         try:
             for i, address in enumerate(self.addresses):
                 self._build(i, address)

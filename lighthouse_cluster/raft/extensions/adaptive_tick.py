@@ -3,7 +3,7 @@
 pysyncobj's tick thread runs ``_onTick`` in a loop: the Raft work, then a wait in its poller for
 socket events of at most ``autoTickPeriod``. With the 10 ms tick that sub-second failover needs
 (a 50 ms tick split votes), an idle node ticked 100 times a second for nothing: most of a node's
-idle CPU (issue 18). Here the wait lasts until the next thing that is due, at most ``longest_s``:
+idle CPU (docs/design/idle-cost.md). Here the wait lasts until the next thing that is due, at most ``longest_s``:
 
 * a leader's next append_entries (``appendEntriesPeriod`` after the last);
 * a follower's or candidate's election deadline;
@@ -20,8 +20,8 @@ listed (log compaction by age, the journal's once-a-second metadata write, a lea
 after ``leaderFallbackTimeout``) run at most ``longest_s`` late. Without pysyncobj's pipe
 (``appendEntriesUseBatch=True``) nothing could interrupt a wait: the tick stays fixed.
 
-The decision is ``tick_wait``, a pure function of the clock and the deadlines (``raft.adaptive_tick``,
-imported until the old chain goes); this is the shell that collects them. It publishes how late
+The decision is ``tick_wait``, a pure function of the clock and the deadlines; the rest is the
+shell that collects them (pysyncobj's own deadlines through ``pysyncobj_internals``). It publishes how late
 a tick is (``NodeSignals.tick_lateness``: ``stall_tolerance`` measures stalls by it).
 """
 
@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from lighthouse_cluster.raft.adaptive_tick import DEFAULT_LONGEST_S, tick_wait
 from lighthouse_cluster.raft.extensions.signals import NodeSignals
 from lighthouse_cluster.raft.host import Extension, RaftHost
 from lighthouse_cluster.raft.pysyncobj_internals import RAFT_STATE, monotonic
@@ -38,6 +37,29 @@ from lighthouse_cluster.raft.pysyncobj_internals import RAFT_STATE, monotonic
 __all__ = ["AdaptiveTick", "tick_wait"]
 
 log = logging.getLogger(__name__)
+
+# The longest the tick thread waits with nothing due (RaftSettings.idle_tick_max_s).
+DEFAULT_LONGEST_S = 0.1
+
+
+def tick_wait(now: float, tick_started: float, deadlines: Iterable[float], *, overdue_s: float,
+              longest_s: float) -> float:
+    """How long the tick thread may wait for socket events, at ``now``, after a tick that started
+    at ``tick_started``, given the ``monotonic()`` times at which something is due.
+
+    A deadline still in the future: until it. One that came due during the tick (after it
+    started): none, tick again at once. One that was due before the tick started and is still
+    listed was looked at and not acted on (pysyncobj starts no election while connected to no
+    one): ``overdue_s``, the fixed tick this replaces. Never more than ``longest_s``."""
+    wait = longest_s
+    for deadline in deadlines:
+        if deadline > now:
+            wait = min(wait, deadline - now)
+        elif deadline > tick_started:
+            return 0.0
+        else:
+            wait = min(wait, overdue_s)
+    return max(0.0, wait)
 
 
 class AdaptiveTick(Extension):

@@ -19,7 +19,8 @@ that need it, so one fdatasync covers every entry that arrived since:
 Each is a no-op when nothing changed. The term and the vote need no hook:
 ``DurableJournal.setCurrentTerm`` syncs before it returns, which is before pysyncobj sends the
 vote or the vote request. A node with no data directory (pysyncobj's ``MemoryJournal``) has
-nothing to sync. A write or sync that fails stops the process (``DurableJournal``).
+nothing to sync. A write or sync that fails stops the process
+(``durable_files.halt_on_storage_failure``, exit status 74).
 """
 
 from __future__ import annotations

@@ -1,34 +1,97 @@
 """``FastElection``: failovers take one election, not two; votes wait out the lease.
 
-The reasons for each rule are those of ``raft.fast_election.FastElectionSyncObj``
-(docs/design/fast-election.md, docs/design/leader-lease.md), which this extension replaces; in short:
+It owns the two changes to pysyncobj's election behaviour (docs/design/fast-election.md: 8 of 10
+failovers at N=64 took two elections before), the hold-back of a restarted member and the vote
+refusal the quorum lease rests on (``vote_refused``, docs/design/leader-lease.md); the private
+pysyncobj state they need comes from ``pysyncobj_internals``.
 
-* **Follower links kept alive.** pysyncobj drops a connection that read nothing for
-  ``connectionTimeout``, before it sends or reads; followers never talk to each other while a
-  leader lives, so the first candidate's ``request_vote`` to the other survivor was dropped and a
-  second election followed. Every node that is not the leader sends ``KEEPALIVE`` to every peer
-  other than its leader each ``connectionTimeout / 5`` (``keepalive_period_s``; longer with a
-  quiet leader: ``NodeSignals.keepalive_period_floor_s``). Ignored by every receiver.
-* **Early election after a refusal.** A follower that refuses a ``request_vote`` because the
-  candidate's log is strictly behind its own (the leader gone: no append_entries for half the
-  minimum election timeout, no leader known, no vote cast in the term, a follower) stands within
-  ``raftMinTimeout / 5``, jittered, instead of one election timeout later.
-* **No vote within the refusal window** (``vote_refused``; Raft thesis 4.2.3). A node that heard
-  from a current leader less than ``vote_refusal_s`` ago puts a ``request_vote`` off: a follower or
-  candidate keeps it (no vote, its term unchanged) and handles it once the window has passed (if
-  not older than ``raftMaxTimeout`` by then); a leader takes the higher term and steps down
-  without voting (a request_vote with ``last_log_term=-1``, which pysyncobj never grants). A
-  candidate standing on its leader's TimeoutNow marks its requests ``HANDOVER_KEY`` and is
-  answered at once; it records the term (``handover_term``): the quorum lease rests on this.
-* **A closed connection to the leader.** A follower whose leader's connection closes (a dead
-  process: its kernel closes the sockets) stands at ``leader_lost_deadline``: the end of its
-  refusal window, the survivors ``raftMinTimeout / 5`` apart by rank; not for a link dropped for
-  its silence (half a ``connectionTimeout`` or more since the leader was heard).
-* **A stale leader hears of the higher term.** A node answers an append_entries of an older term
-  with a request_vote of its own term marked ``DEPOSE_KEY`` (at most once per ``raftMinTimeout``
-  per sender); a leader steps down to that term without voting.
-* **A restarted member holds back** (its journal has a term): its first election deadline leaves
-  the live leader time to re-dial it and send an append_entries.
+**Follower links kept alive.** pysyncobj's ``TcpConnection`` checks, before every send and on
+every read event, whether it has read anything for ``connectionTimeout``, and if not it
+disconnects *instead of* sending or reading (``__trySendBuffer`` / ``__processConnection`` ->
+``__processConnectionTimeout``). Followers never talk to each other while a leader lives, so
+their link is always idle when a leader dies: the first candidate's ``request_vote`` to the
+other survivor was dropped (or the survivor dropped it on arrival), the survivor's own timer
+fired, both were candidates in the same term, and a second election followed. Node logs of
+the failover bench showed exactly this in most trials. Here every node that is not the
+leader sends a tiny keep-alive message (``KEEPALIVE``) to every peer other than its leader each
+``connectionTimeout / 5`` (ignored by the receiver, and by an older node too: pysyncobj
+ignores unknown message types); leader links carry append_entries anyway.
+
+**Early election after a refusal.** When the first candidate lacks the last entry (a commit
+every few ms), the other follower refuses its vote (pysyncobj ``__onMessageReceived``,
+``request_vote``: candidate's last log term/index behind) and nobody can win until that
+follower's own timer fires (up to ``raftMaxTimeout``). Here, a follower that has just refused
+a ``request_vote`` starts its own election on its next tick, when all of these hold (checked
+after pysyncobj has handled the message):
+
+* the follower has had no append_entries for half the minimum election timeout and was not
+  the leader itself (the leader is gone: not a live leader deposed by a stale node);
+* the request is for the follower's current term (it was adopted, not stale) and no leader is
+  known in that term;
+* the follower did not vote in that term and is a follower (not a candidate: a candidate has
+  voted for itself, and split votes keep their random timeouts);
+* the candidate's log is strictly behind the follower's (lower last term, or the same last
+  term and a lower last index). So the follower could win the vote the candidate could not,
+  and two nodes can never trigger each other: "more up to date" is a strict order.
+
+Raft's safety does not depend on when a node times out (any node may start an election at any
+time); this only makes the election that would have happened one timeout later happen now
+(within ``raftMinTimeout / 5``, jittered: a stale node rejoining with a higher term is refused
+by both up-to-date nodes, and they should not both stand in the same term).
+It cannot cause an election storm: it fires only on a refusal for log reasons, at most once
+per term per follower, and a candidate with a shorter log receives none of these triggers
+from a node with a shorter log than its own.
+
+**No vote within the refusal window** (``vote_refused``; thesis 4.2.3). A node that heard
+from a current leader less than ``vote_refusal_s`` ago (default ``raftMinTimeout``; a leader
+hears from itself) puts a ``request_vote`` off: a follower or candidate leaves it unhandled
+(no vote, and its term stays: a live leader is not disrupted) and handles it once the window
+has passed, if it is not older than ``raftMaxTimeout`` by then (the candidate would have
+asked again); a leader takes the higher term and steps down, as pysyncobj does, but does not
+vote (otherwise a node with a higher term, back from a partition, could never rejoin: pysyncobj
+followers ignore the append_entries of an older term). A node that starts counts as having
+heard from a leader at its start (it may have, before a restart, and its journal holds what
+it stored). A candidate standing on its leader's TimeoutNow (``transfer-leader``, a stopping
+leader) marks its requests (``HANDOVER_KEY``) and is answered at once; it then records the term
+(``handover_term``), and a leader of that term waits out the lease in full (``core/lease.py``).
+In a failover the first candidate (at least ``raftMinTimeout`` after the leader's last
+append_entries) asks followers that heard that same append_entries at about the same time, so
+a put-off request is handled a few milliseconds later, not one election timeout later.
+
+**A closed connection to the leader** (docs/design/fast-election.md). A leader process that
+dies (SIGKILL, OOM, a crash, a pod deleted) leaves its host's kernel to close its sockets:
+every follower reads the end of its connection within a millisecond. pysyncobj only notes the
+link down and waits out its election timeout, drawn in [raftMinTimeout, raftMaxTimeout] from
+the leader's last append_entries (a failover's median was ~0.25 s, nearly all of it this
+wait). Here a follower
+whose leader's connection closes moves its election deadline to ``leader_lost_deadline``: the
+end of its vote-refusal window (never earlier than its shortest timeout: the lease's proof and
+Raft's safety hold as for any timeout), the survivors ``raftMinTimeout / 5`` apart by rank. A
+connection that closes while the leader lives (a reset on the way) is re-dialed at once by
+pysyncobj, and the leader's next append_entries, due within ``appendEntriesPeriod``, moves the
+deadline on again before it falls due; a partition or a dead host closes nothing, and the
+normal timeouts apply, as they do to a link pysyncobj drops for its silence (half a
+``connectionTimeout`` or more since the leader was heard: a stalled leader keeps the patience
+it asked for, ``stall_tolerance``).
+
+**A stale leader hears of the higher term** (Raft: a node answers an append_entries of an older
+term with its own term, and the sender steps down). pysyncobj ignores such an append_entries
+without a word, so a node that stood for election while the others kept their leader (cut off
+for a moment, or its clock slow: the clock nemesis) stayed at its higher term, a candidate
+knowing no leader, until one of its own vote requests happened to reach the leader; its
+clients' calls waited meanwhile (seen in CI: 20 s). Here it answers the leader's append_entries
+with a request_vote of its term marked ``DEPOSE_KEY`` (at most once per ``raftMinTimeout`` per
+sender); the leader steps down to that term without voting, as for any higher-term vote
+request above, and the next election includes the node. It disturbs nothing more than that
+node's own next vote request would have.
+
+**A restarted member holds back** (its journal has a term): its first election deadline leaves the
+live leader time to re-dial it (at most every ``connectionRetryTime``) and send an append_entries
+before it may stand. Its vote request would depose a healthy leader (pysyncobj has no pre-vote)
+and cost every trainer a failover; seen after follower restarts in the bench.
+
+**Keep-alives with a quiet leader.** A follower of a quiet leader sends them with the leader's
+heartbeats, and its timer is the longer ``NodeSignals.keepalive_period_floor_s`` (``quiescence``).
 
 It owns ``NodeSignals.heard_leader_at`` and ``send_keepalives``. The message shapes it builds
 and reads are declared in ``pysyncobj_internals.MESSAGE_SHAPES``. The policies are pure functions
@@ -43,8 +106,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from lighthouse_cluster.raft.extensions.signals import NodeSignals, draw_election_timeout
-from lighthouse_cluster.raft.fast_election import (DEPOSE_KEY, HANDOVER_KEY, KEEPALIVE, leader_lost_deadline,
-                                                   vote_refused)
 from lighthouse_cluster.raft.host import Extension, RaftHost
 from lighthouse_cluster.raft.pysyncobj_internals import RAFT_STATE, monotonic
 
@@ -52,6 +113,44 @@ __all__ = ["DEPOSE_KEY", "FastElection", "HANDOVER_KEY", "KEEPALIVE", "leader_lo
            "refusal_starts_election", "vote_refused"]
 
 log = logging.getLogger(__name__)
+
+# Sent between followers so that their link never looks idle to pysyncobj (module docstring).
+KEEPALIVE = {"type": "lighthouse_cluster_keepalive"}
+# A key of a request_vote: the candidate stands because its leader handed leadership over to it
+# (Raft's TimeoutNow), so voters answer it at once (see ``vote_refused``). pysyncobj ignores it.
+HANDOVER_KEY = "lighthouse_cluster_handover"
+# A key of a request_vote sent to a leader of an older term in answer to its append_entries: Raft's
+# "reply with the higher term", which pysyncobj leaves out (module docstring). Only a
+# leader acts on it (it steps down, without a vote); an older node takes it as a vote request.
+DEPOSE_KEY = "lighthouse_cluster_depose"
+
+
+def leader_lost_deadline(now: float, heard_leader_at: float, window_s: float, rank: int, stagger_s: float,
+                         jitter_s: float) -> float:
+    """When a follower whose connection to its leader closed stands for election: at the end of its
+    vote-refusal window (``window_s`` after it last heard the leader, the earliest any election
+    timeout of its would fire), ``rank`` staggers later, plus ``jitter_s``. ``rank`` orders the
+    members other than the lost leader (by node id, the same order on every member), so the
+    survivors stand one after the other, not together (a split vote costs a whole timeout more).
+    All times are one node's monotonic seconds."""
+    return max(now, heard_leader_at + window_s) + rank * stagger_s + jitter_s
+
+
+def vote_refused(now: float, heard_leader_at: float, window_s: float, *, handover: bool) -> bool:
+    """Whether a node puts off a ``request_vote`` (Raft thesis, section 4.2.3): it heard from a
+    current leader (an append_entries of a term >= its own; for a leader, itself) less than
+    ``window_s`` ago on its own clock, and the candidate does not stand on a handover.
+
+    All times are one node's monotonic seconds. ``heard_leader_at`` later than ``now`` cannot come
+    from this process (a value from another node's clock, e.g. an older version's snapshot): it is
+    ignored rather than trusted to refuse for an unbounded time.
+
+    The quorum lease rests on this (``core/lease.py``, point 3): every node that stored a leader's
+    lease confirmation grants no vote until ``window_s`` after it last heard from that leader, so no
+    successor is elected before then, unless on a handover (whose winner waits out the lease)."""
+    if handover:
+        return False
+    return 0.0 <= now - heard_leader_at < window_s
 
 
 def refusal_starts_election(candidate_log: tuple[int, int], own_log: tuple[int, int], *, since_leader_s: float,

@@ -4,7 +4,7 @@ each one.
 An idle leader sends every follower an append_entries every ``appendEntriesPeriod`` (37.5 ms:
 the election timeout needs several per timeout), and pysyncobj's follower answers each with a
 ``next_node_idx`` acknowledgement: with the encryption of the Raft port, pickling and
-compression, these messages are most of an idle node's CPU (issue 18). The acknowledgement of a
+compression, these messages are most of an idle node's CPU (docs/design/idle-cost.md). The acknowledgement of a
 heartbeat that carried no entries repeats the previous one word for word, and the leader does
 nothing with a repeat (pysyncobj: ``matchIndex`` only grows, ``nextIndex`` moves only on a reset)
 but note when it last heard from the follower, which it uses twice: to step down after
@@ -17,7 +17,8 @@ between followers) has passed since the last acknowledgement sent to that leader
 new entries (a commit waits for it), a refusal or a reset, the first one in a term or to another
 leader, the first one after the link to the leader dropped (the last one may be lost), and one
 another extension marks ``must_send`` (a lease probe's echo). Failover is unaffected: followers
-detect a dead leader by its missing append_entries, which do not change.
+detect a dead leader by its missing append_entries, which do not change. An older leader (a
+rolling upgrade) sees the same, within the same bounds.
 """
 
 from __future__ import annotations

@@ -1,33 +1,83 @@
 """``LeaseProbes``: a leader confirms that it still leads with one round of heartbeats that a
 majority acknowledges, not with a log entry.
 
-The argument is that of ``raft.lease_probes`` (docs/design/lease-renewal.md; ``core/lease.py``, point 1).
-In short: the leader of term ``T`` asks at ``s`` (``probe_leadership``); its next append_entries to
-every follower carries ``LEASE_PROBE_KEY: (T, t)``, ``t >= s`` its send time. A follower that takes
-that append_entries (it is then in ``T``, following the sender, and its vote-refusal window has
-just started) marks the acknowledgement it sends for it with the same value and never holds it
-back (``Ack.must_send``: ``idle_acks``). The leader counts an echo from a member only while it
-still leads ``T``; once itself and the members that echoed a probe of ``T`` sent at ``s`` or later
-are a majority, every probe asked at or before ``s`` is confirmed (``confirmed_since``). A probe
-not confirmed within ``PROBE_EXPIRY_S`` or by a change of term or role is answered False.
+The quorum lease (``core/lease.py``, point 1) needs, every ~25 ms while rounds come fast, a proof
+that a majority still followed this leader in its term *after* a time ``s`` on its clock. Until
+now that proof was a committed ``ConfirmLeadership`` entry: ~40 log entries a second, each
+written to three journals, replicated, acknowledged, committed, announced in the next
+append_entries and applied on every node (half of a busy leader's Raft thread at N=64,
+docs/design/lease-renewal.md). An acknowledged heartbeat proves the same thing:
 
-**Heartbeats as probes** (``stream_confirmations``): while the lease needs a confirmation every
-half lease, every append_entries of ``T`` carries ``(T, t)``, and each time the latest confirmed
-``t`` moves forward it is reported (``on_confirmed(t)``).
+* The leader of term ``T`` asks at ``s`` (``probe_leadership``): its next append_entries to every
+  follower (sent at once) carries ``LEASE_PROBE_KEY: (T, t)``, ``t >= s`` being the time it goes
+  out on the leader's clock.
+* A follower that takes that append_entries (a term ``>=`` its own: it is then in ``T``, follows
+  the sender, and has just *heard from a current leader*, which starts its vote-refusal window,
+  ``extensions.fast_election.vote_refused``) marks the acknowledgement it sends for it with the same
+  ``(T, s)``, whether or not the entries matched, and never holds that acknowledgement back
+  (``idle_acks``).
+* The leader counts an echo of ``(T, s)`` from a member only while it still leads ``T``. Once
+  itself and the members that echoed a probe of ``T`` sent at ``s`` or later are a majority of
+  the configuration, every probe asked at or before ``s`` is confirmed (``confirmed_since``).
 
-An older member ignores the key and echoes nothing: the caller falls back to a commit.
+Why it is as good as a committed entry, for the lease's proof: an echo of ``(T, s)`` from ``x``
+means ``x`` was in term ``T``, following this leader, at a time ``h* >= s*`` (it received a
+message sent after ``s``). ``x`` cannot have voted in a later term before ``h*`` (terms only grow,
+and a node in a later term ignores ``T``'s append_entries), and it grants no vote until ``R``
+after ``h*``. That is all the proof in ``lease.py`` uses of "``x`` stored the entry in term ``T``
+at ``h*``"; a probe with the same ``s`` is confirmed by the same majorities a commit would be.
+The echo carries the leader's own clock value back to it: only durations on one clock are
+compared, as before. Entries, commits and the first ``ConfirmLeadership`` of a term (which
+announces the lease length to successors) are unchanged.
+
+An older member ignores the key (pysyncobj ignores keys it does not know) and echoes nothing: a
+probe it would have to confirm is not confirmed, and the caller falls back to a commit
+(``LeaderTerm``). A probe not confirmed within ``PROBE_EXPIRY_S`` or by a change of term or role
+is answered False.
+
+**Heartbeats as probes** (``stream_confirmations``). While rounds come fast the lease needs a
+confirmation every half lease; asked for one at a time, each probe was an append_entries of its
+own, sent whenever the event loop got round to asking, and the regular heartbeat went out beside
+it (~37 append_entries a second to each follower, ~27 of them probes). Instead,
+while ``LeaderTerm`` says the leader is busy, *every* append_entries of term ``T`` carries
+``(T, t)``, its own send time, and each time the latest majority-confirmed ``t`` moves forward it
+is reported (``on_confirmed(t)``): the lease is renewed by the heartbeats the leader sends
+anyway, ~27 a second, anchored at when each was sent (a confirmation of ``(T, t)`` proves what a
+probe asked at ``t`` proves), however late the event loop reads it. An explicit probe is only
+needed when those confirmations stop coming (``LeaderTerm`` then asks one, and falls back to
+commits if it goes unanswered). Measured: docs/design/lease-renewal.md.
+
+**As an extension.** Its ``message_out`` puts the probe into append_entries and the echo into
+acknowledgements; its ``ack_out`` marks an echo ``Ack.must_send``, before ``idle_acks`` decides
+whether a repeat is held back (``composed_node.extension_order``); its ``after_tick`` expires
+probes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from lighthouse_cluster.raft.host import Ack, Extension
-from lighthouse_cluster.raft.lease_probes import LEASE_PROBE_KEY, PROBE_EXPIRY_S, confirmed_since
 from lighthouse_cluster.raft.pysyncobj_internals import monotonic
 
 __all__ = ["LEASE_PROBE_KEY", "LeaseProbes", "PROBE_EXPIRY_S", "confirmed_since", "parse_probe"]
+
+# The key of a probe in an append_entries, and of its echo in the acknowledgement: (term, s).
+LEASE_PROBE_KEY = "lighthouse_cluster_lease_probe"
+# A probe a majority has not echoed by then is answered False.
+PROBE_EXPIRY_S = 1.0
+
+
+def confirmed_since(echoes: Iterable[float], voters: int) -> float | None:
+    """The latest probe time ``s`` that a majority of ``voters`` (this leader included, which always
+    counts as current) has confirmed, given each other member's latest echoed probe time; None
+    when no probe is confirmed yet. A one-member configuration confirms everything (``inf``)."""
+    needed = voters // 2  # members besides this leader
+    if needed <= 0:
+        return float("inf")
+    latest = sorted(echoes, reverse=True)
+    return latest[needed - 1] if len(latest) >= needed else None
 
 
 def parse_probe(value: Any) -> tuple[int, float] | None:

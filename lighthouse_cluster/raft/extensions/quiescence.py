@@ -1,24 +1,49 @@
 """``Quiescence``: a cluster with no clients sends a few Raft messages a second, not fifty.
 
-The reasons are those of ``raft.quiescence`` (docs/design/quiescence.md). In short: once no client has
-called any node for ``quiet_after_s``, no entry was written and every connected follower has the
-whole log, the leader heartbeats every ``quiet_period_s`` and says so in each append_entries
-(``QUIET_KEY``: its period). A follower that reads that, with no client of its own either, sets
-its election deadline to ``QUIET_TIMEOUTS`` times the period and sends its keep-alives with each
-of those heartbeats (``NodeSignals.send_keepalives``, fast election's), falling back to a timer of
-``QUIET_KEEPALIVE_FALLBACK`` periods (``NodeSignals.keepalive_period_floor_s``, published here).
-The tick thread may then wait up to the quiet period (``NodeSignals.longest_wait_floor_s``).
+An idle node's cost is its Raft messages: a leader heartbeats every follower
+every ``appendEntriesPeriod`` (37.5 ms) so that a follower notices its death within the election
+timeout (150-450 ms), and each message costs a Python tick to read or send. That speed is what
+the trainers' failover needs; a cluster nobody uses needs none of it. So, as CockroachDB quiesces
+an idle range, the leader **quiesces**: once no client has called any node for ``quiet_after_s``
+(no Quorum call, heartbeat, liveness keep-alive or forwarded call), no entry was written, and
+every connected follower has the whole log, it heartbeats every ``quiet_period_s`` (200 ms)
+instead, and says so in each append_entries (``QUIET_KEY``: its period). A follower that reads
+that, and has had no client of its own for ``quiet_after_s`` either, sets its election deadline
+to ``QUIET_TIMEOUTS`` times the period (0.8-1.6 s) instead of 0.15-0.45 s, and sends its
+keep-alives to the other followers with each of those heartbeats, in the tick that reads it (no
+wake-up of their own: a third of an idle follower's Raft wake-ups before), falling back to a
+timer of ``QUIET_KEEPALIVE_FALLBACK`` periods (at most 0.7 ``connectionTimeout``) when the
+heartbeats stop. Acknowledgements follow the heartbeats (``idle_acks``). Every link still reads a
+message well within pysyncobj's ``connectionTimeout`` (0.5 s), and the leader still hears a
+majority within ``leaderFallbackTimeout`` (1 s). Measured: docs/design/quiescence.md.
 
-**Waking.** Any client call wakes the node it reaches at once (``note_client_activity``, any
-thread): the leader goes back to ``appendEntriesPeriod`` and sends an append_entries now, without
-the key; a follower sends its leader ``WAKE`` and draws a normal election timeout again, counted
-from the leader's last append_entries (``NodeSignals.heard_leader_at``) but not ending before
-``raftMinTimeout`` from now.
+**Waking.** Any client call wakes the node it reaches at once (``note_client_activity``, from
+any thread: it ends the tick thread's wait):
 
-**Safety.** A longer election timeout only delays an election; the lease rests on the vote
-refusal window, which this does not change. A node that does not know the key would keep its
-short election timeout under slow heartbeats, so the leader quiesces only while
-``quiet_allowed()`` holds (every member reads ``QUIET_KEY``: ``QUIESCENCE_SCHEMA_VERSION``).
+* the leader goes back to ``appendEntriesPeriod`` and sends an append_entries now, without the
+  key, so its followers are back on their normal election timeouts within one message;
+* a follower sends its leader ``WAKE`` (the leader wakes as for a client of its own) and draws a
+  normal election timeout again, counted from the leader's last append_entries but not ending
+  before ``raftMinTimeout`` from now (the leader's first awake heartbeat is on its way; an
+  election before it arrives would depose a live leader). A quiet append_entries that still
+  arrives sets the quiet timeout again (the leader's period demands it) and is answered with
+  another ``WAKE``. So a leader that died while the cluster was quiet is replaced at most
+  ``raftMinTimeout`` plus one election timeout after a client turns up at a follower, and
+  failover while clients are active is what it always was.
+
+**Safety.** Raft does not depend on when a node times out; a longer election timeout only
+delays an election. The lease (``core/lease.py``) rests on the vote refusal window
+(``extensions.fast_election.vote_refused``), which this does not change; a quiet leader has no rounds, and
+its lease has long expired. A node that does not know the key would keep its short election
+timeout under 200 ms heartbeats and stand again and again, so the leader quiesces only while
+``quiet_allowed()`` holds: the cluster enabled ``QUIESCENCE_SCHEMA_VERSION`` (``core/codec.py``),
+which a leader does only once every member runs a version that reads it.
+
+**As an extension.** A quiet follower sends its keep-alives through
+``NodeSignals.send_keepalives`` (fast election's) and publishes the longer keep-alive timer it
+needs (``NodeSignals.keepalive_period_floor_s``, ``quiet_keepalive_floor_s``) and the longer
+wait the tick thread may then take (``NodeSignals.longest_wait_floor_s``: up to the quiet
+period); a follower's wake counts from ``NodeSignals.heard_leader_at``.
 """
 
 from __future__ import annotations
@@ -31,12 +56,26 @@ from typing import Any
 from lighthouse_cluster.raft.extensions.signals import NodeSignals, draw_election_timeout
 from lighthouse_cluster.raft.host import Extension, RaftHost
 from lighthouse_cluster.raft.pysyncobj_internals import monotonic
-from lighthouse_cluster.raft.quiescence import (BUSY_CHECK_S, QUIET_KEEPALIVE_FALLBACK, QUIET_KEY, QUIET_TIMEOUTS,
-                                                WAKE, WAKE_EVERY_S)
 
 __all__ = ["QUIET_KEY", "Quiescence", "WAKE", "quiet_keepalive_floor_s"]
 
 log = logging.getLogger(__name__)
+
+# A key of an append_entries: the leader is quiet; its value is the leader's heartbeat period in
+# seconds. pysyncobj (and an older node) ignores it.
+QUIET_KEY = "lighthouse_cluster_quiet"
+# A follower of a quiet leader draws its election timeout from these multiples of its period.
+QUIET_TIMEOUTS = (4.0, 8.0)
+# Sent by a follower to a quiet leader: a client called the follower (ignored by older nodes:
+# pysyncobj ignores unknown message types).
+WAKE = {"type": "lighthouse_cluster_wake"}
+# While a client is recent, a leader looks at whether its log or followers moved this often.
+BUSY_CHECK_S = 0.25
+# A follower sends WAKE at most this often while its leader stays quiet.
+WAKE_EVERY_S = 0.05
+# A follower of a quiet leader sends its keep-alives with the leader's heartbeats; when none came
+# for this many periods (a leader that vanished without closing its connections), on a timer.
+QUIET_KEEPALIVE_FALLBACK = 1.75
 
 
 def quiet_keepalive_floor_s(leader_period_s: float, connection_timeout_s: float) -> float:

@@ -1,27 +1,46 @@
 """``StallTolerance``: a tick thread that did not run for a while does not depose a live leader.
 
-The reasons are those of ``raft.stall_tolerance`` (docs/design/stall-tolerance.md: at N >= 2048
-replica groups the tick thread of every node stalled 150 ms to over a second many times a minute,
-and each stall ended the term). In short:
+Every Raft timer here is short (election timeout 150-450 ms, for a fast failover), and the tick
+thread shares a GIL with the node's gRPC front end and two cores with everything else on the
+host. At N >= 2048 replica groups the tick thread of every node stalls for 150 ms to over a
+second many times a minute, and each stall used to end the term (an election every 1-3 s, and
+each election cost 2048 re-routed calls, so the next stall came before the cluster recovered;
+docs/design/stall-tolerance.md). Two kinds of stall, two answers:
 
 **A node's own stall: read before acting on a timer, and do not count it against peers.**
-pysyncobj checks the election deadline (and a leader its ``leaderFallbackTimeout``) before it
-polls its sockets, and each connection its silence before it reads. Here every connection counts
-a read event as a read before pysyncobj checks its silence (``socket_callback``, as each socket is
-subscribed); and at the start of a tick that comes ``STALL_S`` or more after its wait was due
-(``NodeSignals.tick_lateness``), every connection's last read, a leader's last response from each
-follower and a follower's election deadline move on by the stall; and a node that stalled, or a
-follower whose election deadline has passed, first reads what has arrived.
+pysyncobj's tick checks the election deadline (and a leader its ``leaderFallbackTimeout``) *before*
+it polls its sockets, and each connection checks that it read something within
+``connectionTimeout`` before it reads. A follower whose thread stalled past its deadline, with the
+leader's append_entries waiting unread in its socket, stood for election anyway, or dropped the
+link on the very read that would have ended the silence. Here a connection counts a read
+event as a read before pysyncobj checks its silence (``socket_callback``, as each socket is
+subscribed); and at the start of a tick that comes
+``STALL_S`` or more after its wait was due (``NodeSignals.tick_lateness``, adaptive tick's: the wait may have
+ended early, so a stall can measure up to one wait short), every connection's last read, a
+leader's last response from each follower and a follower's election deadline move on by the
+stall (the host that stopped this node most likely stopped its leader too); and a node that
+stalled, or a follower whose election deadline has passed, first reads what has arrived (a poll
+that does not wait). An append_entries then moves the deadline on as it would have on time. A
+follower whose leader is really gone notices it as much later as it was itself stopped.
 
-**The leader's stall: it asks its followers for patience.** A leader that measured stalls of at
-least half the minimum election timeout within the last ``PATIENCE_WINDOW_S`` puts
-``PATIENCE_FACTOR`` times the longest (at most ``PATIENCE_CAP_S``, ``patience_s``) into every
-append_entries (``PATIENCE_KEY``); its followers add it to the election timeouts they draw
-(``NodeSignals.leader_patience_s``, which this extension owns).
+**The leader's stall: it asks its followers for patience.** A leader that stalled sent no
+append_entries meanwhile, and its followers, having read everything, rightly see silence. So a
+leader that measured stalls of at least half the minimum election timeout (below that no follower
+can time out) within the last ``PATIENCE_WINDOW_S``, as leader or before (the host that stalled
+it as a follower stalls its leadership too), puts ``PATIENCE_FACTOR`` times the longest
+(at most ``PATIENCE_CAP_S``) into every append_entries (``PATIENCE_KEY``). Its followers add it to
+the election timeout they draw for that append_entries. A leader that stalls up to
+twice as long as it did recently is waited for; a leader that dies is replaced that much later
+than otherwise, only while its recent stalls say that so much silence does not mean it is dead.
 
-**Safety.** Raft's safety never depends on when a node times out; both only put off an election.
-The quorum lease rests on the vote refusal window, which neither changes. An older follower
-ignores ``PATIENCE_KEY`` and keeps its short timeouts.
+**Safety.** Raft's safety never depends on when a node times out; both changes only put off an
+election. The quorum lease (``core/lease.py``) rests on the vote refusal window
+(``extensions.fast_election.vote_refused``), which neither changes, and a new leader still waits out the
+lease in full. An older follower ignores ``PATIENCE_KEY`` (pysyncobj reads only the keys it
+knows) and keeps its short timeouts, as before; no schema gate is needed.
+
+It owns ``NodeSignals.leader_patience_s`` (what this follower's leader asked for), which every
+extension that draws an election timeout adds (``draw_election_timeout``).
 
 Candidate for the GIL measurement of issue #33: the stalls it tolerates come from the tick thread
 sharing the GIL with the node's gRPC front end.
@@ -36,11 +55,34 @@ from typing import Any
 from lighthouse_cluster.raft.extensions.signals import NodeSignals, draw_election_timeout
 from lighthouse_cluster.raft.host import Extension
 from lighthouse_cluster.raft.pysyncobj_internals import RAFT_STATE, counting_arrivals, monotonic
-from lighthouse_cluster.raft.stall_tolerance import PATIENCE_CAP_S, PATIENCE_KEY, PATIENCE_WINDOW_S, STALL_S, patience_s
 
 __all__ = ["PATIENCE_KEY", "STALL_S", "StallTolerance", "asked_patience_s", "patience_s"]
 
 log = logging.getLogger(__name__)
+
+# A poll that returned this much after it was due (or a tick that started this late) was a stall.
+STALL_S = 0.05
+# A key of an append_entries: the leader's recent longest stall, in seconds (see the docstring).
+PATIENCE_KEY = "lighthouse_cluster_patience"
+# A leader asks for PATIENCE_FACTOR times its longest stall of the last PATIENCE_WINDOW_S, at
+# most PATIENCE_CAP_S (stalls vary: 150-880 ms on one node within a minute at N=2048,
+# docs/design/stall-tolerance.md).
+PATIENCE_FACTOR = 2.0
+PATIENCE_WINDOW_S = 20.0
+PATIENCE_CAP_S = 2.0
+
+
+def patience_s(stalls: collections.deque[tuple[float, float]], now: float, *, floor_s: float,
+               window_s: float = PATIENCE_WINDOW_S, factor: float = PATIENCE_FACTOR,
+               cap_s: float = PATIENCE_CAP_S) -> float:
+    """What a leader asks its followers to add to their election timeouts: ``factor`` times the
+    longest of its stalls ``(at, seconds)`` of at least ``floor_s`` within ``window_s`` before
+    ``now``, at most ``cap_s``; 0.0 when there is none. Drops the stalls older than the window
+    from ``stalls``."""
+    while stalls and stalls[0][0] < now - window_s:
+        stalls.popleft()
+    longest = max((s for _, s in stalls if s >= floor_s), default=0.0)
+    return min(factor * longest, cap_s)
 
 
 def asked_patience_s(value: Any) -> float:
