@@ -42,7 +42,7 @@ from lighthouse_cluster.raft.replication import RaftSettings
 from lighthouse_cluster.tls import ClientTLS, ServerTLS, TLSConfigError
 
 DEFAULT_CLIENT_PORT = 29510
-# How long the Raft leader waits with no client before it heartbeats slowly (raft/quiescence.py).
+# How long the Raft leader waits with no client before it heartbeats slowly (raft/extensions/quiescence.py).
 DEFAULT_QUIESCE_AFTER_MS = round(RaftSettings().quiet_after_s * 1000)
 MAX_QUIESCE_AFTER_MS = 3_600_000
 # --rendezvous-idle-expiry-s: at most a year.
