@@ -28,6 +28,9 @@ Leaders, logs and heals are the cluster's, not a job's.
   are at least the highest acknowledged for it before.
 * ``logs_agree``: nodes' committed logs are identical where they overlap (digests), and nodes
   that replayed their logs to the same index hold the same state of every job.
+* ``kv_cas_linearizable`` (only in a history with key-value operations): the compare-and-set
+  increments of the KV clients' register lose no acknowledged write and apply none twice (the
+  model is in its docstring).
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from typing import Any, Callable, Sequence
 
 from lighthouse_cluster.core.jobs import DEFAULT_JOB
 
-from .history import JOURNAL, MONITOR, NEMESIS, OK, Event, Operation, is_client, job_of, pair_operations
+from .history import (FAIL, INFO, JOURNAL, KV_CAS, KV_FINAL, KV_FS, KV_READ, MONITOR, NEMESIS, OK, Event, Operation,
+                      is_client, job_of, pair_operations)
 from .schedule import CLIENT_FAULTS, RESTORING
 
 MAX_OFFENDING = 20
@@ -450,6 +454,264 @@ def survivor_wait(history: Sequence[Event], bound_s: float = DEFAULT_SURVIVOR_WA
     return result
 
 
+# -- the key-value store --------------------------------------------------------------------------
+
+KVRegister = tuple[str, str, str]   # (job, run id, key)
+
+
+def has_kv(history: Sequence[Event]) -> bool:
+    """Whether the history has key-value operations (a run with KV clients)."""
+    return any(e["f"] in KV_FS and is_client(e["process"]) for e in history)
+
+
+def _kv_register(op: Operation) -> KVRegister:
+    v = op.invoke.get("value") or {}
+    return (op.job, str(v.get("run_id", "")), str(v.get("key", "")))
+
+
+def _kv_observation(op: Operation) -> tuple[Any, Any] | None:
+    """(version, value) of the register an operation saw, or None: a read's or the final read's
+    answer, an applied compare-and-set's new version and the value it wrote, a lost one's
+    ``current_version`` and ``current_value`` (None where a duplicate answer no longer knew it)."""
+    v = op.value if isinstance(op.value, dict) else {}
+    if op.f in (KV_READ, KV_FINAL) and op.type == OK:
+        return v.get("version"), v.get("value")
+    if op.f == KV_CAS and op.type == OK:
+        return v.get("version"), v.get("to")
+    if op.f == KV_CAS and op.type == FAIL and "current_version" in v:
+        return v.get("current_version"), v.get("current_value")
+    return None
+
+
+def _kv_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_kv_register(reg: KVRegister, ops: list[Operation],
+                       states: dict[str, dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The offences of one register and its figures (see ``kv_cas_linearizable``)."""
+    name = "/".join(reg)
+    bad: list[dict[str, Any]] = []
+
+    def offence(kind: str, problem: str, events: list[Any], **more: Any) -> None:
+        bad.append({"register": name, "kind": kind, "problem": problem, **more, "events": events[:6]})
+
+    def ev(op: Operation) -> Event:
+        return op.complete or op.invoke
+
+    cas = [op for op in ops if op.f == KV_CAS]
+    acked = [op for op in cas if op.type == OK]
+    failed = [op for op in cas if op.type == FAIL]
+    unknown = [op for op in cas if op.type == INFO]   # never completed counts as info too
+    for op in acked:
+        v = op.value if isinstance(op.value, dict) else {}
+        if v.get("applied") is not True or not _kv_int(v.get("version")) or not _kv_int(v.get("to")) \
+                or not _kv_int(v.get("expected_version")):
+            offence("malformed", "an acknowledged compare-and-set without applied, version, expected version and value",
+                    [ev(op)])
+    acked = [op for op in acked if op.value.get("applied") is True and _kv_int(op.value.get("version"))
+             and _kv_int(op.value.get("to")) and _kv_int(op.value.get("expected_version"))]
+
+    # 1-3: one acknowledged compare-and-set per expected version, per new version, per value.
+    for field_name, problem in (
+            ("expected_version", "two acknowledged compare-and-sets from the same version: one was applied "
+                                 "twice, or an update was lost"),
+            ("version", "two acknowledged compare-and-sets claim the same new version"),
+            ("to", "two acknowledged compare-and-sets wrote the same value: an increment was lost or applied "
+                   "twice")):
+        groups: dict[int, list[Operation]] = defaultdict(list)
+        for op in acked:
+            groups[op.value[field_name]].append(op)
+        for key, group in sorted(groups.items()):
+            if len(group) > 1:
+                offence("applied twice", problem, [ev(op) for op in group], **{field_name: key})
+    # 4: the chain. Sorted by the value written, new versions strictly increase, each above the
+    # version it was set from, and the writer of x + 1 set it from the version the writer of x made.
+    chain = sorted(acked, key=lambda op: (op.value["to"], op.value["version"]))
+    for op in chain:
+        if op.value["version"] <= op.value["expected_version"]:
+            offence("chain broken", "an acknowledged compare-and-set's new version is not above the version it expected", [ev(op)])
+    for a, b in zip(chain, chain[1:]):
+        if a.value["to"] == b.value["to"]:
+            continue    # reported above
+        if a.value["version"] >= b.value["version"]:
+            offence("chain broken", f"acknowledged versions not increasing in the order of the values written: {a.value['to']} at "
+                    f"version {a.value['version']}, {b.value['to']} at {b.value['version']}", [ev(a), ev(b)])
+        elif b.value["to"] == a.value["to"] + 1 and b.value["expected_version"] != a.value["version"]:
+            offence("chain broken", f"{b.value['to']} was written from version {b.value['expected_version']}, but "
+                    f"{a.value['to']} was written at version {a.value['version']}", [ev(a), ev(b)])
+
+    # 5: every observation (version, value): one value per version, values strictly increasing
+    # with the version (every change is one increment), version 0 is value 0 (absent).
+    obs: list[tuple[Operation, int, Any]] = []
+    for op in ops:
+        o = _kv_observation(op)
+        if o is None:
+            continue
+        version, value = o
+        if not _kv_int(version) or not (value is None or _kv_int(value)):
+            offence("malformed", "the register held something other than a counter", [ev(op)])
+            continue
+        obs.append((op, version, value))
+    by_version: dict[int, tuple[Operation, int]] = {}
+    for op, version, value in obs:
+        if value is None:
+            continue
+        if version == 0 and value != 0:
+            offence("non-monotonic", f"the register read {value} at version 0 (absent)", [ev(op)])
+        first = by_version.setdefault(version, (op, value))
+        if first[1] != value:
+            offence("non-monotonic", f"version {version} read as two values, {first[1]} and {value}", [ev(first[0]), ev(op)])
+    versions = sorted(by_version.items())
+    for (v1, (op1, x1)), (v2, (op2, x2)) in zip(versions, versions[1:]):
+        if x2 <= x1:
+            offence("non-monotonic", f"the value did not increase with the version: {x1} at version {v1}, {x2} at version {v2}",
+                    [ev(op1), ev(op2)])
+    # 6: each client, in the order of its completions, never sees the register go back.
+    last: dict[str, tuple[Operation, int, Any]] = {}
+    for op, version, value in sorted(obs, key=lambda t: t[0].end_ns or 0):
+        prev = last.get(op.process)
+        if prev is not None and (version < prev[1] or (value is not None and prev[2] is not None
+                                                        and value < prev[2])):
+            offence("non-monotonic", f"{op.process} saw the register go back: version {prev[1]} value {prev[2]}, then version "
+                    f"{version} value {value}", [ev(prev[0]), ev(op)])
+        last[op.process] = (op, version, value)
+    # 7: real time. An operation invoked after another completed never sees an older version.
+    by_end = sorted(obs, key=lambda t: t[0].end_ns or 0)
+    seen: tuple[Operation, int] | None = None
+    i = 0
+    for op, version, value in sorted(obs, key=lambda t: t[0].start_ns):
+        while i < len(by_end) and (by_end[i][0].end_ns or 0) < op.start_ns:
+            if seen is None or by_end[i][1] > seen[1]:
+                seen = (by_end[i][0], by_end[i][1])
+            i += 1
+        if seen is not None and version < seen[1]:
+            offence("stale read", f"stale: {op.process} saw version {version} after an operation that had completed saw version "
+                    f"{seen[1]}", [ev(seen[0]), ev(op)])
+
+    # 8: the final read counts the increments: at least every acknowledged one, at most those plus
+    # every one whose outcome is unknown.
+    finals = [op for op in ops if op.f == KV_FINAL and op.type == OK and _kv_int((op.value or {}).get("value"))]
+    figures: dict[str, Any] = {"acknowledged": len(acked), "lost_races": len(failed), "unknown": len(unknown),
+                               "reads": sum(1 for op in ops if op.f == KV_READ and op.type == OK)}
+    final = finals[-1] if finals else None
+    if final is not None:
+        before = [op for op in acked if op.end_ns is not None and op.end_ns <= final.start_ns]
+        maybe = len(cas) - len(failed) - len(before)    # unknown, open, or acknowledged after it began
+        value = final.value["value"]
+        lo, hi = len(before), len(before) + maybe
+        top = max((op.value["to"] for op in before), default=0)
+        figures.update(final_value=value, final_version=final.value.get("version"), bounds=[lo, hi])
+        if value < lo or value < top:
+            offence("lost", f"lost: {lo} acknowledged increments (the highest wrote {top}) but the register ends at {value}",
+                    [ev(final)] + [ev(op) for op in before if op.value["to"] > value][:4])
+        if value > hi:
+            offence("applied twice", f"applied twice: the register ends at {value}, but only {lo} increments were acknowledged and "
+                    f"{maybe} had an unknown outcome", [ev(final)])
+    # 9: every node's replayed log: the register within the same bounds, one increment per write
+    # it applied, and no request id applied twice.
+    lo, hi = len(acked), len(cas) - len(failed)
+    top = max((op.value["to"] for op in acked), default=0)
+    nodes = 0
+    for node, st in sorted(states.items()):
+        if "kv_applied" not in st and "kv" not in st:
+            if acked and "jobs" in st:
+                offence("lost", f"lost: {node}'s committed log has no key-value store, {len(acked)} increments acknowledged",
+                        [], node=node)
+            continue
+        if st.get("missing"):
+            continue    # its log has a gap no snapshot bridges: its state is partial
+        nodes += 1
+        entry = next((e for e in st.get("kv", []) if tuple(e[:3]) == reg), None)
+        try:
+            held = int(entry[3]) if entry is not None else 0
+        except ValueError:
+            offence("malformed", f"{node}'s register holds {entry[3]!r}, not a counter", [], node=node)
+            continue
+        if held < lo or held < top or held > hi:
+            offence("lost" if held < max(lo, top) else "applied twice", f"{node}'s committed log ends with the register at {held}, outside [{max(lo, top)}, {hi}] "
+                    f"({lo} acknowledged increments, {hi - lo} unknown)", [], node=node)
+        if st.get("kv_complete"):
+            applied = next((e[3] for e in st.get("kv_applied", []) if tuple(e[:3]) == reg), 0)
+            if applied != held:
+                offence("applied twice", f"{node}'s log applied {applied} writes to the register, which holds {held}: a write "
+                        "applied without incrementing", [], node=node)
+        for r in st.get("kv_reapplied", []):
+            if tuple(r[:2]) == reg[:2]:
+                offence("applied twice", f"{node}'s log applied request {r[2]} twice (again at index {r[3]})", [], node=node)
+    figures["nodes_checked"] = nodes
+    return bad, figures
+
+
+def _kv_kinds(offending: list[dict[str, Any]]) -> str:
+    """``2 lost, 1 stale read``: how many offences of each kind (lost and applied twice first)."""
+    order = ("lost", "applied twice", "stale read", "non-monotonic", "chain broken", "malformed")
+    counts = defaultdict(int)
+    for o in offending:
+        counts[o["kind"]] += 1
+    return ", ".join(f"{counts[k]} {k}" for k in order if counts[k])
+
+
+def kv_cas_linearizable(history: Sequence[Event]) -> CheckResult:
+    """The KV clients' compare-and-set increments (``kv_clients.py``): none acknowledged is lost,
+    none is applied twice, and every read is linearizable.
+
+    The model, per register (job, run id, key): the register starts absent (value 0, version 0);
+    the only writes are the clients' ``CAS(expected_version=v, value=x+1)``, where (x, v) is what
+    the client last saw. A CAS applies only when the key is at version v, and each change takes a
+    fresh, higher version from the store-wide counter, so the applied CASes form one chain
+    0 -> 1 -> 2 ... with strictly increasing versions, and the value is the number applied. An
+    ``ok`` CAS applied, a ``fail`` one certainly did not (it lost the race; its answer shows the
+    key's version then), an ``info`` or unanswered one may or may not have. Offences:
+
+    1. two acknowledged CASes expected the same version (applied twice, or a lost update);
+    2. two acknowledged CASes claim the same new version, or 3. wrote the same value;
+    4. sorted by the value written, acknowledged versions are not strictly increasing, a new
+       version is not above its expected one, or the CAS that wrote x + 1 expected another
+       version than the one the acknowledged CAS that wrote x made;
+    5. over every observation (a read, an acknowledged CAS's new version and value, a lost CAS's
+       current version and value): one version read as two values, a value that does not grow
+       with the version, or a value other than 0 at version 0;
+    6. a client sees the version or the value go down in the order of its completions;
+    7. real time: an operation invoked after another completed sees an older version;
+    8. the final read (``kv-final``, after the KV clients stopped and the cluster healed) holds F
+       with ``acked <= F <= acked + unknown`` and F at least every acknowledged value, counting
+       the CASes acknowledged before the final read began (lost: F too small; applied twice: F
+       too large);
+    9. each node's replayed committed log (``final-state``): the register within the same bounds,
+       as many writes applied to it as its value (where the whole log was replayed), and no
+       request id applied twice.
+
+    A history without KV operations passes (nothing to check)."""
+    ops = [op for op in pair_operations(history, KV_FS) if is_client(op.process)]
+    if not ops:
+        return CheckResult("kv-cas-linearizable", True, "no key-value operations in the history")
+    by_reg: dict[KVRegister, list[Operation]] = defaultdict(list)
+    for op in ops:
+        by_reg[_kv_register(op)].append(op)
+    states = final_states(history)
+    offending: list[Any] = []
+    figures: dict[str, Any] = {}
+    for reg, reg_ops in sorted(by_reg.items()):
+        bad, figs = _check_kv_register(reg, reg_ops, states)
+        offending.extend(bad)
+        figures["/".join(reg)] = figs
+    acked = sum(f["acknowledged"] for f in figures.values())
+    parts = []
+    for reg_name, f in figures.items():
+        final = (f"final value {f['final_value']} within [{f['bounds'][0]}, {f['bounds'][1]}]"
+                 if "final_value" in f else "no final read: increments not counted")
+        parts.append(f"{reg_name}: {f['acknowledged']} acknowledged CASes ({f['lost_races']} lost races, "
+                     f"{f['unknown']} unknown), {f['reads']} reads, {final}, {f['nodes_checked']} nodes' logs agree")
+    result = _result("kv-cas-linearizable", offending,
+                     f"{len(by_reg)} register{'s' if len(by_reg) != 1 else ''}, {acked} acknowledged "
+                     f"compare-and-sets, none lost or applied twice; " + "; ".join(parts),
+                     "{n} key-value offences: " + _kv_kinds(offending)
+                     + (f"; first: {offending[0]['problem']}" if offending else ""))
+    result.figures = figures
+    return result
+
+
 CHEAP: dict[str, Callable[[Sequence[Event]], CheckResult]] = {
     "no-split-brain": no_split_brain,
     "monotonic-quorum-ids": monotonic_quorum_ids,
@@ -470,10 +732,10 @@ def check_all(history: Sequence[Event], recovery_bound_s: float = DEFAULT_RECOVE
         survivor_wait(history, survivor_wait_bound_s),
         durable_after_restart_all(history),
         logs_agree(history),
-    ]
+    ] + ([kv_cas_linearizable(history)] if has_kv(history) else [])
 
 
 def check_cheap(history: Sequence[Event]) -> list[CheckResult]:
     """The invariants cheap enough to check after every step of a property test."""
-    return [fn(history) for fn in CHEAP.values()]
+    return [fn(history) for fn in CHEAP.values()] + ([kv_cas_linearizable(history)] if has_kv(history) else [])
 

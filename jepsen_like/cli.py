@@ -102,7 +102,8 @@ def _run(directory: Path, schedule: Schedule, options: RunOptions) -> RunResult:
     try:
         console.print(f"seed {schedule.seed}  nodes {schedule.nodes}  clients {schedule.clients}  "
                       f"jobs {', '.join(options.clients.jobs)}  "
-                      f"time limit {schedule.time_limit_s:g}s  backend {options.backend}  -> {directory}")
+                      + (f"kv clients {options.clients.kv_clients}  " if options.clients.kv_clients else "")
+                      + f"time limit {schedule.time_limit_s:g}s  backend {options.backend}  -> {directory}")
         console.print(f"schedule: {len(schedule.ops)} actions: "
                       + ", ".join(op.f for op in schedule.ops if op.f != "recover"))
         return run_schedule(directory, schedule, options, RichPrinter(), should_stop=stop.is_set)
@@ -123,6 +124,9 @@ def main() -> None:
                    "through the admin API when the run starts); every checker runs per job")
 @click.option("--clients", type=click.IntRange(1), default=None,
               help="simulated replica groups (default: 2 per job, 4 with one job)")
+@click.option("--kv-clients", type=click.IntRange(0, 32), default=0, show_default=True,
+              help="key-value clients racing compare-and-set increments of one register in the rendezvous "
+                   "store (checked by kv-cas-linearizable)")
 @click.option("--nemesis", "nemeses", multiple=True,
               help=f"comma-separated faults (default all but clock, kill-client and the power losses; "
                    f"'all,kill-client' adds client kills to the default set): {', '.join(ALL_FAULTS)}")
@@ -141,7 +145,7 @@ def main() -> None:
 @click.option("--unsafe-no-fsync", is_flag=True,
               help="run the nodes with --unsafe-no-fsync (to see what lose-power faults find when nothing syncs)")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="run directory")
-def run(time_limit: float, nodes: str, jobs: int, clients: int | None, nemeses: tuple[str, ...], seed: int | None,
+def run(time_limit: float, nodes: str, jobs: int, clients: int | None, kv_clients: int, nemeses: tuple[str, ...], seed: int | None,
         backend: str,
         fault_seconds: tuple[float, float], quiet_seconds: tuple[float, float], recovery_bound: float,
         survivor_wait_bound: float | None, unsafe_no_fsync: bool, out: Path | None) -> None:
@@ -162,7 +166,7 @@ def run(time_limit: float, nodes: str, jobs: int, clients: int | None, nemeses: 
         raise click.BadParameter(str(e)) from None
     options = RunOptions(backend=backend, recovery_bound_s=recovery_bound,
                          cluster=ClusterSettings(nodes=int(nodes), unsafe_no_fsync=unsafe_no_fsync),
-                         clients=ClientSettings(clients=clients, jobs=job_names(jobs)),
+                         clients=ClientSettings(clients=clients, jobs=job_names(jobs), kv_clients=kv_clients),
                          survivor_wait_bound_s=survivor_wait_bound)
     try:
         result = _run(_out_dir(out, seed), schedule, options)

@@ -67,6 +67,11 @@ class ClientSettings:
     # The jobs the clients belong to, round-robin (client k: jobs[k % len(jobs)]); jobs other than
     # the default one are created through the admin API when the run starts.
     jobs: list[str] = field(default_factory=lambda: [DEFAULT_JOB])
+    # Key-value clients (``kv_clients.py``): compare-and-set increments of one register of the
+    # rendezvous store, in the namespace (kv_job, kv_clients.KV_RUN_ID); 0: none.
+    kv_clients: int = 0
+    kv_timeout_s: float = 3.0
+    kv_job: str = DEFAULT_JOB
 
     def job_of(self, k: int) -> str:
         return self.jobs[k % len(self.jobs)] if self.jobs else DEFAULT_JOB

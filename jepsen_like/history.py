@@ -9,7 +9,8 @@ An event is a plain dict with the fields
   node's committed Raft log, summarised after the run);
 * ``type``: ``invoke``, ``ok``, ``fail`` (definitely did not happen) or ``info`` (outcome
   unknown, or an observation);
-* ``f``: ``quorum``, ``heartbeat``, a nemesis action (``isolate``, ``kill``, ``heal``, ...),
+* ``f``: ``quorum``, ``heartbeat``, ``kv-read``/``kv-cas``/``kv-final`` (key-value clients,
+  ``kv_clients.py``), a nemesis action (``isolate``, ``kill``, ``heal``, ...),
   ``status`` (monitor) or ``final-state`` (journal);
 * ``value``: for a quorum ``ok`` at least ``quorum_id`` and ``participants`` (replica ids);
 * ``node``: the lighthouse node the operation went through (``n1`` ...), if any;
@@ -40,6 +41,9 @@ Event = dict[str, Any]
 INVOKE, OK, FAIL, INFO = "invoke", "ok", "fail", "info"
 COMPLETIONS = (OK, FAIL, INFO)
 NEMESIS, MONITOR, JOURNAL = "nemesis", "monitor", "journal"
+# The key-value clients' operations (``kv_clients.py``): a read, a compare-and-set, the final read.
+KV_READ, KV_CAS, KV_FINAL = "kv-read", "kv-cas", "kv-final"
+KV_FS = (KV_READ, KV_CAS, KV_FINAL)
 EVENT_FIELDS = ("index", "time_ns", "process", "type", "f", "value", "node", "error", "job")
 
 

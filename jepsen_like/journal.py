@@ -12,7 +12,9 @@ rejections included) and returns what the checkers need, as JSON-able data: the 
 committed quorums of every job (id, member ids, job), each job's state at the end, every
 ``TermStart`` and the (term, node) of every command,
 and digests of the log per bucket of ``DIGEST_EVERY`` indexes so logs of different nodes can
-be compared. ``read_snapshot`` reads the node's snapshot file; the monitor keeps every one it
+be compared; and the rendezvous key-value store's keys at the end (``kv``), with how many writes
+the replayed log applied per key (``kv_applied``) and the request ids it applied more than once
+(``kv_reapplied``: a retried write applied twice; always empty unless the store is wrong). ``read_snapshot`` reads the node's snapshot file; the monitor keeps every one it
 sees, so a gap left by log compaction between two reads is bridged by a snapshot.
 """
 
@@ -24,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lighthouse_cluster.core import codec
-from lighthouse_cluster.core.codec import CommitQuorum, TermStart
+from lighthouse_cluster.core.codec import CommitQuorum, KVWrite, TermStart
+from lighthouse_cluster.core.kv_store import KVResult
 from lighthouse_cluster.core.state_machine import HISTORY_LENGTH, CommitResult, QuorumStateMachine
 from lighthouse_cluster.raft.journal import (Entry, command_payload, parse_journal, parse_journal_bytes,
                                            read_meta_commit_index, read_snapshot)
@@ -92,6 +95,9 @@ def summarize(log: CommittedLog, snapshots: dict[int, bytes] | None = None) -> d
     unverifiable: list[list[int]] = []     # [lo, hi]: quorum ids strictly between are unknown
     unbridged: list[int] | None = None
     expected, last, started_from = 1, 0, 0
+    kv_seen: set[tuple[str, str, str]] = set()          # (job, run id, request id) applied
+    kv_reapplied: list[list[str]] = []
+    kv_applied: dict[tuple[str, str, str], int] = {}    # (job, run id, key) -> applied writes
     for idx in indexes:
         if idx < expected:
             continue
@@ -136,6 +142,15 @@ def summarize(log: CommittedLog, snapshots: dict[int, bytes] | None = None) -> d
             if isinstance(result, CommitResult) and result.applied:
                 key = (command.job, command.quorum.quorum_id, tuple(m.replica_id for m in command.quorum.participants))
                 quorums.setdefault(key, [idx, command.term])
+        elif isinstance(command, KVWrite) and isinstance(result, KVResult) and result.applied \
+                and not result.duplicate:
+            reg = (command.job, command.run_id, command.op.key)
+            kv_applied[reg] = kv_applied.get(reg, 0) + 1
+            if command.request_id:
+                rid = (command.job, command.run_id, command.request_id)
+                if rid in kv_seen:
+                    kv_reapplied.append([*rid, str(idx)])
+                kv_seen.add(rid)
     # A bucket [b*N, (b+1)*N) is comparable across nodes only when this node has all of it.
     digests = {str(b * DIGEST_EVERY): h.hexdigest()[:16] for b, h in buckets.items()
                if bucket_len[b] == DIGEST_EVERY - (1 if b == 0 else 0)}
@@ -156,7 +171,28 @@ def summarize(log: CommittedLog, snapshots: dict[int, bytes] | None = None) -> d
         "digests": digests,
         "conflicts": list(log.conflicts),
         "rejected_commits": machine.rejected_commits,
+        **_kv_summary(machine, kv_applied, kv_reapplied, complete=unbridged is None and started_from == 0
+                      and not bridged),
     }
+
+
+KV_SUMMARY_KEYS = 100   # the store's keys a summary lists at most (the harness writes one or two)
+
+
+def _kv_summary(machine: QuorumStateMachine, applied: dict[tuple[str, str, str], int],
+                reapplied: list[list[str]], complete: bool) -> dict[str, Any]:
+    """The store at the end: ``kv``: ``[job, run id, key, value (text, at most 64 characters),
+    version]``; ``kv_applied``: ``[job, run id, key, writes applied]``, counted over the replayed
+    log (``kv_complete``: the whole log, no stretch known only from a snapshot);
+    ``kv_reapplied``: ``[job, run id, request id, log index]``. Nothing when the store is empty."""
+    kv = machine.kv
+    if not kv.namespaces and not applied:
+        return {}
+    entries = [[job, run_id, key, e.value[:64].decode("utf-8", "replace"), e.version]
+               for (job, run_id), n in sorted(kv.namespaces.items()) for key, e in sorted(n.entries.items())]
+    return {"kv": entries[:KV_SUMMARY_KEYS],
+            "kv_applied": [[*reg, count] for reg, count in sorted(applied.items())][:KV_SUMMARY_KEYS],
+            "kv_complete": complete, "kv_reapplied": reapplied[:KV_SUMMARY_KEYS]}
 
 
 def _note_leader(leaders: dict[int, list[str]], term: int, node: str) -> None:

@@ -33,6 +33,7 @@ from .clients import ClientPool, ClientSettings, ProcessClientPool, make_pool
 from lighthouse_cluster.core.jobs import DEFAULT_JOB
 
 from .history import INFO, JOURNAL, MONITOR, OK, Event, HistoryWriter, read_history
+from .kv_clients import KV_FS, KVClientPool, final_read
 from .journal import parse_journal, read_meta_commit_index, summarize
 from .monitor import Monitor
 from .nemesis import Nemesis
@@ -112,6 +113,7 @@ class Session:
         self.history: HistoryWriter | None = None
         self.monitor: Monitor | None = None
         self.clients: ClientPool | ProcessClientPool | None = None
+        self.kv_clients: KVClientPool | None = None
         self.nemesis: Nemesis | None = None
         self.t_clients = 0.0
         self.executed: list[FaultOp] = []
@@ -155,8 +157,15 @@ class Session:
                                      self.history, self.options.clients, bool(self.options.clients.processes),
                                      log_dir=self.dir / "clients").start()
             self.nemesis.clients = self.clients
+            if self.options.clients.kv_clients > 0:
+                self.kv_clients = KVClientPool(c.client_addresses, [self.cluster.node_id(i) for i in range(c.nodes)],
+                                               self.history, self.options.clients.kv_clients,
+                                               job=self.options.clients.kv_job,
+                                               timeout_s=self.options.clients.kv_timeout_s,
+                                               seed=self.schedule.seed or 0).start()
             self.t_clients = time.monotonic()
             self._wait_clients_ok(since_ns=0, timeout=WARMUP_TIMEOUT_S, what="warm-up")
+            self._wait_kv_ok(timeout=WARMUP_TIMEOUT_S)
         except BaseException:
             self.close()
             if self.history is not None:
@@ -178,7 +187,8 @@ class Session:
 
     def close(self) -> None:
         """Stop everything this session started (idempotent, never raises)."""
-        for stop in (lambda: self.clients and self.clients.stop(), lambda: self.monitor and self.monitor.stop()):
+        for stop in (lambda: self.clients and self.clients.stop(), lambda: self.kv_clients and self.kv_clients.stop(),
+                     lambda: self.monitor and self.monitor.stop()):
             try:
                 stop()
             except Exception as e:
@@ -226,6 +236,23 @@ class Session:
         self.printer.line(f"[yellow]{what}: clients {missing} got no quorum within {timeout:.0f}s[/]")
         return False
 
+    def _wait_kv_ok(self, timeout: float) -> bool:
+        """Warm-up of the KV clients: each has had a call answered (the store needs its replicated
+        schema enabled first, which the leader does soon after it starts)."""
+        if self.kv_clients is None:
+            return True
+        assert self.history is not None
+        want = set(self.kv_clients.names)
+        deadline = time.monotonic() + timeout
+        done: set[str] = set()
+        while time.monotonic() < deadline:
+            done = {e["process"] for e in self.history.snapshot() if e["f"] in KV_FS and e["type"] == OK}
+            if want <= done:
+                return True
+            time.sleep(0.1)
+        self.printer.line(f"[yellow]warm-up: KV clients {sorted(want - done)} got no answer within {timeout:.0f}s[/]")
+        return False
+
     # -- the end -----------------------------------------------------------------------------------
 
     def finish(self) -> RunResult:
@@ -239,6 +266,13 @@ class Session:
             time.sleep(0.5)
             assert self.clients is not None
             self.clients.stop()
+            if self.kv_clients is not None:
+                try:
+                    self.kv_clients.stop()
+                except RuntimeError as e:
+                    self.errors.append(str(e))
+                # The register as the healed cluster has it, once no KV client writes any more.
+                final_read(self.cluster.cluster.client_addresses, history, self.options.clients.kv_job)
             statuses = self._converge()
             self.monitor.stop()
             self.monitor.poll_journals(statuses)

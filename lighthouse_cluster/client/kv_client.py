@@ -270,13 +270,16 @@ class KVClient:
         return Entry(key, value, r.entry.version)
 
     def compare_and_set(self, key: str, value: bytes, *, expected_version: int | None = None,
-                        expected_value: bytes | None = None) -> WriteResult:
+                        expected_value: bytes | None = None, request_id: str | None = None) -> WriteResult:
         """Set ``key`` to ``value`` if it is at ``expected_version`` (0: absent) or holds
         ``expected_value`` (``b""``: absent or empty; torch's ``compare_set``); give exactly one.
-        ``applied`` says whether it did; ``entry`` is the key afterwards."""
+        ``applied`` says whether it did; ``entry`` is the key afterwards. ``request_id``: the id
+        this write is sent (and every retry resent) with, for a caller that records it; default a
+        fresh one."""
         if (expected_version is None) == (expected_value is None):
             raise ValueError("compare_and_set needs exactly one of expected_version and expected_value")
-        request = cpb.KVCompareAndSetRequest(ns=self._ns, key=key, value=value, request_id=self._new_request_id())
+        request = cpb.KVCompareAndSetRequest(ns=self._ns, key=key, value=value,
+                                             request_id=request_id or self._new_request_id())
         if expected_version is not None:
             request.expected_version = expected_version
         else:
