@@ -4,15 +4,20 @@ run's namespace, ``STATE_KEY``; its fencing token is the key's version, so ``set
 compare-and-set on the version (0: "no state yet"), applied exactly once even when its answer is
 lost in a leader change (the client resends it with the same request id).
 
-The stored value is ``STATE_HEADER`` followed by torch's bytes: a value without the header
-(written by something else into the key) is refused as a ``RendezvousStateError`` naming the key,
-before torch unpickles anything. The cluster's refusals and a cluster that does not answer within
+The stored value is ``STATE_HEADER``, torch's bytes and a one-line summary of the round (its
+number, complete or not, closed or not, participants, waiting nodes) that the nodes read instead
+of unpickling anything (``lighthouse_cluster/core/rendezvous_state.py`` has the format and why it
+trails the pickle). The summary is made here by unpickling the bytes this process's own handler
+has just pickled, never bytes read from the cluster; a state that does not unpickle to torch's
+state goes without a summary. A value without the header (written by something else into the
+key) is refused as a ``RendezvousStateError`` naming the key, before torch unpickles anything. The cluster's refusals and a cluster that does not answer within
 the client's timeout are ``RendezvousConnectionError`` / ``RendezvousStateError`` with the
 cluster's one-line message; nothing is written then.
 """
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousStateError
@@ -20,9 +25,23 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBa
 
 from ftclient.torchrun_rendezvous.settings import BACKEND_NAME
 from lighthouse_cluster.client.kv_client import Entry, KVClient, KVError, KVUnavailable
+from lighthouse_cluster.core.rendezvous_state import (STATE_HEADER, STATE_KEY, RoundSummary, decode_state, encode_state,
+                                                     summary_line)
 
-STATE_KEY = "torchrun/state"
-STATE_HEADER = b"lighthouse-rendezvous-state/1\n"
+__all__ = ["STATE_HEADER", "STATE_KEY", "LighthouseRendezvousBackend", "summarize"]
+
+
+def summarize(state: bytes) -> RoundSummary | None:
+    """The round summary of ``state``, bytes torch's handler in this process has just pickled
+    (trusted: they never came from the cluster); None when they are not torch's state."""
+    try:
+        s = pickle.loads(state)
+        summary = RoundSummary(round=int(s.round), complete=bool(s.complete), closed=bool(s.closed),
+                               participants=len(s.participants), waiting=len(s.wait_list))
+        summary_line(summary)  # ValueError when a field does not fit the line
+        return summary
+    except Exception:  # noqa: BLE001 - no summary is a valid state too ("unknown" on the nodes)
+        return None
 
 
 class LighthouseRendezvousBackend(RendezvousBackend):
@@ -44,12 +63,13 @@ class LighthouseRendezvousBackend(RendezvousBackend):
         return RendezvousStateError(f"{self._where()}: {what} refused: {e}")
 
     def _decode(self, entry: Entry) -> tuple[bytes, int]:
-        if not entry.value.startswith(STATE_HEADER):
+        decoded = decode_state(entry.value)
+        if decoded is None:
             raise RendezvousStateError(
                 f"{self._where()} holds {len(entry.value)} bytes that are not a rendezvous state written by the "
                 f"{BACKEND_NAME} backend (header {STATE_HEADER[:-1].decode()!r} missing); use another --rdzv-id, "
                 f"or remove it: lighthouse-cluster rendezvous remove {self._kv.job} {self._kv.run_id}")
-        return entry.value[len(STATE_HEADER):], entry.version
+        return decoded[0], entry.version
 
     def get_state(self) -> tuple[bytes, Any] | None:
         try:
@@ -64,7 +84,8 @@ class LighthouseRendezvousBackend(RendezvousBackend):
             current = self.get_state()
             return None if current is None else (*current, False)
         try:
-            result = self._kv.compare_and_set(STATE_KEY, STATE_HEADER + state, expected_version=token or 0)
+            result = self._kv.compare_and_set(STATE_KEY, encode_state(state, summarize(state)),
+                                              expected_version=token or 0)
         except KVError as e:
             raise self._refused(f"write of {len(state)} bytes", e) from None
         if result.applied and result.entry is not None:

@@ -45,6 +45,14 @@ def _age(ms: int) -> str:
     return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago" if s < 7200 else f"{s / 3600:.1f}h ago"
 
 
+def _round(n: Any) -> str:
+    """A run's rendezvous round as ``rendezvous list`` shows it: "3 complete", "4 waiting",
+    "unknown" (a state without a summary), "-" (no torchrun state, or an older node)."""
+    if n.rendezvous in ("complete", "waiting", "closed"):
+        return f"{n.round} {n.rendezvous}"
+    return "unknown" if n.rendezvous == "unknown" else "-"
+
+
 def _value_json(value: bytes) -> dict[str, str]:
     import base64
 
@@ -72,7 +80,7 @@ def rendezvous() -> None:
 @click.option("--job", default="", help="Only this job's runs.")
 @client_options()
 def list_(client: ClientOptions, job: str) -> None:
-    """Every rendezvous namespace: job, run id, keys, bytes, last write."""
+    """Every rendezvous namespace: job, run id, torchrun's round, keys, bytes, last write."""
     from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 
     with _cluster(client) as cluster:
@@ -80,13 +88,15 @@ def list_(client: ClientOptions, job: str) -> None:
     if client.output == "json":
         click.echo(json.dumps({"idle_expiry_s": r.idle_expiry_ms / 1000, "namespaces": [
             {"job": n.ns.job, "run_id": n.ns.run_id, "keys": n.keys, "bytes": n.bytes, "created_ms": n.created_ms,
-             "touched_ms": n.touched_ms} for n in r.namespaces]}, indent=2))
+             "touched_ms": n.touched_ms, "rendezvous": n.rendezvous or None,
+             **({"round": n.round, "participants": n.participants, "waiting": n.waiting}
+                if n.rendezvous in ("complete", "waiting", "closed") else {})} for n in r.namespaces]}, indent=2))
         return
     from lighthouse_cluster.cli.output import print_table
 
     print_table(f"rendezvous namespaces (idle ones expire after {r.idle_expiry_ms / 1000:g} s)",
-                ("job", "run id", "keys", "bytes", "created", "last write"),
-                [(n.ns.job, n.ns.run_id, n.keys, n.bytes, _age(n.created_ms), _age(n.touched_ms))
+                ("job", "run id", "round", "keys", "bytes", "created", "last write"),
+                [(n.ns.job, n.ns.run_id, _round(n), n.keys, n.bytes, _age(n.created_ms), _age(n.touched_ms))
                  for n in r.namespaces], record="rendezvous")
 
 

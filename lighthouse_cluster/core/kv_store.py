@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Union
 
 from lighthouse_cluster.core.jobs import JobError, check_job_name
+from lighthouse_cluster.core.rendezvous_state import STATE_KEY, completes_a_round
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _DECIMAL = re.compile(rb"^-?[0-9]+$")
@@ -282,6 +283,11 @@ class KVStore:
         self.namespaces: dict[NamespaceId, Namespace] = {}
         self.revision = 0  # the last version handed out; bumped by every change
         self.changes = 0   # bumped by every change, drops and expiries too (waiters re-check)
+        # torchrun rendezvous rounds completed by the writes this process applied (a write of a
+        # run's ``rendezvous_state.STATE_KEY`` whose summary says a new round is complete). Not
+        # replicated, not in snapshots: every node counts the same entries as it applies them,
+        # from zero at its start (a Prometheus counter's reset).
+        self.rendezvous_rounds = 0
 
     # -- reads --
 
@@ -329,10 +335,14 @@ class KVStore:
                                       "(remove finished runs: lighthouse-cluster rendezvous remove)",
                                 error_kind=EXHAUSTED)
             n = Namespace(created_ms=time_ms, touched_ms=time_ms)
+        before = n.entries.get(op.key)
         try:
             result = self._apply(n, ns, op)
         except KVError as e:
             return KVResult(error=e.message, error_kind=e.kind)
+        if (result.applied and op.key == STATE_KEY and isinstance(op, (KVSet, KVCompareAndSet))
+                and completes_a_round(None if before is None else before.value, op.value)):
+            self.rendezvous_rounds += 1
         if new and not n.entries:
             return result  # nothing stored: no namespace is created (nor its request id kept)
         if new:

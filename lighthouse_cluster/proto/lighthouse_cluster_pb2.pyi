@@ -656,18 +656,26 @@ class KVListNamespacesRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ...) -> None: ...
 
 class KVNamespaceInfo(_message.Message):
-    __slots__ = ("ns", "keys", "bytes", "created_ms", "touched_ms")
+    __slots__ = ("ns", "keys", "bytes", "created_ms", "touched_ms", "rendezvous", "round", "participants", "waiting")
     NS_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     CREATED_MS_FIELD_NUMBER: _ClassVar[int]
     TOUCHED_MS_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
     ns: KVNamespace
     keys: int
     bytes: int
     created_ms: int
     touched_ms: int
-    def __init__(self, ns: _Optional[_Union[KVNamespace, _Mapping]] = ..., keys: _Optional[int] = ..., bytes: _Optional[int] = ..., created_ms: _Optional[int] = ..., touched_ms: _Optional[int] = ...) -> None: ...
+    rendezvous: str
+    round: int
+    participants: int
+    waiting: int
+    def __init__(self, ns: _Optional[_Union[KVNamespace, _Mapping]] = ..., keys: _Optional[int] = ..., bytes: _Optional[int] = ..., created_ms: _Optional[int] = ..., touched_ms: _Optional[int] = ..., rendezvous: _Optional[str] = ..., round: _Optional[int] = ..., participants: _Optional[int] = ..., waiting: _Optional[int] = ...) -> None: ...
 
 class KVListNamespacesResponse(_message.Message):
     __slots__ = ("namespaces", "idle_expiry_ms")

@@ -1,5 +1,7 @@
-"""The node's HTTP port (``--http-bind``): /metrics, /livez, /readyz, /status.json, the dashboard
-at / and ``POST /replica/{id}/kill[?job=NAME]``: what each route answers.
+"""The node's HTTP port (``--http-bind``): /metrics, /livez, /readyz, /status.json,
+/rendezvous.json, the dashboard at / and ``POST /replica/{id}/kill[?job=NAME]``: what each route
+answers. /rendezvous.json is the dashboard's rendezvous panel, from this node's replicated store
+alone (``rendezvous_view``; no I/O).
 
 A thin adapter: the routes, dispatching to the node (readiness, metrics registry, Status, its
 jobs: ``ServedNode``) and to ``cluster_view`` and ``job_view`` for the dashboard's JSON: the
@@ -34,6 +36,7 @@ from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
 from lighthouse_cluster.server.http_server import READ_TIMEOUT_S, WRITE_TIMEOUT_S, HttpServer, text_response
+from lighthouse_cluster.server.rendezvous_view import rendezvous_view
 from lighthouse_cluster.tls import ClientTLS, ServerTLS, channel
 
 if TYPE_CHECKING:
@@ -67,6 +70,9 @@ class MetricsExposition(Protocol):
     """The node's metrics in Prometheus' text format (``metrics.NodeMetrics``)."""
 
     def exposition(self) -> bytes: ...
+
+    def kv_calls(self) -> int:
+        """Rendezvous store calls this node answered."""
 
 
 class JobViews(Protocol):
@@ -141,7 +147,8 @@ class HttpEndpoints:
     def routes(self) -> list[web.RouteDef]:
         """The route table (a GET route answers HEAD too)."""
         return [web.get("/metrics", self.metrics), web.get("/livez", self.livez), web.get("/readyz", self.readyz),
-                web.get("/status.json", self.status_json), web.get("/", self.dashboard),
+                web.get("/status.json", self.status_json), web.get("/rendezvous.json", self.rendezvous_json),
+                web.get("/", self.dashboard),
                 web.get("/index.html", self.dashboard), web.post("/replica/{replica_id}/kill", self.kill_route)]
 
     @web.middleware
@@ -177,6 +184,10 @@ class HttpEndpoints:
         if self._status_in_flight is None or self._status_in_flight.done():
             self._status_in_flight = asyncio.ensure_future(self._build_status())
         return json_response(200, await asyncio.shield(self._status_in_flight))
+
+    async def rendezvous_json(self, _request: web.Request | None = None) -> web.Response:
+        return json_response(200, rendezvous_view(self.node.machine.kv, int(time.time() * 1000),
+                                                  self.node.metrics.kv_calls()))
 
     async def _build_status(self) -> dict[str, Any]:
         """``cluster_view`` from this node's perspective: its own Status (no I/O) and each peer's

@@ -59,12 +59,14 @@ from lighthouse_cluster.core.kv_store import (
     check_op,
     check_request_id,
 )
+from lighthouse_cluster.core.rendezvous_state import STATE_KEY
 from lighthouse_cluster.core.state_machine import QuorumStateMachine
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.raft.replication import CommitError
 from lighthouse_cluster.server.admin import check_token
 from lighthouse_cluster.server.forwarding import FORWARDED_HEADER, PeerChannels
+from lighthouse_cluster.server.rendezvous_view import run_state
 
 log = logging.getLogger(__name__)
 
@@ -345,9 +347,12 @@ class KVService(cpb_grpc.LighthouseKVServicer):
             for (job, run), n in sorted(list(self.node.machine.kv.namespaces.items())):
                 if request.job and job != request.job:
                     continue
+                state_entry = n.entries.get(STATE_KEY)
+                rdzv = run_state(None if state_entry is None else state_entry.value)
                 out.namespaces.append(cpb.KVNamespaceInfo(
                     ns=cpb.KVNamespace(job=job, run_id=run), keys=len(n.entries), bytes=n.size,
-                    created_ms=n.created_ms, touched_ms=n.touched_ms))
+                    created_ms=n.created_ms, touched_ms=n.touched_ms, rendezvous=rdzv["state"],
+                    round=rdzv["round"] or 0, participants=rdzv["participants"] or 0, waiting=rdzv["waiting"] or 0))
             return out
 
         return await self._run("ListNamespaces", context,

@@ -10,7 +10,9 @@ that describes one job's rounds carries a ``job`` label too, one series per job 
 default job's: ``job="default"``, so a dashboard written before jobs keeps working): last quorum
 id and participants, heartbeating replicas, pending requesters, rounds issued on the lease or
 through a commit, open liveness streams, replica deaths by reason, watched manager connections,
-and the round commit latency histogram.
+and the round commit latency histogram. The rendezvous store (``KVCollector``): its size, the
+torchrun runs in it and the rounds they completed (read from the states' summary lines,
+``core/rendezvous_state.py``), and the store calls this node answered.
 
 Nothing here does I/O. What is read, and from what, is ``MetricsSource`` (the node: its Raft node,
 state machine and jobs), ``JobReadings`` (``job_registry.JobRuntime``: the job's coordinator,
@@ -24,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Pr
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from lighthouse_cluster.core.rendezvous_state import STATE_KEY, is_state
 
 if TYPE_CHECKING:
     from lighthouse_cluster.core.state_machine import JobState, QuorumStateMachine
@@ -371,6 +375,19 @@ class KVCollector(Collector):
                                  labels=["node"])
         size.add_metric([node_id], sum(n.size for n in namespaces))
         yield size
+        # torchrun's rendezvous in the store (``core/rendezvous_state.py``): the runs whose state
+        # key holds the backend's state, and the rounds completed by the writes this node applied
+        # (every node counts the same applied entries; from 0 when the node starts).
+        runs = GaugeMetricFamily(PREFIX + "rendezvous_runs", "Rendezvous namespaces holding a torchrun "
+                                 "rendezvous state (--rdzv-backend=lighthouse)", labels=["node"])
+        runs.add_metric([node_id], sum(1 for n in namespaces if (e := n.entries.get(STATE_KEY)) is not None
+                                       and is_state(e.value)))
+        yield runs
+        rounds = CounterMetricFamily(PREFIX + "rendezvous_rounds", "torchrun rendezvous rounds completed, counted "
+                                     "in the state writes this node applied since it started (every node counts "
+                                     "the same writes)", labels=["node"])
+        rounds.add_metric([node_id], kv.rendezvous_rounds)
+        yield rounds
 
 
 class NodeMetrics:
@@ -396,6 +413,11 @@ class NodeMetrics:
             "by operation and result (ok, or the refusal's kind or status)", ["op", "result"],
             registry=self.registry)
         self.registry.register(KVCollector(node))
+
+    def kv_calls(self) -> int:
+        """Rendezvous store calls this node answered, every operation and result together."""
+        return int(sum(sample.value for metric in self.kv_operations.collect() for sample in metric.samples
+                       if sample.name.endswith("_total")))
 
     def on_issue(self, job: str, _issued: Any, commit_s: float | None) -> None:
         """A round of ``job`` was issued (the coordinator's ``on_issue`` hook)."""

@@ -26,6 +26,7 @@ import pytest
 from ftclient.torchrun_rendezvous.state_backend import STATE_KEY
 from lighthouse_cluster.client.kv_client import KVClient
 from lighthouse_cluster.core.jobs import DEFAULT_JOB
+from lighthouse_cluster.core.rendezvous_state import read_summary
 from lighthouse_cluster.local.cluster import LocalCluster
 from support.torchrun_agents import TorchrunJob
 from support.waiting import wait_for
@@ -100,8 +101,12 @@ def test_two_agents_rendezvous_and_train(cluster: LocalCluster, jobs: list[Torch
     assert sorted(r["agent_pid"] for r in done) == sorted(a.process.pid for a in agents)
     # The rendezvous went through the cluster: its state and the agents' keys are in the run's namespace.
     with kv_of(cluster, "two-agents") as kv:
-        assert kv.get(STATE_KEY) is not None
+        state = kv.get(STATE_KEY)
         keys = [e.key for e in kv.list()[0]]
+    # Its round as the nodes read it, from the summary line the agents wrote after torch's state.
+    assert state is not None
+    summary = read_summary(state.value)
+    assert summary is not None and (summary.round, summary.complete, summary.participants) == (0, True, 2), summary
     assert any(k.endswith("/MASTER_ADDR") for k in keys), keys
     assert any("torchelastic/assigned_ranks/1" in k for k in keys), keys
 
