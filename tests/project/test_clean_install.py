@@ -38,6 +38,16 @@ def test_pip_install_dot_alone_runs_up_serve_and_status(tmp_path: Path) -> None:
     assert "lighthouse-cluster" in installed
     assert installed & NOT_IN_THE_RUNTIME == set()
 
+    # torchrun's backend comes with the package: the entry point torch's registry loads (its
+    # module imports no torch at the top, so it loads here, where torch is not installed).
+    probe = ("from importlib.metadata import entry_points\n"
+             "(ep,) = [e for e in entry_points(group='torchrun.handlers') if e.name == 'lighthouse']\n"
+             "print(ep.value, callable(ep.load()()))\n")
+    handler = subprocess.run([str(bin_dir / "python"), "-c", probe], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=60)
+    assert handler.returncode == 0, handler.stderr[-3000:]
+    assert handler.stdout.split() == ["ftclient.torchrun_rendezvous.entry_point:torchrun_handler_creator", "True"]
+
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
     out = tmp_path / "up.out"
     with open(out, "w") as f:
