@@ -130,6 +130,8 @@ def report(results: Path, out_dir: Path | None) -> None:
 
 from .torchtitan import command as _torchtitan  # noqa: E402 -- torchtitan's FT trainer on each lighthouse
 bench.add_command(_torchtitan)
+from .rendezvous import command as _rendezvous  # noqa: E402 -- time to rendezvous N torchrun agents per backend
+bench.add_command(_rendezvous)
 
 
 def main() -> None:
