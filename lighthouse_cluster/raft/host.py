@@ -2,7 +2,8 @@
 
 It replaces the chain of ``SyncObj`` subclasses (durability, adaptive tick, idle acks, fast
 election, stall tolerance, quiescence, lease probes), each overriding the same few methods, with
-one class that calls each mechanism (an ``Extension``, ``raft/extensions/``) at named points:
+one class that calls each mechanism (an ``Extension``, ``raft/extensions/``) at named points
+(why, and what it replaced: docs/design/raft-host.md):
 
 ======================  ===========================================================  ===========
 hook                    when (all on the tick thread unless said)                     order
