@@ -23,7 +23,7 @@ from support.sim_raft import SimCluster
 from lighthouse_cluster.core.codec import ConfirmLeadership, KVWrite
 from lighthouse_cluster.core.kv_store import KVSet
 from lighthouse_cluster.raft.composed_node import EXTENSION_CLASSES, LighthouseSyncObj
-from lighthouse_cluster.raft.extensions.fast_election import HANDOVER_KEY, FastElection
+from lighthouse_cluster.raft.extensions.fast_election import HANDOVER_KEY, KEEPALIVE, FastElection
 from lighthouse_cluster.raft.extensions.idle_acks import IdleAcks
 from lighthouse_cluster.raft.extensions.lease_probes import LEASE_PROBE_KEY, PROBE_EXPIRY_S, LeaseProbes
 from lighthouse_cluster.raft.extensions.quiescence import QUIET_KEY
@@ -439,6 +439,32 @@ def a_follower_behind_the_compacted_log_catches_up_from_a_snapshot(on: bool) -> 
         snapshots = cluster.network.count("append_entries", dst=lagging.address, since=cut_off_at, key="serialized")
         assert snapshots > 0, "no snapshot sent: the follower caught up entry by entry"
         assert len(lagging.raft.state.machine.kv.namespaces[("default", "compaction")].entries) == 60
+
+
+@case(off="hold_elections_until_leader=False", fails_with="stood for election")
+def a_joining_node_stands_for_no_election_until_it_has_heard_a_leader(on: bool) -> None:
+    """``RaftNode(hold_elections_until_leader=True)`` (``serve --join``): a member joining with an
+    empty journal, cut off from the cluster, starts no election (it would only be refused, and
+    its higher term would depose the live leader when it is let in); once it hears the leader it
+    follows it and takes part in elections as any node."""
+    with SimCluster(seed=13, joining=[2] if on else []) as cluster:
+        joiner = cluster.nodes[2]
+        # Linked to the members (keep-alives get through) but hearing no Raft message: as a joining
+        # node before it is added, whose messages the members do not act on.
+        unheard = cluster.network.drop_if(lambda src, dst, message: joiner.address in (src, dst)
+                                          and message != KEEPALIVE)
+        leader = cluster.run_until("a leader of the two", lambda: cluster.leader(cluster.nodes[:2]), 5.0)
+        term = leader.term
+        cluster.run_for(5.0)
+        assert joiner.term == 0, f"the joining node stood for election (term {joiner.term})"
+        cluster.network.allow(unheard)
+        cluster.run_until("the joining node follows the leader",
+                          lambda: joiner.raft.leader_address == leader.address, 5.0)
+        assert leader.term == term and cluster.leader() is leader
+        # Released: it stands like any member once the leader is gone.
+        cluster.crash(leader)
+        new = cluster.run_until("a new leader", cluster.leader, 5.0)
+        assert new.term > term
 
 
 # -- the table ------------------------------------------------------------------------------------

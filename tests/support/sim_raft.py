@@ -413,7 +413,8 @@ class SimCluster:
 
     def __init__(self, size: int = 3, *, seed: int = 0, settings: RaftSettings = RaftSettings(),
                  node_class: type | None = None, syncobj_kwargs: dict[str, Any] | None = None,
-                 schema: int = codec.SCHEMA_VERSION, latency_s: float = 0.0005, jitter_s: float = 0.0) -> None:
+                 schema: int = codec.SCHEMA_VERSION, latency_s: float = 0.0005, jitter_s: float = 0.0,
+                 joining: Iterable[int] = ()) -> None:
         self.size = size
         self.settings = settings
         self.schema = schema
@@ -422,6 +423,9 @@ class SimCluster:
         self.network = SimNetwork(self.clock, random.Random(seed + 1), latency_s=latency_s, jitter_s=jitter_s)
         self._node_class = node_class or replication.LighthouseSyncObj
         self._syncobj_kwargs = dict(syncobj_kwargs or {})
+        # Nodes (by index) built as a member joining a running cluster with an empty journal
+        # (``RaftNode(hold_elections_until_leader=True)``).
+        self._joining = frozenset(joining)
         self._undo: list[tuple[Any, str, Any]] = []
         self._pollers: list[SimPoller] = []
         self._built: list[Any] = []
@@ -473,7 +477,8 @@ class SimCluster:
 
     def _build(self, index: int, address: str) -> SimNode:
         peers = [a for a in self.addresses if a != address]
-        raft = RaftNode(address, peers, ReplicatedState(QuorumStateMachine(self.schema)), settings=self.settings)
+        raft = RaftNode(address, peers, ReplicatedState(QuorumStateMachine(self.schema)), settings=self.settings,
+                        hold_elections_until_leader=index in self._joining)
         poller = self._pollers.pop()
         node = SimNode(address, raft, self._built.pop(), poller, self.network, index)
         poller.node = node
