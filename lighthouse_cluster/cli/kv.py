@@ -63,7 +63,11 @@ def _value_json(value: bytes) -> dict[str, str]:
 
 
 def _value_text(value: bytes) -> str:
-    text = value.decode(errors="backslashreplace")
+    """``value`` as one line of text a terminal shows as it is: bytes that are not UTF-8 and
+    characters that are not printable (a pickled state's control bytes, an escape sequence)
+    written as backslash escapes."""
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in value.decode(errors="backslashreplace"))
     return text if len(text) <= SHOWN_VALUE_CHARS else text[:SHOWN_VALUE_CHARS] + f"... ({len(value)} bytes)"
 
 
@@ -97,7 +101,7 @@ def list_(client: ClientOptions, job: str) -> None:
     print_table(f"rendezvous namespaces (idle ones expire after {r.idle_expiry_ms / 1000:g} s)",
                 ("job", "run id", "round", "keys", "bytes", "created", "last write"),
                 [(n.ns.job, n.ns.run_id, _round(n), n.keys, n.bytes, _age(n.created_ms), _age(n.touched_ms))
-                 for n in r.namespaces], record="rendezvous")
+                 for n in r.namespaces], wide=("run id",), record="rendezvous")
 
 
 @rendezvous.command("show")
