@@ -15,7 +15,7 @@ from typing import Iterator
 import grpc
 import pytest
 
-from support.cluster import cli
+from support.cluster import cli, started_cluster
 from support.waiting import wait_for
 from lighthouse_cluster.client.kv_client import KVClient, KVCluster, KVError
 from lighthouse_cluster.local.cluster import LocalCluster
@@ -29,13 +29,8 @@ TOKEN = "kv-admin-token-for-tests-51c2"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster(root=tmp_path_factory.mktemp("kv"), admin_token=TOKEN, election_timeout_ms=150)
-    try:
-        c.start()
-        c.wait_for_stable_leader(timeout=30)
+    with started_cluster(tmp_path_factory.mktemp("kv"), admin_token=TOKEN, election_timeout_ms=150) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 def endpoints(cluster: LocalCluster) -> str:

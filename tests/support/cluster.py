@@ -1,19 +1,37 @@
-"""Helpers of tests/server/test_admin.py and tests/server/test_security.py: the CLI as a subprocess,
-torchft Quorum calls (plaintext or TLS). Bounded waits are ``support.waiting``'s."""
+"""Helpers of the tests that run a real cluster: a started cluster for a fixture
+(``started_cluster``), the CLI as a subprocess, torchft Quorum calls (plaintext or TLS). Bounded
+waits are ``support.waiting``'s."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Iterator
 
+from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.local.simulated_group import SimulatedReplicaGroup
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.tls import ClientTLS
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def started_cluster(root: Path, **kwargs: Any) -> Iterator[LocalCluster]:
+    """``LocalCluster(root=root, **kwargs)`` started, with a leader every node agrees on; every
+    node it started is stopped at the end, also when the start fails half-way (a ``with
+    LocalCluster(...)`` would leak the nodes a failed ``start`` left running)."""
+    c = LocalCluster(root=root, **kwargs)
+    try:
+        c.start()
+        c.wait_for_stable_leader(timeout=30)
+        yield c
+    finally:
+        c.stop_all()
 
 
 def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:

@@ -20,6 +20,7 @@ from ftclient.torchrun_rendezvous.state_backend import STATE_KEY
 from lighthouse_cluster.client.kv_client import KVClient
 from lighthouse_cluster.core.jobs import DEFAULT_JOB
 from lighthouse_cluster.local.cluster import LocalCluster
+from support.cluster import started_cluster
 from support.torchrun_agents import TORCHRUN, FAST_CONF, TorchrunJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -32,13 +33,8 @@ FINISH_S = 150.0  # two torchrun agents, each with a worker importing torch and 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    c = LocalCluster(root=tmp_path / "cluster", min_replicas=2)
-    try:
-        c.start()
-        c.wait_for_stable_leader(timeout=30)
+    with started_cluster(tmp_path / "cluster", min_replicas=2) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 def test_each_replica_group_is_a_torchrun_job_on_the_cluster(cluster: LocalCluster, tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from lighthouse_cluster.client.kv_client import KVClient
 from lighthouse_cluster.core.jobs import DEFAULT_JOB
 from lighthouse_cluster.core.rendezvous_state import read_summary
 from lighthouse_cluster.local.cluster import LocalCluster
+from support.cluster import started_cluster
 from support.torchrun_agents import TorchrunJob
 from support.waiting import wait_for
 
@@ -39,13 +40,8 @@ TRAINING_S = 60.0   # every worker of a round past its first allreduce
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster(root=tmp_path_factory.mktemp("torchrun-cluster"), election_timeout_ms=150)
-    try:
-        c.start()
-        c.wait_for_stable_leader(timeout=30)
+    with started_cluster(tmp_path_factory.mktemp("torchrun-cluster"), election_timeout_ms=150) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 @pytest.fixture

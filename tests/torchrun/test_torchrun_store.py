@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from torch.distributed.elastic.rendezvous.api import RendezvousStateError
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
 
-from support.cluster import cli
+from support.cluster import cli, started_cluster
 from support.waiting import wait_for
 from ftclient.torchrun_rendezvous.kv_store import LighthouseKVStore
 from ftclient.torchrun_rendezvous.state_backend import STATE_HEADER, STATE_KEY, LighthouseRendezvousBackend
@@ -33,14 +33,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster(root=tmp_path_factory.mktemp("store-cluster"), election_timeout_ms=150,
-                     http_ports=free_ports(3))
-    try:
-        c.start()
-        c.wait_for_stable_leader(timeout=30)
+    with started_cluster(tmp_path_factory.mktemp("store-cluster"), election_timeout_ms=150,
+                         http_ports=free_ports(3)) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 def kv_of(cluster: LocalCluster, run_id: str) -> KVClient:
