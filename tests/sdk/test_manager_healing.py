@@ -42,6 +42,7 @@ import torch.nn.modules.module as module_hooks
 from torch import nn
 
 import ftclient.manager as manager_module
+from support.waiting import run_on_threads
 from ftclient.manager import Manager, _group_heals
 from ftclient.process_group import ManagedProcessGroup
 from ftclient.quorum_results import PeerInfo, QuorumResult, QuorumView, compute_quorum_results
@@ -325,28 +326,6 @@ def world(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeWorld]:
         r.manager.shutdown(wait=False)
 
 
-def run_all(*calls: Callable[[], Any]) -> list[Any]:
-    """Run ``calls`` on threads (the ranks of a group); their results in order, or the first error."""
-    results: list[Any] = [None] * len(calls)
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            results[i] = calls[i]()
-        except BaseException as e:  # noqa: BLE001 -- handed to the test's thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(JOIN_S)
-    assert not any(t.is_alive() for t in threads), f"still running after {JOIN_S}s"
-    if errors:
-        raise errors[0]
-    return results
-
-
 @dataclass
 class StepOut:
     committed: bool
@@ -431,7 +410,7 @@ def test_async_quorum_takes_the_state_dict_on_the_training_thread_just_before_th
     # A module call on another thread is not the training thread's forward pass.
     donor.manager.start_quorum()
     assert len(module_hooks._global_forward_pre_hooks) == hooks_before + 1
-    run_all(lambda: model.lin(torch.zeros(1, 2)))
+    run_on_threads([lambda: model.lin(torch.zeros(1, 2))], JOIN_S)
     assert len(donor.reads) == 2
     donor.manager.shutdown()
     assert len(module_hooks._global_forward_pre_hooks) == hooks_before  # nor past shutdown
@@ -501,7 +480,7 @@ def test_a_recovery_that_fails_on_one_rank_is_applied_on_no_rank(world: FakeWorl
     world.ahead_of_us(5)
     r1.transport.fail_recv = RuntimeError("injected: the transfer was cut")
 
-    o0, o1 = run_all(lambda: step(r0), lambda: step(r1))
+    o0, o1 = run_on_threads([lambda: step(r0), lambda: step(r1)], JOIN_S)
     # Rank 0 received the state (current_step() shows the step it heals to, as torchft's) ...
     assert (o0.step_mid, o1.step_mid) == (5, 0)
     # ... but the group does not commit: no rank applies it, both keep step 0 and their weights.
@@ -515,7 +494,7 @@ def test_a_recovery_that_fails_on_one_rank_is_applied_on_no_rank(world: FakeWorl
     assert not ManagedProcessGroup(r1.manager)._errored()
 
     # The next quorum: the group is still behind, every rank heals and applies it.
-    o0, o1 = run_all(lambda: step(r0), lambda: step(r1))
+    o0, o1 = run_on_threads([lambda: step(r0), lambda: step(r1)], JOIN_S)
     assert o0.committed and o1.committed and (o0.step, o1.step) == (6, 6)
     assert [len(r.loads) for r in (r0, r1)] == [1, 1]
     assert torch.equal(r0.state["w"], torch.tensor([7.0, 8.0])) and torch.equal(r1.state["w"], r0.state["w"])
@@ -566,7 +545,7 @@ def test_sync_quorum_applies_a_heal_before_the_forward_pass_only_if_every_rank_r
             assert r.loads == [] and r.manager.current_step() == 0 and r.manager.errored() is not None
         return check
 
-    o0, o1 = run_all(lambda: step(r0, after_start(r0)), lambda: step(r1, after_start(r1)))
+    o0, o1 = run_on_threads([lambda: step(r0, after_start(r0)), lambda: step(r1, after_start(r1))], JOIN_S)
     assert (o0.committed, o1.committed) == (False, False) and (o0.step, o1.step) == (0, 0)
     # The group's gradients would come from the old weights: its collectives are skipped.
     assert not o0.allreduced and not o1.allreduced
@@ -579,7 +558,7 @@ def test_sync_quorum_applies_a_heal_before_the_forward_pass_only_if_every_rank_r
             assert len(r.loads) == 1 and r.manager.current_step() == 5  # applied in start_quorum
         return check
 
-    o0, o1 = run_all(lambda: step(r0, healed(r0)), lambda: step(r1, healed(r1)))
+    o0, o1 = run_on_threads([lambda: step(r0, healed(r0)), lambda: step(r1, healed(r1))], JOIN_S)
     assert o0.committed and o1.committed and (o0.step, o1.step) == (6, 6) and o0.allreduced
 
 
@@ -697,7 +676,7 @@ def test_every_rank_of_a_group_takes_and_loads_a_state_dict_when_one_of_them_hea
     r0, r1 = world.group("healer", world_size=2, use_async_quorum=use_async_quorum)
     world.behind_us(0)  # both at step 0: rank 0's primary is this group, rank 1's the other
 
-    o0, o1 = run_all(lambda: step(r0), lambda: step(r1))
+    o0, o1 = run_on_threads([lambda: step(r0), lambda: step(r1)], JOIN_S)
     assert o0.committed and o1.committed and (o0.step, o1.step) == (1, 1)
     q0, q1 = r0.manager.last_quorum_result, r1.manager.last_quorum_result
     assert q0 is not None and q1 is not None and not q0.heal and q1.heal
@@ -711,6 +690,6 @@ def test_every_rank_of_a_group_takes_and_loads_a_state_dict_when_one_of_them_hea
 
     # Without a heal in the group, nobody loads (and with the synchronous quorum nobody reads).
     world.peers = []
-    run_all(lambda: step(r0), lambda: step(r1))
+    run_on_threads([lambda: step(r0), lambda: step(r1)], JOIN_S)
     assert (len(r0.loads), len(r1.loads)) == (1, 1)
     assert len(r0.reads) == len(r1.reads) == (2 if use_async_quorum else 1)

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from support.waiting import run_on_threads
 from ftclient.checkpointing import (
     CheckpointStepMismatchError,
     CheckpointTransferError,
@@ -91,30 +92,11 @@ def gloo_ranks(world_size: int, timeout: timedelta = T5) -> list[dist.ProcessGro
     def build(rank: int) -> None:
         out[rank] = dist.ProcessGroupGloo(store, rank, world_size, timeout)
 
-    run_threads([lambda r=r: build(r) for r in range(world_size)])
+    run_on_threads([lambda r=r: build(r) for r in range(world_size)], THREADS_S)
     return out
 
 
-def run_threads(calls: list[Callable[[], Any]], timeout: float = 30.0) -> list[Any]:
-    """Run ``calls`` on threads; their results in order, or the first error."""
-    results: list[Any] = [None] * len(calls)
-    errors: list[BaseException] = []
-
-    def run(i: int) -> None:
-        try:
-            results[i] = calls[i]()
-        except BaseException as e:  # noqa: BLE001 -- handed to the test's thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    assert not any(t.is_alive() for t in threads), f"still running after {timeout}s"
-    if errors:
-        raise errors[0]
-    return results
+THREADS_S = 30.0  # the most one exchange between the ranks' threads may take
 
 
 def rich_state_dict() -> dict[str, Any]:
@@ -195,11 +177,11 @@ def test_state_dict_arrives_bitwise_equal_at_two_destinations() -> None:
     pgs = gloo_ranks(3)
     sd = rich_state_dict()
     transports = [PGTransport(pg, T5, CPU) for pg in pgs]
-    _, got1, got2 = run_threads([
+    _, got1, got2 = run_on_threads([
         lambda: transports[0].send_checkpoint([1, 2], step=7, state_dict=sd, timeout=T5),
         lambda: transports[1].recv_checkpoint(0, transports[0].metadata(), step=7, timeout=T5),
         lambda: transports[2].recv_checkpoint(0, "<n/a>", step=7, timeout=T5),
-    ])
+    ], THREADS_S)
     for got in (got1, got2):
         assert_bitwise_equal(got, sd)
         assert got["tied"]["a"] is got["tied"]["b"]  # sent once, shared again
@@ -220,8 +202,8 @@ def test_template_tensors_are_received_in_place_when_asked() -> None:
     before_other = tmpl["other_shape"].clone()
     sender = PGTransport(pgs[0], T5, CPU)
     receiver = PGTransport(pgs[1], T5, CPU, state_dict=lambda: tmpl, in_place=True)
-    _, got = run_threads([lambda: sender.send_checkpoint([1], 3, src, T5),
-                          lambda: receiver.recv_checkpoint(0, "<n/a>", 3, T5)])
+    _, got = run_on_threads([lambda: sender.send_checkpoint([1], 3, src, T5),
+                              lambda: receiver.recv_checkpoint(0, "<n/a>", 3, T5)], THREADS_S)
     for k in ("w", "b", "t"):
         assert got[k] is tmpl[k], k  # the template's own tensor, filled
         assert torch.equal(tmpl[k], src[k]), k
@@ -248,8 +230,8 @@ def test_a_template_is_left_alone_by_default_and_may_be_passed_to_recv() -> None
     sender = PGTransport(pgs[0], T5, CPU)
     for receiver, kwargs in ((PGTransport(pgs[1], T5, CPU, state_dict=lambda: tmpl), {}),
                              (PGTransport(pgs[1], T5, CPU, state_dict=never), {"template": tmpl})):
-        _, got = run_threads([lambda: sender.send_checkpoint([1], 3, src, T5),
-                              lambda: receiver.recv_checkpoint(0, "<n/a>", 3, T5, **kwargs)])
+        _, got = run_on_threads([lambda: sender.send_checkpoint([1], 3, src, T5),
+                                  lambda: receiver.recv_checkpoint(0, "<n/a>", 3, T5, **kwargs)], THREADS_S)
         assert_bitwise_equal(got, src)  # values, Parameter type and requires_grad: the sender's
         for k in tmpl:
             assert got[k] is not tmpl[k] and torch.equal(tmpl[k], before[k]), k
@@ -274,7 +256,7 @@ def test_wrong_step_and_foreign_header_are_refused() -> None:
         with pytest.raises(CheckpointStepMismatchError, match="rank 0 sent step 5 but step 6 was requested"):
             receiver.recv_checkpoint(0, "<n/a>", 6, T5)
 
-    run_threads([send, recv])
+    run_on_threads([send, recv], THREADS_S)
     assert len(results) == 1
 
     pgs = gloo_ranks(2)
@@ -285,7 +267,7 @@ def test_wrong_step_and_foreign_header_are_refused() -> None:
         with pytest.raises(CheckpointTransferError, match="did not send an ftclient PGTransport checkpoint"):
             receiver.recv_checkpoint(0, "<n/a>", 1, T5)
 
-    run_threads([lambda: pgs[0].send([foreign], 1, pg_transport._TAG_HEADER).wait(), recv_foreign])
+    run_on_threads([lambda: pgs[0].send([foreign], 1, pg_transport._TAG_HEADER).wait(), recv_foreign], THREADS_S)
 
 
 def test_a_silent_peer_fails_the_transfer_within_its_timeout() -> None:
@@ -314,7 +296,7 @@ def test_aborting_ftclients_group_ends_a_waiting_transfer_at_once() -> None:
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=T5)
     pgs = [ProcessGroupGloo(timeout=timedelta(seconds=30)) for _ in range(2)]
-    run_threads([lambda r=r: pgs[r].configure(f"127.0.0.1:{store.port}/pgt/0", str(r), r, 2) for r in range(2)])
+    run_on_threads([lambda r=r: pgs[r].configure(f"127.0.0.1:{store.port}/pgt/0", str(r), r, 2) for r in range(2)], THREADS_S)
     outcome: list[BaseException] = []
 
     def recv() -> None:
@@ -555,7 +537,7 @@ def test_manager_heals_a_group_that_is_behind_through_pg_transport(make_cluster:
             reduced = out.get_future().value() if hasattr(out, "get_future") else out.value()
             return m.should_commit(), reduced.tolist()
 
-        (ca, ra), (cb, rb) = run_threads([lambda: step(a, 2.0), lambda: step(b, 100.0)])
+        (ca, ra), (cb, rb) = run_on_threads([lambda: step(a, 2.0), lambda: step(b, 100.0)], THREADS_S)
         assert b.last_quorum_result is not None and b.last_quorum_result.heal
         assert ca and cb and ra == rb == [2.0, 2.0]  # the healing group sat the step out
         assert a.current_step() == b.current_step() == 4 and b.batches_committed() == 7
@@ -564,7 +546,7 @@ def test_manager_heals_a_group_that_is_behind_through_pg_transport(make_cluster:
         assert behind_state["w"] is not w_object and torch.equal(w_object, torch.zeros(512, 512))
         assert torch.equal(behind_state["w"], ahead_state["w"]) and torch.equal(behind_state["b"], ahead_state["b"])
 
-        (ca, ra), (cb, rb) = run_threads([lambda: step(a, 1.0), lambda: step(b, 3.0)])
+        (ca, ra), (cb, rb) = run_on_threads([lambda: step(a, 1.0), lambda: step(b, 3.0)], THREADS_S)
         assert ca and cb and ra == rb == [2.0, 2.0]  # healed: both take part
     finally:
         for m in managers:

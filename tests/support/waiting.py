@@ -16,13 +16,17 @@ logs, a process's output).
 * ``retry_on``: exceptions of the probe that mean "not yet" (a port not bound yet) rather than a
   failure; any other exception propagates at once (a probe may assert that a process is still
   running, so that a wait for its output fails as soon as it died).
+
+``run_on_threads`` runs calls side by side (the ranks of a group, a sender and a receiver) and
+waits for all of them, bounded too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 T = TypeVar("T")
 POLL_S = 0.02
@@ -86,3 +90,28 @@ async def wait_for_async(what: str, cond: Callable[[], T | Awaitable[T]], timeou
         if time.monotonic() >= deadline:
             raise _timed_out(what, timeout, value, context)
         await asyncio.sleep(interval)
+
+
+def run_on_threads(calls: Sequence[Callable[[], T]], timeout: float) -> list[T]:
+    """Run ``calls`` each on a thread of its own; their results in order, or the first error
+    raised. Fails if any is still running ``timeout`` seconds after the joins began (its daemon
+    thread is left behind)."""
+    results: list[Any] = [None] * len(calls)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            results[i] = calls[i]()
+        except BaseException as e:  # noqa: BLE001 -- handed to the caller's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), f"still running after {timeout}s"
+    if errors:
+        raise errors[0]
+    return results
