@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import pytest
 
+from support.waiting import wait_for_async
 from lighthouse_cluster.client.discovery import not_leader
 from lighthouse_cluster.core import codec
 from lighthouse_cluster.core.state_machine import QuorumStateMachine
@@ -174,10 +175,7 @@ def test_the_leader_expires_idle_namespaces() -> None:
             await asyncio.sleep(0.05)
             kept = list(node.machine.kv.namespaces)
             clock[0] += 60_000
-            for _ in range(200):
-                if not node.machine.kv.namespaces:
-                    break
-                await asyncio.sleep(0.01)
+            await wait_for_async("the idle namespace expired", lambda: not node.machine.kv.namespaces, 2.0)
             return [kept, list(node.machine.kv.namespaces)]
         finally:
             await svc.stop()
