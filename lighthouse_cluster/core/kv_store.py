@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Union
+from typing import Any, Union
 
 from lighthouse_cluster.core.jobs import JobError, check_job_name
 from lighthouse_cluster.core.rendezvous_state import STATE_KEY, completes_a_round
@@ -436,6 +436,3 @@ class KVStore:
                 n.requests[str(rid)] = (bool(a), int(v), int(c))
             self.namespaces[(str(job), str(run))] = n
         self.changes += 1
-
-    def namespace_ids(self) -> Iterable[NamespaceId]:
-        return list(self.namespaces)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Awaitable, Callable, Iterable, Protocol
+from typing import Any, Awaitable, Callable, Protocol
 
 import grpc
 
@@ -416,7 +416,3 @@ class KVService(cpb_grpc.LighthouseKVServicer):
                 continue
             for job, run in dropped or ():
                 log.info("rendezvous %s/%s expired: no write for %.0f s", job, run, self.idle_expiry_s)
-
-
-def service_names() -> Iterable[str]:
-    return (cpb.DESCRIPTOR.services_by_name["LighthouseKV"].full_name,)
