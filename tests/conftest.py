@@ -24,6 +24,7 @@ import multiprocessing.process
 import os
 import socket
 import subprocess
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import grpc
@@ -32,7 +33,7 @@ import pytest
 
 from lighthouse_cluster.local.cluster import LocalCluster
 from support import skips
-from support.suite_time import TimeTable, markers_of
+from support.suite_time import CPU_PROPERTY, TimeTable, cpu_mark, markers_of
 # Two integration tests at a time under xdist, the exclusive ones alone (a hook: pytest finds it here).
 from support.run_lock import pytest_runtest_protocol  # noqa: F401
 
@@ -131,11 +132,32 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
 
 
 _times = TimeTable()
+# Set to a file name, every run writes each test's wall and CPU seconds there (suite_time.py).
+TIMES_JSON_ENV = "LIGHTHOUSE_TESTS_TIMES_JSON"
+_cpu_marks: dict[str, float] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    # On the worker: the CPU this phase used (since the last phase's report, or the protocol's start).
+    start, now = _cpu_marks.get(item.nodeid), cpu_mark()
+    outcome = yield
+    if start is not None:
+        outcome.get_result().user_properties.append((CPU_PROPERTY, now - start))
+    if call.when == "teardown":
+        _cpu_marks.pop(item.nodeid, None)
+    else:
+        _cpu_marks[item.nodeid] = now
+
+
+def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
+    _cpu_marks[nodeid] = cpu_mark()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # Here, not in makereport: with pytest-xdist the controller sees every worker's reports.
-    _times.add(report.nodeid, report.duration, markers_of(report.keywords))
+    cpu_s = sum(value for name, value in report.user_properties if name == CPU_PROPERTY)
+    _times.add(report.nodeid, report.duration, markers_of(report.keywords), cpu_s)
     if report.skipped and not hasattr(report, "wasxfail"):
         reason = _skip_reason(report)
         if skips.expected(reason):
@@ -147,6 +169,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("time by directory (tests/support/suite_time.py)")
         for line in _times.lines():
             terminalreporter.write_line(line)
+        if os.environ.get(TIMES_JSON_ENV):
+            _times.write_json(Path(os.environ[TIMES_JSON_ENV]))
     if _expected_skips:
         terminalreporter.section("expected skips (tests/support/skips.py)")
         for line in _expected_skips:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from support.suite_time import TimeTable, directory_of, markers_of
+import json
+import subprocess
+import sys
+
+import pytest
+
+from support.suite_time import TimeTable, cpu_mark, directory_of, markers_of
 
 
 def test_durations_add_up_per_directory_with_integration_and_exclusive_shares() -> None:
@@ -16,7 +22,7 @@ def test_durations_add_up_per_directory_with_integration_and_exclusive_shares() 
     assert (raft.tests, raft.seconds, raft.integration_s, raft.exclusive_s) == (2, 3.125, 3.0, 0.0)
     lines = table.lines()
     assert lines[1].startswith("tests/bench") and lines[2].startswith("tests/raft")  # slowest first
-    assert lines[-1].split() == ["total", "3", "13.9", "13.8", "10.8"]
+    assert lines[-1].split() == ["total", "3", "13.9", "13.8", "10.8", "0.0"]
 
 
 def test_directory_of_a_node_id_is_its_first_two_path_parts() -> None:
@@ -28,3 +34,24 @@ def test_directory_of_a_node_id_is_its_first_two_path_parts() -> None:
 def test_only_the_markers_the_table_tells_apart_are_kept() -> None:
     assert markers_of({"integration": 1, "timeout": 1, "test_x": 1}) == ["integration"]
     assert markers_of({"exclusive": 1, "integration": 1}) == ["integration", "exclusive"]
+
+
+def test_cpu_seconds_add_up_per_directory_and_per_test(tmp_path) -> None:
+    table = TimeTable()
+    table.add("tests/sdk/test_a.py::test_x", 2.0, ["integration"], cpu_s=0.5)
+    table.add("tests/sdk/test_a.py::test_x", 1.0, ["integration"], cpu_s=1.25)
+    table.add("tests/sdk/test_b.py::test_y", 4.0, [], cpu_s=3.0)
+    assert table.by_directory["tests/sdk"].cpu_s == 4.75
+    out = tmp_path / "times.json"
+    table.write_json(out)
+    rows = json.loads(out.read_text())
+    assert [(r["test"], r["seconds"], r["cpu_s"]) for r in rows] == [
+        ("tests/sdk/test_b.py::test_y", 4.0, 3.0), ("tests/sdk/test_a.py::test_x", 3.0, 1.75)]
+    assert "cpu s" in table.lines()[0]
+
+
+@pytest.mark.integration
+def test_a_cpu_mark_counts_the_cpu_of_reaped_children() -> None:
+    before = cpu_mark()
+    subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
+    assert cpu_mark() - before > 0.1

@@ -7,12 +7,23 @@ directory (``tests/raft``, ``tests/sdk``, ...) and how much of it ran as ``integ
 ``exclusive`` (alone under xdist: the other worker's integration tests wait meanwhile). It is fed
 from ``pytest_runtest_logreport``, which under xdist runs on the controller with every worker's
 reports.
+
+It also adds up the CPU each test used (``cpu_s``): the worker's own CPU and that of every child
+process it reaped (cluster nodes, trainers, sub-runs), taken around each phase on the worker
+(``cpu_mark`` / ``cpu_since``) and carried to the controller in the report's user properties. Wall
+seconds say how long a test held its worker; CPU seconds say how much of the 2 cores it used, so
+the two together say which tests could overlap at little cost (those that mostly wait).
 """
 
 from __future__ import annotations
 
+import json
+import resource
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+
+CPU_PROPERTY = "cpu_s"
 
 
 @dataclass
@@ -21,22 +32,28 @@ class DirectoryTime:
     seconds: float = 0.0
     integration_s: float = 0.0
     exclusive_s: float = 0.0
+    cpu_s: float = 0.0
 
 
 @dataclass
 class TimeTable:
     by_directory: dict[str, DirectoryTime] = field(default_factory=dict)
-    _counted: set[str] = field(default_factory=set)
+    # nodeid -> [wall seconds, CPU seconds, markers]: every test, for ``write_json``.
+    by_test: dict[str, list] = field(default_factory=dict)
 
-    def add(self, nodeid: str, duration_s: float, markers: Iterable[str]) -> None:
-        """One report (setup, call or teardown) of the test ``nodeid`` that took ``duration_s``."""
+    def add(self, nodeid: str, duration_s: float, markers: Iterable[str], cpu_s: float = 0.0) -> None:
+        """One report (setup, call or teardown) of the test ``nodeid`` that took ``duration_s``
+        and used ``cpu_s`` of CPU."""
         directory = directory_of(nodeid)
         row = self.by_directory.setdefault(directory, DirectoryTime())
-        if nodeid not in self._counted:
-            self._counted.add(nodeid)
-            row.tests += 1
         marks = set(markers)
+        if nodeid not in self.by_test:
+            self.by_test[nodeid] = [0.0, 0.0, sorted(marks)]
+            row.tests += 1
+        self.by_test[nodeid][0] += duration_s
+        self.by_test[nodeid][1] += cpu_s
         row.seconds += duration_s
+        row.cpu_s += cpu_s
         if "integration" in marks:
             row.integration_s += duration_s
         if "exclusive" in marks:
@@ -46,11 +63,28 @@ class TimeTable:
         """The table, slowest directory first, with a total line."""
         rows = sorted(self.by_directory.items(), key=lambda kv: -kv[1].seconds)
         total = DirectoryTime(sum(r.tests for _, r in rows), sum(r.seconds for _, r in rows),
-                              sum(r.integration_s for _, r in rows), sum(r.exclusive_s for _, r in rows))
-        out = [f"{'directory':<24} {'tests':>6} {'seconds':>9} {'integration':>12} {'exclusive':>10}"]
+                              sum(r.integration_s for _, r in rows), sum(r.exclusive_s for _, r in rows),
+                              sum(r.cpu_s for _, r in rows))
+        out = [f"{'directory':<24} {'tests':>6} {'seconds':>9} {'integration':>12} {'exclusive':>10} {'cpu s':>8}"]
         for name, r in [*rows, ("total", total)]:
-            out.append(f"{name:<24} {r.tests:>6} {r.seconds:>9.1f} {r.integration_s:>12.1f} {r.exclusive_s:>10.1f}")
+            out.append(f"{name:<24} {r.tests:>6} {r.seconds:>9.1f} {r.integration_s:>12.1f} {r.exclusive_s:>10.1f}"
+                       f" {r.cpu_s:>8.1f}")
         return out
+
+    def write_json(self, path: Path) -> None:
+        """Every test's wall and CPU seconds and markers, slowest first (for a closer look)."""
+        tests = sorted(self.by_test.items(), key=lambda kv: -kv[1][0])
+        path.write_text(json.dumps([{"test": t, "seconds": round(w, 2), "cpu_s": round(c, 2), "markers": m}
+                                    for t, (w, c, m) in tests], indent=1))
+
+
+def cpu_mark() -> float:
+    """CPU seconds used so far by this process and the children it has reaped."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return total
 
 
 def directory_of(nodeid: str) -> str:
