@@ -101,7 +101,7 @@ def test_exclusive_tests_run_alone_and_the_others_two_at_a_time(tmp_path) -> Non
                          timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     runs = [json.loads(line) for line in log.read_text().splitlines()]
-    assert len(runs) == 12
+    assert len(runs) == 15
 
     def overlap(a: dict, b: dict) -> bool:
         return a["start"] < b["end"] and b["start"] < a["end"]
@@ -111,6 +111,20 @@ def test_exclusive_tests_run_alone_and_the_others_two_at_a_time(tmp_path) -> Non
         assert not beside, f"{a['name']} ran beside {beside}"
     shared = [r for r in runs if r["kind"] == "shared"]
     assert any(overlap(a, b) for i, a in enumerate(shared) for b in shared[i + 1:]), "no two tests ran at once"
+    serial = [r for r in runs if r["kind"] == "serial"]
+    assert len({r["worker"] for r in serial}) == 1, serial  # one worker, so one after another
+    assert not any(overlap(a, b) for i, a in enumerate(serial) for b in serial[i + 1:]), serial
+    # ... and beside the other worker's tests: 1.2 s of serial tests while it has 3.2 s of shared ones
+    assert any(overlap(a, b) for a in serial for b in shared), "the serial tests ran alone"
+
+
+@pytest.mark.integration
+def test_a_serial_group_not_on_the_resource_list_fails_the_run_at_collection() -> None:
+    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                          "tests/project/serial_group_samples.py"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    out = res.stdout + res.stderr
+    assert res.returncode != 0 and "SERIAL_RESOURCES does not list" in out and "made-up" in out, out
 
 
 def _blocked_on(path: Path) -> bool:

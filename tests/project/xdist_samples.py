@@ -1,12 +1,15 @@
 """Run only by tests/project/test_test_rules.py with two xdist workers (not collected: the name
 does not start with test_). Every test appends its name, kind and start/end times to the log
-file named by XDIST_SAMPLES_LOG; the caller checks that the exclusive ones ran alone."""
+file named by XDIST_SAMPLES_LOG, and the worker it ran on; the caller checks that the exclusive
+ones ran alone and the serial ones one after another on one worker."""
 
 import json
 import os
 import time
 
 import pytest
+
+from support.run_lock import serial_on
 
 HOLD_S = 0.4
 
@@ -15,7 +18,8 @@ def _record(name: str, kind: str) -> None:
     start = time.time()
     time.sleep(HOLD_S)
     with open(os.environ["XDIST_SAMPLES_LOG"], "a") as f:
-        f.write(json.dumps({"name": name, "kind": kind, "start": start, "end": time.time()}) + "\n")
+        f.write(json.dumps({"name": name, "kind": kind, "start": start, "end": time.time(),
+                            "worker": os.environ.get("PYTEST_XDIST_WORKER")}) + "\n")
 
 
 @pytest.mark.integration
@@ -34,3 +38,10 @@ def test_alone(n: int) -> None:
 @pytest.mark.parametrize("n", range(2))
 def test_unit_takes_no_lock(n: int) -> None:
     _record(f"unit{n}", "unit")
+
+
+@pytest.mark.integration
+@serial_on("torchft-manager-ports")
+@pytest.mark.parametrize("n", range(3))
+def test_serial(n: int) -> None:
+    _record(f"serial{n}", "serial")

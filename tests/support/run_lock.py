@@ -1,4 +1,5 @@
-"""Two integration tests at a time under pytest-xdist, some alone: the run lock.
+"""Two integration tests at a time under pytest-xdist, some alone, some one after another: the
+run lock and the serial resources.
 
 The README's test command runs two xdist workers. An integration test marked ``exclusive`` (tight
 timing bounds, CPU measurements, a machine-wide check) runs alone: it holds a file lock exclusively
@@ -13,6 +14,14 @@ against the waiting test's timeout.) Every holder is bounded by its own timeout,
 
 The lock files live in the run's base temporary directory (xdist gives each worker
 ``<base>/popen-gwN``), or in ``$LIGHTHOUSE_TESTS_LOCK_DIR``.
+
+Alone is costly: while an exclusive test runs, the other worker's integration tests wait, so its
+whole time adds to the run's wall time (``docs/design/test-suite-time.md``). A test that only
+needs a fixed-named resource to itself (torchft's suites bind fixed manager ports) is instead
+marked ``serial_on(resource)``: pytest-xdist's ``loadgroup`` distribution (pyproject's addopts)
+sends every test on one resource to the same worker, one after another, while the other worker
+goes on with anything else. ``SERIAL_RESOURCES`` names each resource and why; a group name not
+listed there fails the run at collection.
 """
 
 from __future__ import annotations
@@ -26,6 +35,14 @@ from typing import Iterator
 import pytest
 
 LOCK_DIR_ENV = "LIGHTHOUSE_TESTS_LOCK_DIR"
+
+# Resource -> why the tests that use it must not overlap one another (but may overlap any other).
+SERIAL_RESOURCES = {
+    "torchft-manager-ports": "torchft's own suites bind fixed manager ports (19530 + replica id): two side by "
+                             "side fail with 'Address already in use'",
+    "fault-harness": "the fault-injection runs (3 nodes, fault schedules, client pools, namespaces, FUSE): "
+                     "their liveness checkers expect one harness on the host at a time",
+}
 RUN_LOCK = "xdist-run.lock"
 TURNSTILE = "xdist-turnstile.lock"
 
@@ -45,6 +62,25 @@ def run_lock(directory: Path, exclusive: bool) -> Iterator[None]:
         finally:
             fcntl.flock(run, fcntl.LOCK_UN)
             fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+def serial_on(resource: str) -> pytest.MarkDecorator:
+    """Mark a test to run after, never beside, the other tests on ``resource`` (see the module
+    docstring); beside any other test."""
+    if resource not in SERIAL_RESOURCES:
+        raise ValueError(f"unknown serial resource {resource!r}; add it to SERIAL_RESOURCES with its reason")
+    return pytest.mark.xdist_group(name=resource)
+
+
+def unknown_serial_groups(items: list[pytest.Item]) -> list[str]:
+    """``nodeid: group`` for every collected test in an ``xdist_group`` not in SERIAL_RESOURCES."""
+    out = []
+    for item in items:
+        for mark in item.iter_markers("xdist_group"):
+            name = mark.kwargs.get("name", mark.args[0] if mark.args else None)
+            if name not in SERIAL_RESOURCES:
+                out.append(f"{item.nodeid}: {name}")
+    return out
 
 
 def lock_directory(config: pytest.Config) -> Path | None:
