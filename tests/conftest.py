@@ -9,8 +9,8 @@
 * **No silent skips in CI** (``support.skips``): with ``LIGHTHOUSE_TESTS_STRICT=1`` or ``CI`` set,
   a skip that is not on the expected list fails.
 
-Under pytest-xdist, integration tests run two at a time and those marked ``exclusive`` alone
-(``support.run_lock``).
+Under pytest-xdist, integration tests run two at a time, those marked ``exclusive`` alone, and
+those marked ``serial_on(resource)`` one after another on one worker (``support.run_lock``).
 
 Tests marked ``torchtitan_full`` (the full matrix of torchtitan's trainer on the cluster: minutes
 each) run only when the ``-m`` expression names the marker (``pytest -m torchtitan_full``); every
@@ -33,9 +33,10 @@ import pytest
 
 from lighthouse_cluster.local.cluster import LocalCluster
 from support import skips
-from support.suite_time import CPU_PROPERTY, TimeTable, cpu_mark, markers_of
+from support.suite_time import CPU_PROPERTY, CpuPerPhase, TimeTable, markers_of
 # Two integration tests at a time under xdist, the exclusive ones alone (a hook: pytest finds it here).
 from support.run_lock import pytest_runtest_protocol  # noqa: F401
+from support.run_lock import unknown_serial_groups
 
 
 @pytest.fixture
@@ -61,6 +62,10 @@ OPT_IN_MARKERS = ("torchtitan_full",)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unknown = unknown_serial_groups(items)
+    if unknown:
+        raise pytest.UsageError("xdist_group names that tests/support/run_lock.py's SERIAL_RESOURCES does not list "
+                                "(mark with serial_on(resource)): " + "; ".join(unknown))
     asked = config.getoption("markexpr", "") or ""
     opt_in = [m for m in OPT_IN_MARKERS if m not in asked]
     if not opt_in:
@@ -134,24 +139,10 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
 _times = TimeTable()
 # Set to a file name, every run writes each test's wall and CPU seconds there (suite_time.py).
 TIMES_JSON_ENV = "LIGHTHOUSE_TESTS_TIMES_JSON"
-_cpu_marks: dict[str, float] = {}
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
-    # On the worker: the CPU this phase used (since the last phase's report, or the protocol's start).
-    start, now = _cpu_marks.get(item.nodeid), cpu_mark()
-    outcome = yield
-    if start is not None:
-        outcome.get_result().user_properties.append((CPU_PROPERTY, now - start))
-    if call.when == "teardown":
-        _cpu_marks.pop(item.nodeid, None)
-    else:
-        _cpu_marks[item.nodeid] = now
-
-
-def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
-    _cpu_marks[nodeid] = cpu_mark()
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(CpuPerPhase(), "cpu-per-phase")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

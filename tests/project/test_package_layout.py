@@ -182,3 +182,34 @@ def test_every_module_says_what_it_owns() -> None:
     missing = [name for name, path in modules().items()
                if area(name) != "proto" and not ast.get_docstring(ast.parse(path.read_text()))]
     assert missing == []
+
+
+def redefined_functions(source: str) -> list[str]:
+    """Names a module defines twice with ``def`` at its top level (the later silently wins: a
+    second pytest hook of the same name in a conftest replaces the first)."""
+    seen: set[str] = set()
+    twice = []
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if node.name in seen and not any(_is_overload(d) for d in node.decorator_list):
+                twice.append(f"{node.name} (line {node.lineno})")
+            seen.add(node.name)
+    return twice
+
+
+def _is_overload(decorator: ast.expr) -> bool:
+    return (isinstance(decorator, ast.Name) and decorator.id == "overload") or (
+        isinstance(decorator, ast.Attribute) and decorator.attr in ("overload", "setter", "deleter"))
+
+
+def test_redefined_functions_are_found() -> None:
+    assert redefined_functions("def a(): pass\ndef b(): pass\ndef a(): pass\n") == ["a (line 3)"]
+
+
+def test_no_module_defines_a_function_twice() -> None:
+    repo = ROOT.parent
+    found = {str(p.relative_to(repo)): twice
+             for top in ("lighthouse_cluster", "ftclient", "jepsen_like", "benchmarks", "tests", "examples", "scripts")
+             for p in sorted((repo / top).rglob("*.py")) if ".venvs" not in p.parts
+             if (twice := redefined_functions(p.read_text()))}
+    assert not found, found

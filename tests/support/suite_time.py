@@ -10,7 +10,7 @@ reports.
 
 It also adds up the CPU each test used (``cpu_s``): the worker's own CPU and that of every child
 process it reaped (cluster nodes, trainers, sub-runs), taken around each phase on the worker
-(``cpu_mark`` / ``cpu_since``) and carried to the controller in the report's user properties. Wall
+(``CpuPerPhase``, a plugin conftest registers) and carried to the controller in the report's user properties. Wall
 seconds say how long a test held its worker; CPU seconds say how much of the 2 cores it used, so
 the two together say which tests could overlap at little cost (those that mostly wait).
 """
@@ -22,6 +22,9 @@ import resource
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
 
 CPU_PROPERTY = "cpu_s"
 
@@ -97,3 +100,26 @@ def directory_of(nodeid: str) -> str:
 def markers_of(keywords: Mapping[str, object]) -> list[str]:
     """The marker names among a report's keywords that this table tells apart."""
     return [name for name in ("integration", "exclusive") if name in keywords]
+
+
+class CpuPerPhase:
+    """A pytest plugin: on the worker that runs a test, each phase's report (setup, call,
+    teardown) carries the CPU used since the previous one, or since the test's start, as the user
+    property ``cpu_s``, which xdist sends to the controller with the report."""
+
+    def __init__(self) -> None:
+        self._marks: dict[str, float] = {}
+
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+        self._marks[nodeid] = cpu_mark()
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
+        start, now = self._marks.get(item.nodeid), cpu_mark()
+        outcome = yield
+        if start is not None:
+            outcome.get_result().user_properties.append((CPU_PROPERTY, now - start))
+        if call.when == "teardown":
+            self._marks.pop(item.nodeid, None)
+        else:
+            self._marks[item.nodeid] = now
