@@ -457,7 +457,6 @@ def test_workers_skip_only_when_an_optional_package_is_missing(tmp_path: Path, w
 # -- integration: the --quick run ----------------------------------------------------------------------
 
 
-@pytest.mark.exclusive  # measures rounds, CPU and recovery: runs alone
 @pytest.mark.integration
 @pytest.mark.timeout(600)
 def test_quick_bench_writes_every_section(tmp_path: Path):

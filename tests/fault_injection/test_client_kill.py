@@ -22,6 +22,8 @@ from typing import Any
 import grpc
 import pytest
 
+from support.run_lock import serial_on
+
 from jepsen_like.clients import KILLED, ClientSettings, ProcessClientPool
 from jepsen_like.history import INFO, INVOKE, OK, HistoryWriter, pair_operations
 from jepsen_like.runner import RunOptions, run_schedule
@@ -31,7 +33,8 @@ from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
 
 from test_jepsen_run import explain, network_backend, runs_dir  # noqa: F401 - runs_dir is a fixture
 
-pytestmark = [pytest.mark.integration, pytest.mark.exclusive]  # exclusive: runs alone (conftest)
+# serial_on: one fault-harness run at a time (tests/support/run_lock.py), beside any other test
+pytestmark = [pytest.mark.integration, serial_on("fault-harness")]
 
 
 class HoldingLighthouse(pb_grpc.LighthouseServiceServicer):

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from support.run_lock import serial_on
+
 from jepsen_like import network
 from jepsen_like.checkers import final_states
 from jepsen_like.clients import ClientSettings, job_names
@@ -39,7 +41,8 @@ from jepsen_like.pbt import run_property_test
 from jepsen_like.runner import RunOptions, RunResult, load_schedule, run_schedule
 from jepsen_like.schedule import NETWORK_ACTIONS, FaultOp, Schedule
 
-pytestmark = [pytest.mark.integration, pytest.mark.exclusive]  # exclusive: runs alone (conftest)
+# serial_on: one fault-harness run at a time (tests/support/run_lock.py), beside any other test
+pytestmark = [pytest.mark.integration, serial_on("fault-harness")]
 
 REGRESSIONS = Path(__file__).resolve().parents[2] / "jepsen_like" / "regressions"
 PBT_SEED = int(os.environ.get("JEPSEN_PBT_SEED", "20251122"))

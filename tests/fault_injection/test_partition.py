@@ -27,6 +27,7 @@ from typing import Callable
 
 import pytest
 
+from support.run_lock import serial_on
 from support.waiting import wait_for
 from jepsen_like import netns
 from lighthouse_cluster.core import codec
@@ -37,7 +38,8 @@ from lighthouse_cluster.local.simulated_group import RoundResult, SimulatedRepli
 from lighthouse_cluster.core.state_machine import CommitResult, QuorumStateMachine
 from lighthouse_cluster.raft.journal import command_payload, parse_journal
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(150), pytest.mark.exclusive]  # exclusive: runs alone (conftest)
+# serial_on: one fault-harness run at a time (tests/support/run_lock.py), beside any other test
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150), serial_on("fault-harness")]
 
 ISO_GROUPS = ("iso-a", "iso-b")      # talk only to the leader that gets isolated
 MAJ_GROUPS = ("maj-a", "maj-b")      # one per follower (the majority side)

@@ -5,7 +5,7 @@
 * Mounted (integration, FUSE; ~1 s): the same through real system calls, and the project's own
   Raft journal on it, synced and not: it keeps every entry ``sync()`` returned for, term and vote
   included; with ``--unsafe-no-fsync`` it loses the file altogether.
-* A cluster (integration, exclusive; ~50 s): one schedule, run with syncing on and with
+* A cluster (integration, serial on the fault harness; ~35 s): one schedule, run with syncing on and with
   ``--unsafe-no-fsync``: a follower paused, the two other nodes lose power together, restart and
   serve before the paused one is back (the survivor that could have carried the committed log is
   out of the picture), later the leader alone loses power. Without fsync the two restarted nodes
@@ -26,6 +26,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+from support.run_lock import serial_on
 
 from jepsen_like.clients import ClientSettings, job_names
 from jepsen_like.cluster import ClusterSettings
@@ -217,7 +219,7 @@ def explain(result: RunResult) -> str:
 
 
 @pytest.mark.integration
-@pytest.mark.exclusive  # 3 nodes, 3 FUSE processes, 4 clients: alone, as the other jepsen runs
+@serial_on("fault-harness")  # 3 nodes, 3 FUSE processes, 4 clients: one harness run at a time
 @pytest.mark.timeout(240)
 def test_a_majority_power_loss_loses_committed_quorums_without_fsync_and_nothing_with_it() -> None:
     need_fuse()

@@ -40,8 +40,9 @@ LOCK_DIR_ENV = "LIGHTHOUSE_TESTS_LOCK_DIR"
 SERIAL_RESOURCES = {
     "torchft-manager-ports": "torchft's own suites bind fixed manager ports (19530 + replica id): two side by "
                              "side fail with 'Address already in use'",
-    "fault-harness": "the fault-injection runs (3 nodes, fault schedules, client pools, namespaces, FUSE): "
-                     "their liveness checkers expect one harness on the host at a time",
+    "fault-harness": "the fault-injection harness's runs (3 nodes, a fault schedule, a client pool, network "
+                     "namespaces or FUSE mounts): namespaces take free subnets and nftables tables as they "
+                     "start, and the recovery and survivor-wait checkers' bounds assume one run at a time",
 }
 RUN_LOCK = "xdist-run.lock"
 TURNSTILE = "xdist-turnstile.lock"

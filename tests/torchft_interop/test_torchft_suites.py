@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from support.run_lock import serial_on
 from support.pytest_subrun import SUBRUN_ENV, SubRun, SubRunError, run_pytest, stack_tails
 from support.torchft_lines import LINES, python_for, torchft_version
 
@@ -73,9 +74,10 @@ DROPIN_FILES = ("tests/torchft_interop/test_torchft_client.py", "tests/torchft_i
 DROPIN_TIMEOUT_S = 1500
 
 
-# exclusive: torchft's suites bind fixed manager ports (19530 + replica id), so two of them side by
-# side fail with "Address already in use" (seen with pytest -n 2), and their own timeouts are tight.
-@pytest.mark.exclusive
+# serial_on: torchft's suites bind fixed manager ports (19530 + replica id), so two of them side by
+# side fail with "Address already in use" (seen with pytest -n 2); one after another on one worker,
+# beside the other worker's tests (their own timeouts held there; a hang is run again, below).
+@serial_on("torchft-manager-ports")
 @pytest.mark.timeout(SUITE_TIMEOUT_S + 120)
 @pytest.mark.parametrize("suite", SUITES)
 @pytest.mark.parametrize("line", LINES)
