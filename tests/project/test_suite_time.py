@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from support.suite_time import TimeTable, cpu_mark, directory_of, markers_of
+from support.suite_time import SLOW_DIRECTORIES, TimeTable, cpu_mark, directory_of, markers_of, slow_first
 
 
 def test_durations_add_up_per_directory_with_integration_and_exclusive_shares() -> None:
@@ -55,3 +55,15 @@ def test_a_cpu_mark_counts_the_cpu_of_reaped_children() -> None:
     before = cpu_mark()
     subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
     assert cpu_mark() - before > 0.1
+
+
+def test_slow_directories_come_first_in_their_order_and_the_rest_keeps_its_order() -> None:
+    class Item:
+        def __init__(self, nodeid: str) -> None:
+            self.nodeid = nodeid
+
+    ids = ["tests/cli/test_a.py::t1", "tests/sdk/test_s.py::t2", "tests/core/test_c.py::t3",
+           "tests/torchtitan/test_t.py::t4", "tests/sdk/test_s.py::t5", "tests/cli/test_a.py::t6"]
+    ordered = [i.nodeid.rsplit("::", 1)[1] for i in slow_first([Item(n) for n in ids])]
+    assert ordered == ["t4", "t2", "t5", "t1", "t3", "t6"]
+    assert SLOW_DIRECTORIES[0] == "tests/torchtitan"
