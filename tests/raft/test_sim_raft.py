@@ -13,8 +13,10 @@ No process, no socket, no sleep: the whole table runs in a few seconds.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -68,6 +70,13 @@ class NoHandoverElection(FastElection):
         pass
 
 
+class NoRestartHoldBackElection(FastElection):
+    """A restarted member may stand at its first election deadline, as a new one may (pysyncobj)."""
+
+    def on_started(self) -> None:
+        pass
+
+
 class NoStallMeasured(StallTolerance):
     """A tick that starts late is not noticed, and timers are checked before reading (pysyncobj)."""
 
@@ -94,6 +103,7 @@ NoKeepalives = node_with(fast_election=NoKeepaliveElection)
 NoClosedLeaderReaction = node_with(fast_election=NoClosedLeaderElection)
 NoStaleLeaderTold = node_with(fast_election=NoStaleLeaderElection)
 NoHandoverMark = node_with(fast_election=NoHandoverElection)
+NoRestartHoldBack = node_with(fast_election=NoRestartHoldBackElection)
 NoStallTolerance = node_with(stall_tolerance=NoStallMeasured)
 AckEveryHeartbeat = node_with(idle_acks=AckEveryHeartbeatAcks)
 NoEcho = node_with(lease_probes=NoEchoProbes)
@@ -465,6 +475,42 @@ def a_joining_node_stands_for_no_election_until_it_has_heard_a_leader(on: bool) 
         cluster.crash(leader)
         new = cluster.run_until("a new leader", cluster.leader, 5.0)
         assert new.term > term
+
+
+SLOW_REDIAL = RaftSettings(reconnect_s=1.0, quiet_after_s=0.0)
+
+
+@case(off="NoRestartHoldBack", fails_with="deposed the live leader")
+def a_restarted_member_waits_for_the_live_leader_before_it_stands(on: bool) -> None:
+    """fast_election, a restarted member holds back (docs/design/fast-election.md): a follower
+    restarted from its journal (a term in it) gives the live leader time to re-dial it (at most
+    every ``connectionRetryTime``, 1 s here) before its first election deadline, and follows it.
+    Without the hold-back it stands at its first election timeout, before the leader's re-dial,
+    and its higher term deposes a healthy leader (pysyncobj has no pre-vote): a failover for
+    every trainer, for nothing."""
+    for restart_after_s in (0.05, 0.4, 0.75):
+        with tempfile.TemporaryDirectory() as tmp, SimCluster(
+                seed=14, settings=SLOW_REDIAL, data_dir=Path(tmp),
+                node_class=None if on else NoRestartHoldBack) as cluster:
+            leader = cluster.elect()
+            cluster.submit(leader, ConfirmLeadership(term=leader.term, node_id="n1", lease_ms=100))
+            cluster.run_for(0.2)  # every follower has the whole log: a handover may go to any
+            top, member = cluster.nodes[-1], cluster.nodes[0]  # member: the least address, dialed by the others
+            if leader is not top:
+                sent: list[str | None] = []
+                leader.raft.transfer_leadership(top.address, sent.append)
+                assert sent == [None], sent
+                leader = cluster.run_until("the greatest address leads", lambda: cluster.leader() is top and top, 2.0)
+            term = leader.term
+            cluster.run_until("the member holds the leader's term", lambda: member.term == term, 1.0)
+            cluster.crash(member)
+            cluster.run_for(restart_after_s)  # where the leader's re-dial falls after the restart varies
+            restarted = cluster.restart(member)
+            assert restarted.term == term  # from its journal
+            cluster.run_for(3.0)
+            assert cluster.terms() == [term] * 3 and cluster.leader() is leader, (
+                f"the restarted member deposed the live leader ({restart_after_s} s down): {cluster.describe()}")
+            assert restarted.raft.leader_address == leader.address
 
 
 # -- the table ------------------------------------------------------------------------------------

@@ -21,7 +21,9 @@ the production code:
   its tick then starts late, with what arrived meanwhile still unread (``SimCluster.stall``).
 
 What stays with real sockets: TCP itself (connects stuck in SYN-SENT, resets, the poller's read
-events, cipher and compression on the byte stream, ``--raft-dial``), the journal on real files.
+events, cipher and compression on the byte stream, ``--raft-dial``). The journal is in memory,
+or, with ``data_dir``, on real files (``DurableJournal``), which ``SimCluster.restart`` starts a
+crashed member from.
 
 The single coupling to the node's class: ``replication.LighthouseSyncObj``, the class
 ``RaftNode`` instantiates, is replaced for the duration of the cluster by a factory that adds the
@@ -41,6 +43,7 @@ import random
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pysyncobj.monotonic
@@ -414,7 +417,7 @@ class SimCluster:
     def __init__(self, size: int = 3, *, seed: int = 0, settings: RaftSettings = RaftSettings(),
                  node_class: type | None = None, syncobj_kwargs: dict[str, Any] | None = None,
                  schema: int = codec.SCHEMA_VERSION, latency_s: float = 0.0005, jitter_s: float = 0.0,
-                 joining: Iterable[int] = ()) -> None:
+                 joining: Iterable[int] = (), data_dir: Path | None = None) -> None:
         self.size = size
         self.settings = settings
         self.schema = schema
@@ -426,6 +429,8 @@ class SimCluster:
         # Nodes (by index) built as a member joining a running cluster with an empty journal
         # (``RaftNode(hold_elections_until_leader=True)``).
         self._joining = frozenset(joining)
+        # Each node's Raft files in data_dir / "n<index>" (none: an in-memory journal, no restarts).
+        self._data_dir = data_dir
         self._undo: list[tuple[Any, str, Any]] = []
         self._pollers: list[SimPoller] = []
         self._built: list[Any] = []
@@ -477,13 +482,17 @@ class SimCluster:
 
     def _build(self, index: int, address: str) -> SimNode:
         peers = [a for a in self.addresses if a != address]
+        data_dir = self._data_dir / f"n{index + 1}" if self._data_dir is not None else None
         raft = RaftNode(address, peers, ReplicatedState(QuorumStateMachine(self.schema)), settings=self.settings,
-                        hold_elections_until_leader=index in self._joining)
+                        hold_elections_until_leader=index in self._joining, data_dir=data_dir)
         poller = self._pollers.pop()
         node = SimNode(address, raft, self._built.pop(), poller, self.network, index)
         poller.node = node
         poller.wake_at = self.clock.now
-        self.nodes.append(node)
+        if index < len(self.nodes):
+            self.nodes[index] = node
+        else:
+            self.nodes.append(node)
         return node
 
     def __exit__(self, *exc: Any) -> None:
@@ -613,6 +622,18 @@ class SimCluster:
         node.alive = False
         self.network.down.add(node.address)
         self.network.discard_inbox(node.address)
+
+    def restart(self, node: SimNode) -> SimNode:
+        """``node``'s process starts again (crashed first if it is up) from its Raft files: a new
+        ``RaftNode`` on the same address and data directory, reached again once its peers re-dial
+        it (the greater address dials). Needs ``data_dir``."""
+        if self._data_dir is None:
+            raise ValueError("SimCluster(data_dir=...) is needed to restart a node from its files")
+        if node.alive:
+            self.crash(node)
+        node.raft.destroy()  # closes its journal file, as the process's exit did
+        self.network.down.discard(node.address)
+        return self._build(node.index, node.address)
 
     def stall(self, node: SimNode, seconds: float) -> None:
         """``node``'s tick thread stops for ``seconds`` when its next wait runs to its end (no CPU,
