@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["EX_IOERR", "fsync_directory", "halt_on_storage_failure", "make_directory_durably", "replace_durably",
+__all__ = ["EX_IOERR", "fsync_directory", "fsync_file", "halt_on_storage_failure", "make_directory_durably", "replace_durably",
            "write_durably"]
 
 EX_IOERR = 74   # sysexits.h: an input/output error
@@ -39,7 +39,7 @@ def fsync_directory(directory: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def _fsync_path(path: str | os.PathLike[str]) -> None:
+def fsync_file(path: str | os.PathLike[str]) -> None:
     """``fsync`` the file at ``path`` (an fsync syncs the file, whichever descriptor asks)."""
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -52,7 +52,7 @@ def replace_durably(tmp: str | os.PathLike[str], final: str | os.PathLike[str], 
     """Rename the complete file ``tmp`` over ``final``: first ``tmp``'s data is synced, then the
     rename, then ``final``'s directory (with ``sync=False``: the rename alone)."""
     if sync:
-        _fsync_path(tmp)
+        fsync_file(tmp)
     os.replace(tmp, final)
     if sync:
         fsync_directory(os.path.dirname(os.path.abspath(final)))

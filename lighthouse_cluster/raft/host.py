@@ -37,7 +37,8 @@ after it innermost first.
 disconnects, per-node compression), the poller the tick thread waits in (``TickPoller``, built
 around pysyncobj's own as pysyncobj stores it: ``SyncObjPrivates.adopt_poller``), the journal of a node with
 a data directory (opened here, per node, from the conf's ``StoragePath``, as pysyncobj stores
-its ``MemoryJournal``), the tick deadlines registered from outside (``add_tick_deadline``), and
+its ``MemoryJournal``) and its snapshot file (``durable_snapshot``, in place of pysyncobj's
+``Serializer`` for the same ``StoragePath``), the tick deadlines registered from outside (``add_tick_deadline``), and
 waking the tick thread (``wake``).
 
 **Nothing of ours enters a snapshot.** pysyncobj pickles into every snapshot each attribute in
@@ -56,6 +57,7 @@ from typing import Any
 
 from pysyncobj import SyncObj
 
+from lighthouse_cluster.raft.durable_snapshot import DurableSnapshotFile
 from lighthouse_cluster.raft.host_transport import HostTransport
 from lighthouse_cluster.raft.pysyncobj_internals import MemoryJournal, StoragePath, SyncObjPrivates, monotonic
 
@@ -228,6 +230,14 @@ class RaftHost(SyncObjPrivates, SyncObj):
         if path is None or not isinstance(journal, MemoryJournal) or self._open_journal is None:
             return journal
         return self._open_journal(path)
+
+    def adopt_serializer(self, serializer: Any) -> Any:
+        """The snapshot file of a conf whose ``fullDumpFile`` is a ``StoragePath``: one that syncs
+        (``durable_snapshot``); any other, pysyncobj's."""
+        path = self.conf.fullDumpFile
+        if not isinstance(path, StoragePath):
+            return serializer
+        return DurableSnapshotFile(path, self.conf.logCompactionBatchSize)
 
     def adopt_poller(self, poller: Any) -> Any:
         self._tick_poller = TickPoller(poller, self._wait_for, self._wrap_socket_callback)

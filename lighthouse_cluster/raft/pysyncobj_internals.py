@@ -5,9 +5,8 @@ pysyncobj has no API for what the node's extensions (``raft/extensions/``) and `
 connects stuck in SYN-SENT dropped, a tick thread that sleeps until its next deadline, idle
 heartbeats acknowledged a few times a second, a quiet leader), for reading its journal and
 snapshot files, nor for plugging in a journal that syncs (adopted per node: ``SyncObjPrivates``)
-or a snapshot renamed durably (``use_durable_snapshots``: the snapshot's ``atomicReplace``
-replaced for a ``StoragePath``, the one process-wide hook), so those reach into its private
-attributes and submodules. They do so only through this module:
+or a snapshot file that syncs (adopted per node too: ``SerializerPrivates``), so those reach into
+its private attributes and submodules. They do so only through this module:
 
 * ``INTERNALS``: the table of every private name used (a ``self.__x`` attribute of a class, a
   private method, a name in a submodule), with what the check verifies for each;
@@ -15,7 +14,8 @@ attributes and submodules. They do so only through this module:
   line naming the installed version, every missing name and the version to install;
 * ``SyncObjPrivates``: SyncObj's private state under ``pso_*`` names, each built from an entry
   of ``INTERNALS`` (a name that is not in the table cannot be reached this way), mixed into the
-  one ``SyncObj`` subclass, ``raft.host.RaftHost``;
+  one ``SyncObj`` subclass, ``raft.host.RaftHost``; ``SerializerPrivates`` likewise for the one
+  ``Serializer`` subclass, ``raft.durable_snapshot.DurableSnapshotFile``;
 * the private module-level names (``RAFT_STATE``, ``CONNECTION_STATE``, ``monotonic``, the
   journal's layout, ...), imported only after the check passed.
 
@@ -107,8 +107,24 @@ SHOULD_CONNECT = Internal("pysyncobj.transport", "_shouldConnect", CLASS, "TCPTr
 # whose leader's connection closed stands sooner; fast_election.py).
 NODE_DISCONNECTED_CALLBACK_ATTR = Internal("pysyncobj.transport", "_onNodeDisconnectedCallback", INSTANCE, "Transport")
 
-# Where pysyncobj renames its snapshot (use_durable_snapshots).
-ATOMIC_REPLACE = Internal("pysyncobj.serializer", "atomicReplace")
+# The node's snapshot file: pysyncobj's Serializer, which a node with a data directory replaces as
+# pysyncobj stores it (``SyncObjPrivates.adopt_serializer``) by one that syncs
+# (``raft.durable_snapshot``), built with the same arguments, its state read and set as
+# pysyncobj's own methods do (``SerializerPrivates``).
+SERIALIZER_ATTR = _syncobj("_SyncObj__serializer")
+SERIALIZER = Internal("pysyncobj.serializer", "Serializer")
+SERIALIZER_INIT = Internal("pysyncobj.serializer", "__init__", CLASS, "Serializer",
+                           ("self", "fileName", "transmissionBatchSize", "tryUseFork", "serializer", "deserializer",
+                            "serializeChecker"))
+SERIALIZE = Internal("pysyncobj.serializer", "serialize", CLASS, "Serializer", ("self", "data", "id"))
+SET_TRANSMISSION_DATA = Internal("pysyncobj.serializer", "setTransmissionData", CLASS, "Serializer",
+                                 ("self", "data"))
+SERIALIZER_PID_ATTR = Internal("pysyncobj.serializer", "_Serializer__pid", INSTANCE, "Serializer")
+SERIALIZER_ID_ATTR = Internal("pysyncobj.serializer", "_Serializer__currentID", INSTANCE, "Serializer")
+SERIALIZER_INCOMING_ATTR = Internal("pysyncobj.serializer", "_Serializer__incomingTransmissionFile", INSTANCE,
+                                    "Serializer")
+SERIALIZER_INTERNALS = (SERIALIZER_ATTR, SERIALIZER, SERIALIZER_INIT, SERIALIZE, SET_TRANSMISSION_DATA, SERIALIZER_PID_ATTR,
+                        SERIALIZER_ID_ATTR, SERIALIZER_INCOMING_ATTR)
 JOURNAL_INTERFACE = tuple(Internal("pysyncobj.journal", name, CLASS, "FileJournal", params) for name, params in (
     ("add", ("self", "command", "idx", "term")),
     ("clear", ("self",)),
@@ -166,6 +182,7 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("pysyncobj.pickle", "dumps"),
     Internal("pysyncobj.pickle", "loads"),
     Internal("pysyncobj.pickle", "load"),
+    Internal("pysyncobj.pickle", "dump"),
     # How pysyncobj derives the Fernet key from the cluster secret (message_cipher.py reads both formats).
     Internal("pysyncobj.encryptor", "SALT"),
     Internal("pysyncobj.encryptor", "getEncryptor"),
@@ -177,10 +194,8 @@ INTERNALS: tuple[Internal, ...] = (
     Internal("pysyncobj.journal", "JOURNAL_FORMAT_VERSION"),
     Internal("pysyncobj.journal", "LAST_RECORD_OFFSET_OFFSET"),
     Internal("pysyncobj.journal", "FIRST_RECORD_OFFSET"),
-    # Durable snapshots (use_durable_snapshots): the name through which pysyncobj renames a
-    # finished snapshot into place (``atomicReplace(tmp, conf.fullDumpFile)``, written and received
-    # alike), replaced by a function that hands a ``StoragePath`` to this project's own storage.
-    ATOMIC_REPLACE,
+    # The snapshot file a node with a data directory adopts (listed above).
+    *SERIALIZER_INTERNALS,
     # The journal interface SyncObj calls, as FileJournal defines it (raft/durable_journal.py
     # implements the same methods; a changed signature here means a changed interface).
     *JOURNAL_INTERFACE,
@@ -282,13 +297,13 @@ __all__ = [
     "JOURNAL_APP_VERSION", "JOURNAL_FIRST_RECORD_OFFSET", "JOURNAL_FORMAT_VERSION", "JOURNAL_LAST_RECORD_OFFSET_OFFSET",
     "JOURNAL_NAME_SIZE", "JOURNAL_VERSION_SIZE", "PINNED_VERSION", "RAFT_STATE", "Internal", "StoragePath",
     "SyncObjPrivates", "TCPNode", "check", "connecting_since", "message", "monotonic", "problems", "pso_pickle",
-    "resolve_host", "use_durable_snapshots",
+    "SerializerPrivates", "resolve_host",
 ]
 
 
 class StoragePath(str):
     """A file name in a ``SyncObjConf`` (``journalFile``, ``fullDumpFile``) that this project's
-    storage handles (the host's journal, ``use_durable_snapshots``), with ``sync``: whether it is fsynced (False only
+    storage handles (the host's journal and snapshot file), with ``sync``: whether it is fsynced (False only
     with ``--unsafe-no-fsync``). A ``str``, as pysyncobj expects (``os.path.isfile``, ``+ '.tmp'``):
     pysyncobj hands these two names, and only them, to the journal factory and to the snapshot's
     rename, so the name itself says which storage and which durability a node asked for, with no
@@ -300,29 +315,6 @@ class StoragePath(str):
         self = super().__new__(cls, path)
         self.sync = sync
         return self
-
-
-def use_durable_snapshots(replace: Callable[[str, StoragePath], None]) -> None:
-    """Make pysyncobj rename a snapshot whose ``fullDumpFile`` is a ``StoragePath`` into place with
-    ``replace(tmp, path)``; any other name keeps pysyncobj's own ``os.rename``. Idempotent.
-
-    The one process-wide hook left: pysyncobj calls ``atomicReplace`` as a module-level name of
-    its serializer (inside ``Serializer.serialize`` and ``setTransmissionData``), with no per-node
-    seam short of re-implementing both on private state; only StoragePath names, which only a
-    ``RaftNode`` with a data directory gives, are affected."""
-    from pysyncobj import serializer
-
-    rename = getattr(serializer, ATOMIC_REPLACE.name)
-    original_rename = getattr(rename, "pysyncobj_original", rename)
-
-    def atomic_replace(tmp: str, final: Any) -> Any:
-        if isinstance(final, StoragePath):
-            replace(tmp, final)
-            return True
-        return original_rename(tmp, final)
-
-    atomic_replace.pysyncobj_original = original_rename  # type: ignore[attr-defined]
-    setattr(serializer, ATOMIC_REPLACE.name, atomic_replace)
 
 
 def _counting_arrival(callback: Any) -> Any:
@@ -352,10 +344,11 @@ def connecting_since(connection: Any) -> float | None:
     return getattr(connection, LAST_READ_ATTR.name)
 
 
-def _attr(entry: Internal, doc: str, *, writable: bool = False) -> property:
-    """SyncObj's private attribute ``entry`` as a property (read-only unless ``writable``)."""
-    if entry not in INTERNALS or entry.kind != INSTANCE or entry.owner != "SyncObj":
-        raise TypeError(f"{entry.label} is not a checked SyncObj attribute")
+def _attr(entry: Internal, doc: str, *, writable: bool = False, owner: str = "SyncObj") -> property:
+    """The private attribute ``entry`` of ``owner`` (SyncObj's by default) as a property (read-only
+    unless ``writable``)."""
+    if entry not in INTERNALS or entry.kind != INSTANCE or entry.owner != owner:
+        raise TypeError(f"{entry.label} is not a checked {owner} attribute")
     name = entry.name
 
     def get(self: Any) -> Any:
@@ -390,6 +383,21 @@ class _AdoptOnStore:
         instance.__dict__[self.name] = getattr(instance, self.adopt)(value)
 
 
+class SerializerPrivates:
+    """pysyncobj's ``Serializer``'s private state under ``pso_*`` names, mixed into the one
+    subclass (``raft.durable_snapshot.DurableSnapshotFile(SerializerPrivates, Serializer)``), for
+    the two methods it writes its own way, as pysyncobj's do."""
+
+    __slots__ = ()
+
+    pso_pid = _attr(SERIALIZER_PID_ATTR, "0: idle; -1: the last snapshot written, -2: it failed (without "
+                    "useFork; checkSerializing reports and clears it).", writable=True, owner="Serializer")
+    pso_current_id = _attr(SERIALIZER_ID_ATTR, "The id (log index) of the snapshot being written.", writable=True,
+                           owner="Serializer")
+    pso_incoming_file = _attr(SERIALIZER_INCOMING_ATTR, "The open temporary file of a snapshot being received, "
+                              "or None.", owner="Serializer")
+
+
 class SyncObjPrivates:
     """SyncObj's private state under ``pso_*`` names, mixed into the one ``SyncObj`` subclass
     (``RaftHost(SyncObjPrivates, SyncObj)``; not a subclass itself): ``on_raft_message``, called
@@ -397,20 +405,25 @@ class SyncObjPrivates:
     sends (on the tick thread). pysyncobj's protected ``_onTick``, ``_isLeader`` and
     ``_getLeader`` are used as they are (listed in ``INTERNALS``).
 
-    It also adopts two objects pysyncobj creates in ``SyncObj.__init__``, as it stores them,
+    It also adopts three objects pysyncobj creates in ``SyncObj.__init__``, as it stores them,
     before anything uses them and before the tick thread starts: its journal (``adopt_journal``:
     pysyncobj's creation goes through the module-level ``createJournal``, which only a
-    process-wide replacement could change) and its poller (``adopt_poller``: the tick thread's
-    wait, and every socket's registration). Both return the object to use; by default the one
-    pysyncobj made."""
+    process-wide replacement could change), its snapshot file (``adopt_serializer``: pysyncobj
+    renames a snapshot through a module-level ``atomicReplace``, likewise) and its poller
+    (``adopt_poller``: the tick thread's wait, and every socket's registration). Each returns the
+    object to use; by default the one pysyncobj made."""
 
     __slots__ = ()
 
     _SyncObj__raftLog = _AdoptOnStore(RAFT_LOG_ATTR, "adopt_journal")
+    _SyncObj__serializer = _AdoptOnStore(SERIALIZER_ATTR, "adopt_serializer")
     _poller = _AdoptOnStore(POLLER_ATTR, "adopt_poller")
 
     def adopt_journal(self, journal: Any) -> Any:
         return journal
+
+    def adopt_serializer(self, serializer: Any) -> Any:
+        return serializer
 
     def adopt_poller(self, poller: Any) -> Any:
         return poller
@@ -573,6 +586,7 @@ def check_message_shapes(source: str | None = None) -> None:
 check_message_shapes()
 
 from pysyncobj.journal import MemoryJournal  # noqa: E402 -- past the checks
+from pysyncobj.serializer import Serializer  # noqa: E402 -- past the checks
 from pysyncobj.transport import TCPTransport  # noqa: E402 -- past the checks
 
 
@@ -599,5 +613,5 @@ def counting_arrivals(callback: Any) -> Any:
     return _counting_arrival(callback)
 
 
-__all__ += ["MESSAGE_SHAPES", "MemoryJournal", "TCPTransport", "check_message_shapes",
+__all__ += ["MESSAGE_SHAPES", "MemoryJournal", "Serializer", "TCPTransport", "check_message_shapes",
             "counting_arrivals", "message_shape_problems", "send_compressed"]

@@ -19,7 +19,8 @@ lease; ``quiescence``, a leader with no clients heartbeats slowly; ``stall_toler
 tick thread does not depose a live leader; ``fast_election``, failovers take one election and
 votes wait out the lease; ``idle_acks``; ``adaptive_tick``, a tick that sleeps until its next
 deadline; ``durable_sync``, nothing acknowledged or counted before it is on disk),
-``durable_journal`` (the journal, term and vote, synced), ``journal`` (the format of a node's Raft
+``durable_journal`` (the journal, term and vote, synced), ``durable_snapshot`` (the snapshot
+file, synced), ``journal`` (the format of a node's Raft
 files, read from outside too), ``message_cipher`` and ``message_compression`` (the Raft port's
 bytes) and ``pysyncobj_internals`` (every private pysyncobj name used, checked at import).
 ``RaftSettings``, ``DialNode`` and ``peer_nodes`` are importable from here too.

@@ -15,16 +15,20 @@ from __future__ import annotations
 import os
 import struct
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.journal import FileJournal
 
 from lighthouse_cluster import durable_files
 from lighthouse_cluster.raft import durable_journal
 from lighthouse_cluster.raft.durable_journal import DurableJournal, StorageFailure
 from lighthouse_cluster.raft.journal import JOURNAL_FILE, journal_header, read_records
-from lighthouse_cluster.raft.pysyncobj_internals import JOURNAL_FIRST_RECORD_OFFSET, StoragePath
+from lighthouse_cluster.raft.durable_snapshot import DurableSnapshotFile
+from lighthouse_cluster.raft.journal import SNAPSHOT_FILE
+from lighthouse_cluster.raft.pysyncobj_internals import JOURNAL_FIRST_RECORD_OFFSET, Serializer, StoragePath
 
 
 class FileLayer:
@@ -307,26 +311,76 @@ def test_a_journal_file_without_a_header_starts_empty(tmp_path: Path) -> None:
 # -- the node: sync before the acknowledgement, before the leader's own count --------------------------
 
 
-def test_storage_paths_go_to_the_durable_journal_and_other_names_to_pysyncobjs(tmp_path: Path) -> None:
-    import lighthouse_cluster.raft  # noqa: F401 -- installs the snapshot's rename
-    from pysyncobj import serializer
-
+def test_storage_paths_go_to_the_durable_journal_and_snapshot_file_and_other_names_to_pysyncobjs(
+        tmp_path: Path) -> None:
     # The journal: opened per node by the host for a StoragePath (RaftHost.adopt_journal).
     journal = durable_journal.open_journal(StoragePath(str(tmp_path / "a" / JOURNAL_FILE), sync=False))
     assert isinstance(journal, DurableJournal) and not journal.sync_enabled
-    (tmp_path / "snap.tmp").write_bytes(b"x")
-    assert serializer.atomicReplace(str(tmp_path / "snap.tmp"), StoragePath(str(tmp_path / "snap"))) is True
-    assert (tmp_path / "snap").read_bytes() == b"x"
+    # The snapshot file: a node with a data directory adopts one that syncs, any other keeps
+    # pysyncobj's (RaftHost.adopt_serializer); nothing of pysyncobj's is changed process-wide.
+    from pysyncobj import SyncObjConf, serializer
+    from lighthouse_cluster.raft.host import RaftHost
+    original = Serializer(None, 1024, False, None, None, None)
+    synced = RaftHost.adopt_serializer(SimpleNamespace(conf=SyncObjConf(
+        fullDumpFile=StoragePath(str(tmp_path / SNAPSHOT_FILE)), logCompactionBatchSize=512)), original)
+    assert type(synced) is DurableSnapshotFile and synced.path == str(tmp_path / SNAPSHOT_FILE)
+    plain = SimpleNamespace(conf=SyncObjConf(fullDumpFile=str(tmp_path / "other.snapshot")))
+    assert RaftHost.adopt_serializer(plain, original) is original
+    assert serializer.atomicReplace is os.rename
 
 
-def test_a_snapshot_is_synced_before_its_rename_and_its_directory_after(tmp_path: Path, files: FileLayer) -> None:
-    import lighthouse_cluster.raft  # noqa: F401 -- installs the storage
-    from pysyncobj import serializer
+SNAPSHOT_DATA = ({"raftCurrentTerm": 3}, ("entry", 7, 2), ("entry", 6, 2), {"n1", "n2"})
 
-    (tmp_path / "raft.snapshot.tmp").write_bytes(b"snapshot")
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_written_snapshot_is_synced_before_its_rename_and_its_directory_after(
+        tmp_path: Path, files: FileLayer, sync: bool) -> None:
+    path = StoragePath(str(tmp_path / SNAPSHOT_FILE), sync=sync)
+    snapshots = DurableSnapshotFile(path, 1024)
     files.take()
-    serializer.atomicReplace(str(tmp_path / "raft.snapshot.tmp"), StoragePath(str(tmp_path / "raft.snapshot")))
-    assert files.take() == [("fsync", "raft.snapshot.tmp"), ("rename", "raft.snapshot"), ("fsync", tmp_path.name)]
+    snapshots.serialize(SNAPSHOT_DATA, 7)
+    synced = [("fsync", SNAPSHOT_FILE + ".tmp"), ("rename", SNAPSHOT_FILE), ("fsync", tmp_path.name)]
+    assert [e for e in files.take() if e[0] != "write"] == (synced if sync else [("rename", SNAPSHOT_FILE)])
+    assert snapshots.checkSerializing() == (SERIALIZER_STATE.SUCCESS, 7)
+    # The format is pysyncobj's own: its Serializer reads the file, and sends it as it is.
+    assert Serializer(path, 1024, False, None, None, None).deserialize() == SNAPSHOT_DATA
+
+
+def test_a_received_snapshot_is_synced_before_its_rename_and_its_directory_before_it_is_loaded(
+        tmp_path: Path, files: FileLayer, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pysyncobj import serializer
+    rename = serializer.atomicReplace  # pysyncobj's own (os.rename), recorded here: it renames a received file
+
+    def recorded(src: str, dst: str) -> Any:
+        files.events.append(("rename", os.path.basename(dst)))
+        return rename(src, dst)
+
+    monkeypatch.setattr(serializer, "atomicReplace", recorded)
+    sender = Serializer(str(tmp_path / "leader.snapshot"), 16, False, None, None, None)
+    sender.serialize(SNAPSHOT_DATA, 7)
+    assert sender.checkSerializing() == (SERIALIZER_STATE.SUCCESS, 7)
+    receiver = DurableSnapshotFile(StoragePath(str(tmp_path / SNAPSHOT_FILE)), 16)
+    files.take()
+    chunks = 0
+    while True:
+        chunk = sender.getTransmissionData("t")
+        chunks += 1
+        done = receiver.setTransmissionData(chunk)
+        if chunk[2]:
+            break
+        assert not done and not [e for e in files.take() if e[0] != "write"], "synced or renamed before the end"
+    assert done and chunks > 2
+    assert files.take() == [("fsync", SNAPSHOT_FILE + ".1.tmp"), ("rename", SNAPSHOT_FILE), ("fsync", tmp_path.name)]
+    assert receiver.deserialize() == SNAPSHOT_DATA
+
+
+def test_a_snapshot_that_cannot_be_written_is_reported_and_tried_again(tmp_path: Path) -> None:
+    snapshots = DurableSnapshotFile(StoragePath(str(tmp_path / "missing" / SNAPSHOT_FILE)), 1024)
+    snapshots.serialize(SNAPSHOT_DATA, 7)
+    assert snapshots.checkSerializing() == (SERIALIZER_STATE.FAILED, 7)
+    (tmp_path / "missing").mkdir()
+    snapshots.serialize(SNAPSHOT_DATA, 8)
+    assert snapshots.checkSerializing() == (SERIALIZER_STATE.SUCCESS, 8)
 
 
 def test_the_meta_file_is_named_as_pysyncobj_names_it(tmp_path: Path) -> None:

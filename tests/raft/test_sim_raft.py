@@ -31,6 +31,7 @@ from lighthouse_cluster.raft.extensions.lease_probes import LEASE_PROBE_KEY, PRO
 from lighthouse_cluster.raft.extensions.quiescence import QUIET_KEY
 from lighthouse_cluster.raft.extensions.stall_tolerance import StallTolerance
 from lighthouse_cluster.raft.host import Extension
+from lighthouse_cluster.raft.journal import SNAPSHOT_FILE
 from lighthouse_cluster.raft.replication import RaftSettings
 
 # -- the mechanisms switched off --------------------------------------------------------------------
@@ -431,7 +432,8 @@ def a_follower_behind_the_compacted_log_catches_up_from_a_snapshot(on: bool) -> 
     cut off meanwhile is brought up to date by that snapshot, not by the entries it missed; every
     node then holds the same state machine, byte for byte."""
     settings = COMPACTING if on else RaftSettings(compaction_min_entries=10**6)
-    with SimCluster(seed=12, settings=settings) as cluster:
+    # On files (DurableSnapshotFile: the leader's snapshot written, the follower's received, synced).
+    with tempfile.TemporaryDirectory() as tmp, SimCluster(seed=12, settings=settings, data_dir=Path(tmp)) as cluster:
         leader = cluster.elect()
         cluster.enable_schema(leader)
         lagging = cluster.followers(leader)[0]
@@ -449,6 +451,7 @@ def a_follower_behind_the_compacted_log_catches_up_from_a_snapshot(on: bool) -> 
         snapshots = cluster.network.count("append_entries", dst=lagging.address, since=cut_off_at, key="serialized")
         assert snapshots > 0, "no snapshot sent: the follower caught up entry by entry"
         assert len(lagging.raft.state.machine.kv.namespaces[("default", "compaction")].entries) == 60
+        assert all(Path(tmp, f"n{n.index + 1}", SNAPSHOT_FILE).exists() for n in (leader, lagging))
 
 
 @case(off="hold_elections_until_leader=False", fails_with="stood for election")
