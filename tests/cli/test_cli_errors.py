@@ -11,7 +11,7 @@ import grpc
 import pytest
 from click.testing import CliRunner
 
-from support.cluster import cli
+from support.cluster import cli, started_cluster
 from lighthouse_cluster.cli.commands import main
 from lighthouse_cluster.local.cluster import LocalCluster, free_ports
 from lighthouse_cluster.client.admin_client import explain_rpc_error
@@ -72,13 +72,8 @@ def test_grpc_failures_say_what_to_check(code: grpc.StatusCode, details: str, tl
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory):
-    c = LocalCluster(root=tmp_path_factory.mktemp("errors"), nodes=1, http_ports=free_ports(1))
-    try:
-        c.start()
-        c.wait_for_leader(timeout=20)
+    with started_cluster(tmp_path_factory.mktemp("errors"), nodes=1, http_ports=free_ports(1)) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 def one_error_line(res) -> str:  # type: ignore[no-untyped-def]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from support.cluster import cli
+from support.cluster import cli, started_cluster
 from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.cli.output import Cell, plain_line, print_record, print_table
 
@@ -70,13 +70,8 @@ def test_tables_fit_80_columns_without_cutting_values() -> None:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
-    c = LocalCluster(root=tmp_path_factory.mktemp("output"))
-    try:
-        c.start()
-        c.wait_for_agreed_leader()
+    with started_cluster(tmp_path_factory.mktemp("output")) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 def endpoints(cluster: LocalCluster) -> dict[str, str]:

@@ -19,7 +19,7 @@ from typing import Iterator
 
 import pytest
 
-from support.cluster import cli
+from support.cluster import cli, started_cluster
 from support.waiting import wait_for
 from lighthouse_cluster.local.cluster import LocalCluster, free_ports
 from lighthouse_cluster.local.simulated_group import SimulatedReplicaGroup
@@ -32,14 +32,9 @@ TOKEN = "jobs-admin-token-5b1e"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster(root=tmp_path_factory.mktemp("jobs"), admin_token=TOKEN, election_timeout_ms=150,
-                     heartbeat_timeout_ms=2000)
-    try:
-        c.start()
-        c.wait_for_agreed_leader()
+    with started_cluster(tmp_path_factory.mktemp("jobs"), admin_token=TOKEN, election_timeout_ms=150,
+                         heartbeat_timeout_ms=2000) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 def env_for(cluster: LocalCluster, token: str | None = TOKEN, only: list[int] | None = None) -> dict[str, str]:

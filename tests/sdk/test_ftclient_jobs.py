@@ -44,6 +44,7 @@ from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import lighthouse_cluster_pb2_grpc as cpb_grpc
 from lighthouse_cluster.server.admin import token_metadata
+from support.cluster import started_cluster
 from support.waiting import wait_for
 from support.null_transport import NullTransport
 
@@ -58,14 +59,9 @@ TIMEOUT = timedelta(seconds=20)
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """The default job needs 2 replica groups (a lone test requester there would wait); short
     join and heartbeat timeouts keep one test's leftovers from holding up the next."""
-    c = LocalCluster(root=tmp_path_factory.mktemp("jobs"), min_replicas=2, join_timeout_ms=300,
-                     heartbeat_timeout_ms=1000, admin_token=TOKEN)
-    try:
-        c.start()
-        c.wait_for_leader()
+    with started_cluster(tmp_path_factory.mktemp("jobs"), min_replicas=2, join_timeout_ms=300,
+                         heartbeat_timeout_ms=1000, admin_token=TOKEN) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from typing import Iterator
 import grpc
 import pytest
 
-from support.cluster import cli, quorum_call
+from support.cluster import cli, quorum_call, started_cluster
 from support.waiting import not_none, wait_for
 from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
@@ -29,13 +29,8 @@ TOKEN = "admin-token-for-tests-7f3c"
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    c = LocalCluster(root=tmp_path_factory.mktemp("admin"), admin_token=TOKEN, election_timeout_ms=150)
-    try:
-        c.start()
-        c.wait_for_leader(timeout=20)
+    with started_cluster(tmp_path_factory.mktemp("admin"), admin_token=TOKEN, election_timeout_ms=150) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 def env_for(cluster: LocalCluster, token: str | None = TOKEN, only: list[int] | None = None) -> dict[str, str]:

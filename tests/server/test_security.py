@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import grpc
 import pytest
 
-from support.cluster import cli, quorum_call
+from support.cluster import cli, quorum_call, started_cluster
 from support.waiting import wait_for
 from ftclient.lighthouse_client import LighthouseClient
 from lighthouse_cluster.server.admin import BAD_TOKEN_MESSAGE, NO_TOKEN_MESSAGE
@@ -50,13 +50,9 @@ def admin_call(address: str, method: str, request: Any, metadata: tuple = (), tl
 def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """3 plaintext nodes with the admin token and secret above; n3 starts later with the wrong
     secret (see test_a_node_without_the_secret_cannot_join)."""
-    c = LocalCluster(root=tmp_path_factory.mktemp("plain"), admin_token=TOKEN, secret=SECRET, election_timeout_ms=150)
-    try:
-        c.start()
-        c.wait_for_leader(timeout=20)
+    with started_cluster(tmp_path_factory.mktemp("plain"), admin_token=TOKEN, secret=SECRET,
+                         election_timeout_ms=150) as c:
         yield c
-    finally:
-        c.stop_all()
 
 
 @pytest.fixture(scope="module")
