@@ -22,8 +22,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["EX_IOERR", "fsync_directory", "fsync_file", "halt_on_storage_failure", "make_directory_durably", "replace_durably",
-           "write_durably"]
+__all__ = ["EX_IOERR", "fsync_directory", "fsync_file", "halt_on_storage_failure", "make_directory_durably",
+           "replace_durably", "write_durably"]
 
 EX_IOERR = 74   # sysexits.h: an input/output error
 

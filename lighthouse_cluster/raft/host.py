@@ -38,8 +38,8 @@ disconnects, per-node compression), the poller the tick thread waits in (``TickP
 around pysyncobj's own as pysyncobj stores it: ``SyncObjPrivates.adopt_poller``), the journal of a node with
 a data directory (opened here, per node, from the conf's ``StoragePath``, as pysyncobj stores
 its ``MemoryJournal``) and its snapshot file (``durable_snapshot``, in place of pysyncobj's
-``Serializer`` for the same ``StoragePath``), the tick deadlines registered from outside (``add_tick_deadline``), and
-waking the tick thread (``wake``).
+``Serializer`` for the same ``StoragePath``), the tick deadlines registered from outside
+(``add_tick_deadline``), and waking the tick thread (``wake``).
 
 **Nothing of ours enters a snapshot.** pysyncobj pickles into every snapshot each attribute in
 the SyncObj's ``__dict__`` that was not there when ``SyncObj.__init__`` finished (``__properies``),

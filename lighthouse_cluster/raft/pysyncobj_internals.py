@@ -123,8 +123,8 @@ SERIALIZER_PID_ATTR = Internal("pysyncobj.serializer", "_Serializer__pid", INSTA
 SERIALIZER_ID_ATTR = Internal("pysyncobj.serializer", "_Serializer__currentID", INSTANCE, "Serializer")
 SERIALIZER_INCOMING_ATTR = Internal("pysyncobj.serializer", "_Serializer__incomingTransmissionFile", INSTANCE,
                                     "Serializer")
-SERIALIZER_INTERNALS = (SERIALIZER_ATTR, SERIALIZER, SERIALIZER_INIT, SERIALIZE, SET_TRANSMISSION_DATA, SERIALIZER_PID_ATTR,
-                        SERIALIZER_ID_ATTR, SERIALIZER_INCOMING_ATTR)
+SERIALIZER_INTERNALS = (SERIALIZER_ATTR, SERIALIZER, SERIALIZER_INIT, SERIALIZE, SET_TRANSMISSION_DATA,
+                        SERIALIZER_PID_ATTR, SERIALIZER_ID_ATTR, SERIALIZER_INCOMING_ATTR)
 JOURNAL_INTERFACE = tuple(Internal("pysyncobj.journal", name, CLASS, "FileJournal", params) for name, params in (
     ("add", ("self", "command", "idx", "term")),
     ("clear", ("self",)),

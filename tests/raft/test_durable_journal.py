@@ -25,9 +25,8 @@ from pysyncobj.journal import FileJournal
 from lighthouse_cluster import durable_files
 from lighthouse_cluster.raft import durable_journal
 from lighthouse_cluster.raft.durable_journal import DurableJournal, StorageFailure
-from lighthouse_cluster.raft.journal import JOURNAL_FILE, journal_header, read_records
 from lighthouse_cluster.raft.durable_snapshot import DurableSnapshotFile
-from lighthouse_cluster.raft.journal import SNAPSHOT_FILE
+from lighthouse_cluster.raft.journal import JOURNAL_FILE, SNAPSHOT_FILE, journal_header, read_records
 from lighthouse_cluster.raft.pysyncobj_internals import JOURNAL_FIRST_RECORD_OFFSET, Serializer, StoragePath
 
 

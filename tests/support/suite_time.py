@@ -10,8 +10,8 @@ reports.
 
 It also adds up the CPU each test used (``cpu_s``): the worker's own CPU and that of every child
 process it reaped (cluster nodes, trainers, sub-runs), taken around each phase on the worker
-(``CpuPerPhase``, a plugin conftest registers) and carried to the controller in the report's user properties. Wall
-seconds say how long a test held its worker; CPU seconds say how much of the 2 cores it used, so
+(``CpuPerPhase``, a plugin conftest registers) and carried to the controller in the report's
+user properties. Wall seconds say how long a test held its worker; CPU seconds say how much of the 2 cores it used, so
 the two together say which tests could overlap at little cost (those that mostly wait).
 """
 
@@ -125,8 +125,10 @@ class CpuPerPhase:
     def __init__(self) -> None:
         self._marks: dict[str, float] = {}
 
-    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
-        self._marks[nodeid] = cpu_mark()
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        # Before the fixtures' setup; only where tests run (an xdist controller runs none).
+        self._marks[item.nodeid] = cpu_mark()
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
