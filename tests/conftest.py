@@ -149,7 +149,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     # Here, not in makereport: with pytest-xdist the controller sees every worker's reports.
     cpu_s = sum(value for name, value in report.user_properties if name == CPU_PROPERTY)
-    _times.add(report.nodeid, report.duration, markers_of(report.keywords), cpu_s)
+    _times.add(report.nodeid, report.duration, markers_of(report.keywords), cpu_s,
+               start=getattr(report, "start", None), worker=getattr(report, "worker_id", None))
     if report.skipped and not hasattr(report, "wasxfail"):
         reason = _skip_reason(report)
         if skips.expected(reason):

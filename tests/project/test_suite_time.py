@@ -38,15 +38,17 @@ def test_only_the_markers_the_table_tells_apart_are_kept() -> None:
 
 def test_cpu_seconds_add_up_per_directory_and_per_test(tmp_path) -> None:
     table = TimeTable()
-    table.add("tests/sdk/test_a.py::test_x", 2.0, ["integration"], cpu_s=0.5)
-    table.add("tests/sdk/test_a.py::test_x", 1.0, ["integration"], cpu_s=1.25)
-    table.add("tests/sdk/test_b.py::test_y", 4.0, [], cpu_s=3.0)
+    table.add("tests/sdk/test_a.py::test_x", 2.0, ["integration"], cpu_s=0.5, start=100.0, worker="gw0")
+    table.add("tests/sdk/test_a.py::test_x", 1.0, ["integration"], cpu_s=1.25, start=102.0, worker="gw0")
+    table.add("tests/sdk/test_b.py::test_y", 4.0, [], cpu_s=3.0, start=101.5, worker="gw1")
     assert table.by_directory["tests/sdk"].cpu_s == 4.75
     out = tmp_path / "times.json"
     table.write_json(out)
     rows = json.loads(out.read_text())
     assert [(r["test"], r["seconds"], r["cpu_s"]) for r in rows] == [
         ("tests/sdk/test_b.py::test_y", 4.0, 3.0), ("tests/sdk/test_a.py::test_x", 3.0, 1.75)]
+    # The timeline: each test's worker and its first report's start, after the run's first test.
+    assert [(r["worker"], r["start_s"]) for r in rows] == [("gw1", 1.5), ("gw0", 0.0)]
     assert "cpu s" in table.lines()[0]
 
 

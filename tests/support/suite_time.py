@@ -48,20 +48,25 @@ class DirectoryTime:
 @dataclass
 class TimeTable:
     by_directory: dict[str, DirectoryTime] = field(default_factory=dict)
-    # nodeid -> [wall seconds, CPU seconds, markers]: every test, for ``write_json``.
+    # nodeid -> [wall seconds, CPU seconds, markers, start (epoch s), worker]: every test, for
+    # ``write_json``; the start and worker give the run's timeline (which tests overlapped).
     by_test: dict[str, list] = field(default_factory=dict)
 
-    def add(self, nodeid: str, duration_s: float, markers: Iterable[str], cpu_s: float = 0.0) -> None:
-        """One report (setup, call or teardown) of the test ``nodeid`` that took ``duration_s``
-        and used ``cpu_s`` of CPU."""
+    def add(self, nodeid: str, duration_s: float, markers: Iterable[str], cpu_s: float = 0.0,
+            start: float | None = None, worker: str | None = None) -> None:
+        """One report (setup, call or teardown) of the test ``nodeid`` that began at ``start``
+        on ``worker``, took ``duration_s`` and used ``cpu_s`` of CPU."""
         directory = directory_of(nodeid)
         row = self.by_directory.setdefault(directory, DirectoryTime())
         marks = set(markers)
         if nodeid not in self.by_test:
-            self.by_test[nodeid] = [0.0, 0.0, sorted(marks)]
+            self.by_test[nodeid] = [0.0, 0.0, sorted(marks), start, worker]
             row.tests += 1
-        self.by_test[nodeid][0] += duration_s
-        self.by_test[nodeid][1] += cpu_s
+        entry = self.by_test[nodeid]
+        entry[0] += duration_s
+        entry[1] += cpu_s
+        if start is not None and (entry[3] is None or start < entry[3]):
+            entry[3] = start
         row.seconds += duration_s
         row.cpu_s += cpu_s
         if "integration" in marks:
@@ -82,10 +87,14 @@ class TimeTable:
         return out
 
     def write_json(self, path: Path) -> None:
-        """Every test's wall and CPU seconds and markers, slowest first (for a closer look)."""
+        """Every test's wall and CPU seconds, markers, worker and start (seconds after the first
+        test's), slowest first (for a closer look)."""
         tests = sorted(self.by_test.items(), key=lambda kv: -kv[1][0])
-        path.write_text(json.dumps([{"test": t, "seconds": round(w, 2), "cpu_s": round(c, 2), "markers": m}
-                                    for t, (w, c, m) in tests], indent=1))
+        t0 = min((e[3] for e in self.by_test.values() if e[3] is not None), default=None)
+        path.write_text(json.dumps([{"test": t, "seconds": round(w, 2), "cpu_s": round(c, 2), "markers": m,
+                                     "worker": worker,
+                                     "start_s": None if start is None or t0 is None else round(start - t0, 2)}
+                                    for t, (w, c, m, start, worker) in tests], indent=1))
 
 
 def cpu_mark() -> float:
