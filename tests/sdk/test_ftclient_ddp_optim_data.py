@@ -339,26 +339,28 @@ class _Replica:
         g = torch.Generator().manual_seed(100)
         data = torch.utils.data.TensorDataset(torch.randn(512, 8, generator=g), torch.randn(512, 1, generator=g))
         sampler = DistributedSampler(data, replica_rank, num_replica_groups=2)
-        self.batches = iter(torch.utils.data.DataLoader(data, batch_size=8, sampler=sampler))
+        loader = torch.utils.data.DataLoader(data, batch_size=8, sampler=sampler)
+        self.batches = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
 
     def _load(self, state_dict: dict[str, Any]) -> None:
         self.model.load_state_dict(state_dict["model"])
         self.inner.load_state_dict(state_dict["optim"])
 
-    def train_until(self, step: int) -> None:
-        while self.manager.current_step() < step:
+    def train_until(self, step: int, participants: int = 1) -> None:
+        """Train until ``step`` and until the last step's quorum had ``participants`` groups."""
+        while self.manager.current_step() < step or self.manager.num_participants() < participants:
             x, y = next(self.batches)
             self.optim.zero_grad()
             nn.functional.mse_loss(self.ddp(x), y).backward()
             self.optim.step()
 
 
-def _train(replicas: list[_Replica], until: int) -> None:
+def _train(replicas: list[_Replica], until: int, participants: int = 1) -> None:
     errors: list[BaseException] = []
 
     def run(r: _Replica) -> None:
         try:
-            r.train_until(until)
+            r.train_until(until, participants)
         except BaseException as e:
             errors.append(e)
 
@@ -395,11 +397,16 @@ def test_end_to_end_a_late_group_heals_bitwise_then_trains_in_lockstep() -> None
         b = _Replica("B", seed=2, replica_rank=1, lighthouse=lighthouse.address(), stack=stack)
         assert not _same_bits(a.model, b.model)
 
-        _train([a, b], until=5)  # B heals on its first step
-        assert a.manager.current_step() == b.manager.current_step() == 5
+        # A trains on until B is in its quorum: B's first quorum request may reach the lighthouse
+        # after A's last one of a fixed number of steps (A's quorums are fast ones while the
+        # previous quorum's members are all back), and B would then wait for A forever. B heals in
+        # its first quorum, so both end on the same step.
+        _train([a, b], until=5, participants=2)
+        joined = a.manager.current_step()
+        assert joined >= 5 and b.manager.current_step() == joined
         assert _same_bits(a.model, b.model)
 
-        _train([a, b], until=8)
+        _train([a, b], until=joined + 3)
         assert a.manager.num_participants() == b.manager.num_participants() == 2
         assert _same_bits(a.model, b.model)
         state_a, state_b = a.inner.state_dict()["state"], b.inner.state_dict()["state"]
