@@ -33,7 +33,7 @@ import pytest
 
 from lighthouse_cluster.local.cluster import LocalCluster
 from support import skips
-from support.suite_time import CPU_PROPERTY, CpuPerPhase, TimeTable, markers_of, slow_first
+from support.suite_time import CPU_PROPERTY, CpuPerPhase, TimeTable, markers_of, run_order
 # Two integration tests at a time under xdist, the exclusive ones alone (a hook: pytest finds it here).
 from support.run_lock import pytest_runtest_protocol  # noqa: F401
 from support.run_lock import unknown_serial_groups
@@ -66,7 +66,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if unknown:
         raise pytest.UsageError("xdist_group names that tests/support/run_lock.py's SERIAL_RESOURCES does not list "
                                 "(mark with serial_on(resource)): " + "; ".join(unknown))
-    items[:] = slow_first(items)
+    items[:] = run_order(items)
     asked = config.getoption("markexpr", "") or ""
     opt_in = [m for m in OPT_IN_MARKERS if m not in asked]
     if not opt_in:

@@ -34,7 +34,7 @@ from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
 from test_jepsen_run import explain, network_backend, runs_dir  # noqa: F401 - runs_dir is a fixture
 
 # serial_on: one fault-harness run at a time (tests/support/run_lock.py), beside any other test
-pytestmark = [pytest.mark.integration, serial_on("fault-harness")]
+pytestmark = [pytest.mark.integration, serial_on("fault-harness"), pytest.mark.low_cpu]
 
 
 class HoldingLighthouse(pb_grpc.LighthouseServiceServicer):

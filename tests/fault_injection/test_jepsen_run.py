@@ -41,8 +41,9 @@ from jepsen_like.pbt import run_property_test
 from jepsen_like.runner import RunOptions, RunResult, load_schedule, run_schedule
 from jepsen_like.schedule import NETWORK_ACTIONS, FaultOp, Schedule
 
-# serial_on: one fault-harness run at a time (tests/support/run_lock.py), beside any other test
-pytestmark = [pytest.mark.integration, serial_on("fault-harness")]
+# serial_on: one fault-harness run at a time (tests/support/run_lock.py), beside any other test;
+# low_cpu: its fixed-length schedules use about a third of a core, so it takes no CPU slot
+pytestmark = [pytest.mark.integration, serial_on("fault-harness"), pytest.mark.low_cpu]
 
 REGRESSIONS = Path(__file__).resolve().parents[2] / "jepsen_like" / "regressions"
 PBT_SEED = int(os.environ.get("JEPSEN_PBT_SEED", "20251122"))

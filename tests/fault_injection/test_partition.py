@@ -39,7 +39,7 @@ from lighthouse_cluster.core.state_machine import CommitResult, QuorumStateMachi
 from lighthouse_cluster.raft.journal import command_payload, parse_journal
 
 # serial_on: one fault-harness run at a time (tests/support/run_lock.py), beside any other test
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(150), serial_on("fault-harness")]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150), serial_on("fault-harness"), pytest.mark.low_cpu]
 
 ISO_GROUPS = ("iso-a", "iso-b")      # talk only to the leader that gets isolated
 MAJ_GROUPS = ("maj-a", "maj-b")      # one per follower (the majority side)

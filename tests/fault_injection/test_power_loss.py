@@ -220,6 +220,7 @@ def explain(result: RunResult) -> str:
 
 @pytest.mark.integration
 @serial_on("fault-harness")  # 3 nodes, 3 FUSE processes, 4 clients: one harness run at a time
+@pytest.mark.low_cpu  # a fixed-length schedule: about a third of a core
 @pytest.mark.timeout(240)
 def test_a_majority_power_loss_loses_committed_quorums_without_fsync_and_nothing_with_it() -> None:
     need_fuse()

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from support.suite_time import SLOW_DIRECTORIES, TimeTable, cpu_mark, directory_of, markers_of, slow_first
+from support.suite_time import SLOW_DIRECTORIES, TimeTable, cpu_mark, directory_of, markers_of, run_order
 
 
 def test_durations_add_up_per_directory_with_integration_and_exclusive_shares() -> None:
@@ -59,13 +59,18 @@ def test_a_cpu_mark_counts_the_cpu_of_reaped_children() -> None:
     assert cpu_mark() - before > 0.1
 
 
-def test_slow_directories_come_first_in_their_order_and_the_rest_keeps_its_order() -> None:
+def test_exclusive_tests_come_first_each_part_slow_directories_first_and_the_rest_keeps_its_order() -> None:
     class Item:
-        def __init__(self, nodeid: str) -> None:
-            self.nodeid = nodeid
+        def __init__(self, nodeid: str, exclusive: bool = False) -> None:
+            self.nodeid, self.exclusive = nodeid, exclusive
 
-    ids = ["tests/cli/test_a.py::t1", "tests/sdk/test_s.py::t2", "tests/core/test_c.py::t3",
-           "tests/torchtitan/test_t.py::t4", "tests/sdk/test_s.py::t5", "tests/cli/test_a.py::t6"]
-    ordered = [i.nodeid.rsplit("::", 1)[1] for i in slow_first([Item(n) for n in ids])]
-    assert ordered == ["t4", "t2", "t5", "t1", "t3", "t6"]
+        def get_closest_marker(self, name: str) -> object | None:
+            return object() if name == "exclusive" and self.exclusive else None
+
+    items = [Item("tests/cli/test_a.py::t1"), Item("tests/sdk/test_s.py::t2"), Item("tests/core/test_c.py::t3"),
+             Item("tests/torchtitan/test_t.py::t4"), Item("tests/sdk/test_s.py::t5"),
+             Item("tests/cli/test_a.py::t6"), Item("tests/server/test_x.py::x1", exclusive=True),
+             Item("tests/sdk/test_s.py::x2", exclusive=True)]
+    ordered = [i.nodeid.rsplit("::", 1)[1] for i in run_order(items)]
+    assert ordered == ["x2", "x1", "t4", "t2", "t5", "t1", "t3", "t6"]
     assert SLOW_DIRECTORIES[0] == "tests/torchtitan"

@@ -79,7 +79,7 @@ def test_without_strict_mode_a_missing_tool_is_a_listed_skip() -> None:
 
 @pytest.mark.integration
 def test_strict_mode_under_xdist_lists_the_expected_skips_too() -> None:
-    """The README's command runs two xdist workers: the skip policy holds there too (the expected
+    """The README's command runs xdist workers: the skip policy holds there too (the expected
     skips are gathered from the reports the controller receives)."""
     env = {k: v for k, v in os.environ.items() if k not in ("CI",)}
     env["LIGHTHOUSE_TESTS_STRICT"] = "1"
@@ -93,15 +93,15 @@ def test_strict_mode_under_xdist_lists_the_expected_skips_too() -> None:
 
 
 @pytest.mark.integration
-def test_exclusive_tests_run_alone_and_the_others_two_at_a_time(tmp_path) -> None:
+def test_exclusive_tests_run_alone_and_the_others_two_cpu_slots_at_a_time(tmp_path) -> None:
     log = tmp_path / "log.jsonl"
     env = {**os.environ, "XDIST_SAMPLES_LOG": str(log)}
-    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2",
+    res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "3",
                           "tests/project/xdist_samples.py"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     runs = [json.loads(line) for line in log.read_text().splitlines()]
-    assert len(runs) == 15
+    assert len(runs) == 16
 
     def overlap(a: dict, b: dict) -> bool:
         return a["start"] < b["end"] and b["start"] < a["end"]
@@ -111,10 +111,20 @@ def test_exclusive_tests_run_alone_and_the_others_two_at_a_time(tmp_path) -> Non
         assert not beside, f"{a['name']} ran beside {beside}"
     shared = [r for r in runs if r["kind"] == "shared"]
     assert any(overlap(a, b) for i, a in enumerate(shared) for b in shared[i + 1:]), "no two tests ran at once"
+    # Three workers, two CPU slots: never three slot holders at once (at any holder's start, at most
+    # one other runs), and a low_cpu test, which takes no slot, ran beside two of them at some point.
+    slot_holders = [r for r in runs if r["kind"] in ("shared", "serial")]
+    for a in slot_holders:
+        running = [b["name"] for b in slot_holders if b is not a and b["start"] <= a["start"] < b["end"]]
+        assert len(running) <= 1, f"{a['name']} started beside {running}"
+    low_cpu = [r for r in runs if r["kind"] == "low_cpu"]
+    assert any(len([b for b in slot_holders if b["start"] <= t < b["end"]]) == 2
+               for a in low_cpu for t in (b["start"] + 0.01 for b in slot_holders if overlap(a, b))
+               if a["start"] <= t < a["end"]), "no low_cpu test ran beside two slot holders"
     serial = [r for r in runs if r["kind"] == "serial"]
     assert len({r["worker"] for r in serial}) == 1, serial  # one worker, so one after another
     assert not any(overlap(a, b) for i, a in enumerate(serial) for b in serial[i + 1:]), serial
-    # ... and beside the other worker's tests: 1.2 s of serial tests while it has 3.2 s of shared ones
+    # ... and beside the other workers' tests: 1.2 s of serial tests while they have 3.2 s of shared ones
     assert any(overlap(a, b) for a in serial for b in shared), "the serial tests ran alone"
 
 

@@ -1,7 +1,8 @@
-"""Run only by tests/project/test_test_rules.py with two xdist workers (not collected: the name
-does not start with test_). Every test appends its name, kind and start/end times to the log
-file named by XDIST_SAMPLES_LOG, and the worker it ran on; the caller checks that the exclusive
-ones ran alone and the serial ones one after another on one worker."""
+"""Run only by tests/project/test_test_rules.py with three xdist workers, as the README's command
+(not collected: the name does not start with test_). Every test appends its name, kind and
+start/end times to the log file named by XDIST_SAMPLES_LOG, and the worker it ran on; the caller
+checks that the exclusive ones ran alone, that no more than two tests holding a CPU slot ran at
+once while a low_cpu one ran beside them, and the serial ones one after another on one worker."""
 
 import json
 import os
@@ -14,12 +15,18 @@ from support.run_lock import serial_on
 HOLD_S = 0.4
 
 
-def _record(name: str, kind: str) -> None:
+def _record(name: str, kind: str, hold_s: float = HOLD_S) -> None:
     start = time.time()
-    time.sleep(HOLD_S)
+    time.sleep(hold_s)
     with open(os.environ["XDIST_SAMPLES_LOG"], "a") as f:
         f.write(json.dumps({"name": name, "kind": kind, "start": start, "end": time.time(),
                             "worker": os.environ.get("PYTEST_XDIST_WORKER")}) + "\n")
+
+
+@pytest.mark.integration
+@pytest.mark.low_cpu
+def test_low_cpu() -> None:
+    _record("low_cpu", "low_cpu", hold_s=6 * HOLD_S)
 
 
 @pytest.mark.integration
