@@ -59,7 +59,7 @@ def test_a_cpu_mark_counts_the_cpu_of_reaped_children() -> None:
     assert cpu_mark() - before > 0.1
 
 
-def test_exclusive_tests_come_first_each_part_slow_directories_first_and_the_rest_keeps_its_order() -> None:
+def test_exclusive_tests_come_last_each_part_slow_directories_first_and_the_rest_keeps_its_order() -> None:
     class Item:
         def __init__(self, nodeid: str, exclusive: bool = False) -> None:
             self.nodeid, self.exclusive = nodeid, exclusive
@@ -72,5 +72,5 @@ def test_exclusive_tests_come_first_each_part_slow_directories_first_and_the_res
              Item("tests/cli/test_a.py::t6"), Item("tests/server/test_x.py::x1", exclusive=True),
              Item("tests/sdk/test_s.py::x2", exclusive=True)]
     ordered = [i.nodeid.rsplit("::", 1)[1] for i in run_order(items)]
-    assert ordered == ["x2", "x1", "t4", "t2", "t5", "t1", "t3", "t6"]
+    assert ordered == ["t4", "t2", "t5", "t1", "t3", "t6", "x2", "x1"]
     assert SLOW_DIRECTORIES[0] == "tests/torchtitan"

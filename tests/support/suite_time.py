@@ -30,9 +30,8 @@ CPU_PROPERTY = "cpu_s"
 
 # The directories whose tests take longest (a minute or more each for some: torchtitan runs,
 # torchft's suites, fault-harness schedules, the quick bench), slowest first. ``run_order`` starts
-# the run with them, after the exclusive tests, so that the two workers end together on short
-# tests instead of one worker finishing a long test alone (longest-first scheduling); from the
-# table every run prints.
+# the run with them, so that the workers end together on short tests instead of one worker
+# finishing a long test alone (longest-first scheduling); from the table every run prints.
 SLOW_DIRECTORIES = ("tests/torchtitan", "tests/torchft_interop", "tests/fault_injection", "tests/bench",
                     "tests/torchrun", "tests/sdk")
 
@@ -116,20 +115,21 @@ def directory_of(nodeid: str) -> str:
 
 def run_order(items: list[Any]) -> list[Any]:
     """``items`` (anything with a ``nodeid`` and ``get_closest_marker``) in the order the run
-    takes them: the ``exclusive`` tests first, then the others; in each part the tests of
+    takes them: the ``exclusive`` tests last, after the others; in each part the tests of
     SLOW_DIRECTORIES come first, in that order, then the rest. Collection order is kept otherwise
     (a stable sort), and every xdist worker computes the same order from the same collection.
 
-    Exclusive first: an exclusive test that comes up while the other worker runs a long test waits
-    for that test to end with its own worker idle (the turnstile stops everything else meanwhile).
-    In the middle of the run those waits were up to a minute each (behind fault-harness schedules
-    and torchft's suites: 454 worker-seconds in one measured run); at the start nothing runs, and
-    the exclusive tests follow one another with no wait between them."""
+    pytest-xdist's ``loadgroup`` hands out its work units largest first: the ``serial_on`` groups
+    (the fault harness's runs, torchft's suites: minutes each) start the run whatever this order
+    says. An exclusive test that comes up while such a test runs waits for it to end, with the
+    other workers stopped at the turnstile meanwhile: up to a minute each, 454 worker-seconds in
+    one measured run, and with the exclusive tests first the whole first eleven minutes ran one
+    test at a time. At the end only short tests are left to wait for."""
     rank = {d: i for i, d in enumerate(SLOW_DIRECTORIES)}
 
     def key(item: Any) -> tuple[int, int]:
         alone = item.get_closest_marker("exclusive") is not None
-        return (0 if alone else 1, rank.get(directory_of(item.nodeid), len(rank)))
+        return (1 if alone else 0, rank.get(directory_of(item.nodeid), len(rank)))
 
     return sorted(items, key=key)
 
