@@ -9,8 +9,9 @@
 * **No silent skips in CI** (``support.skips``): with ``LIGHTHOUSE_TESTS_STRICT=1`` or ``CI`` set,
   a skip that is not on the expected list fails.
 
-Under pytest-xdist, integration tests run two at a time, those marked ``exclusive`` alone, and
-those marked ``serial_on(resource)`` one after another on one worker (``support.run_lock``).
+Under pytest-xdist, integration tests run two at a time (two CPU slots; those marked ``low_cpu``
+take none), those marked ``exclusive`` alone and last, and those marked ``serial_on(resource)``
+one after another on one worker (``support.run_lock``, ``support.suite_time.run_order``).
 
 Tests marked ``torchtitan_full`` (the full matrix of torchtitan's trainer on the cluster: minutes
 each) run only when the ``-m`` expression names the marker (``pytest -m torchtitan_full``); every
@@ -34,7 +35,7 @@ import pytest
 from lighthouse_cluster.local.cluster import LocalCluster
 from support import skips
 from support.suite_time import CPU_PROPERTY, CpuPerPhase, TimeTable, markers_of, run_order
-# Two integration tests at a time under xdist, the exclusive ones alone (a hook: pytest finds it here).
+# Two CPU slots for integration tests under xdist, the exclusive ones alone (a hook: pytest finds it here).
 from support.run_lock import pytest_runtest_protocol  # noqa: F401
 from support.run_lock import unknown_serial_groups
 

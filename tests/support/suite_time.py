@@ -4,15 +4,16 @@ The README's test command runs on 2 cores with a budget (``.ci/run`` under 20 mi
 ``--durations`` lists the slowest tests but not which part of the suite the rest of the time is
 spent in. ``TimeTable`` adds up every report's duration (setup, call and teardown) per test
 directory (``tests/raft``, ``tests/sdk``, ...) and how much of it ran as ``integration`` and as
-``exclusive`` (alone under xdist: the other worker's integration tests wait meanwhile). It is fed
+``exclusive`` (alone under xdist: the other workers' integration tests wait meanwhile). It is fed
 from ``pytest_runtest_logreport``, which under xdist runs on the controller with every worker's
 reports.
 
 It also adds up the CPU each test used (``cpu_s``): the worker's own CPU and that of every child
 process it reaped (cluster nodes, trainers, sub-runs), taken around each phase on the worker
 (``CpuPerPhase``, a plugin conftest registers) and carried to the controller in the report's
-user properties. Wall seconds say how long a test held its worker; CPU seconds say how much of the 2 cores it used, so
-the two together say which tests could overlap at little cost (those that mostly wait).
+user properties. Wall seconds say how long a test held its worker; CPU seconds say how much of
+the 2 cores it used, so the two together say which tests could overlap at little cost (those
+that mostly wait).
 """
 
 from __future__ import annotations
@@ -46,11 +47,21 @@ class DirectoryTime:
 
 
 @dataclass
+class TimedTest:
+    """One test's reports added up; its start and worker place it on the run's timeline."""
+
+    markers: list[str]
+    seconds: float = 0.0
+    cpu_s: float = 0.0
+    start: float | None = None  # epoch seconds: the earliest of its reports' starts
+    worker: str | None = None
+
+
+@dataclass
 class TimeTable:
     by_directory: dict[str, DirectoryTime] = field(default_factory=dict)
-    # nodeid -> [wall seconds, CPU seconds, markers, start (epoch s), worker]: every test, for
-    # ``write_json``; the start and worker give the run's timeline (which tests overlapped).
-    by_test: dict[str, list] = field(default_factory=dict)
+    # Every test, for ``write_json``.
+    by_test: dict[str, TimedTest] = field(default_factory=dict)
 
     def add(self, nodeid: str, duration_s: float, markers: Iterable[str], cpu_s: float = 0.0,
             start: float | None = None, worker: str | None = None) -> None:
@@ -60,13 +71,13 @@ class TimeTable:
         row = self.by_directory.setdefault(directory, DirectoryTime())
         marks = set(markers)
         if nodeid not in self.by_test:
-            self.by_test[nodeid] = [0.0, 0.0, sorted(marks), start, worker]
+            self.by_test[nodeid] = TimedTest(sorted(marks), worker=worker)
             row.tests += 1
-        entry = self.by_test[nodeid]
-        entry[0] += duration_s
-        entry[1] += cpu_s
-        if start is not None and (entry[3] is None or start < entry[3]):
-            entry[3] = start
+        test = self.by_test[nodeid]
+        test.seconds += duration_s
+        test.cpu_s += cpu_s
+        if start is not None and (test.start is None or start < test.start):
+            test.start = start
         row.seconds += duration_s
         row.cpu_s += cpu_s
         if "integration" in marks:
@@ -89,12 +100,12 @@ class TimeTable:
     def write_json(self, path: Path) -> None:
         """Every test's wall and CPU seconds, markers, worker and start (seconds after the first
         test's), slowest first (for a closer look)."""
-        tests = sorted(self.by_test.items(), key=lambda kv: -kv[1][0])
-        t0 = min((e[3] for e in self.by_test.values() if e[3] is not None), default=None)
-        path.write_text(json.dumps([{"test": t, "seconds": round(w, 2), "cpu_s": round(c, 2), "markers": m,
-                                     "worker": worker,
-                                     "start_s": None if start is None or t0 is None else round(start - t0, 2)}
-                                    for t, (w, c, m, start, worker) in tests], indent=1))
+        tests = sorted(self.by_test.items(), key=lambda kv: -kv[1].seconds)
+        t0 = min((t.start for t in self.by_test.values() if t.start is not None), default=0.0)
+        path.write_text(json.dumps([{"test": nodeid, "seconds": round(t.seconds, 2), "cpu_s": round(t.cpu_s, 2),
+                                     "markers": t.markers, "worker": t.worker,
+                                     "start_s": None if t.start is None else round(t.start - t0, 2)}
+                                    for nodeid, t in tests], indent=1))
 
 
 def cpu_mark() -> float:
