@@ -312,8 +312,13 @@ def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str,
 
     # The replica group's TCPStore: rank 0 hosts it when this script started the ranks (torchrun's
     # agent hosts its own). The group's own process group (FSDP2 shards over it) uses it too.
-    host_store = rank == 0 and os.environ.get("TRAIN_HSDP_HOST_STORE") == "1"
-    store = dist.TCPStore(store_addr, store_port, is_master=host_store, wait_for_workers=False, timeout=timeout)
+    # run_group hands rank 0 the store's socket, bound before any rank started: a port only
+    # chosen there (bind, close, pass the number) could be taken meanwhile by another process's
+    # outgoing connection, and the store then failed with EADDRINUSE.
+    listen_fd = os.environ.get("TRAIN_HSDP_STORE_FD") if rank == 0 else None
+    host_store = listen_fd is not None
+    store = dist.TCPStore(store_addr, store_port, is_master=host_store, wait_for_workers=False, timeout=timeout,
+                          master_listen_fd=int(listen_fd) if host_store else None)
     dist.init_process_group("gloo", store=dist.PrefixStore("train_hsdp/world", store), rank=rank,
                             world_size=world_size, timeout=timeout)
     mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("dp_shard",))
@@ -474,10 +479,13 @@ def finish(args: argparse.Namespace, tag: str, rank: int, world_size: int, group
 # -- the replica group: its store and its ranks ----------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
+def store_socket() -> socket.socket:
+    """A socket bound to a free port on every interface, for the group's TCPStore (rank 0 listens
+    on it: ``master_listen_fd``). The port stays held from here on, so no other process can take
+    it before the store starts; its fd survives the fork into rank 0."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("", 0))
+    return sock
 
 
 def start_rank(args: argparse.Namespace, rank: int, env: dict[str, str]) -> int:
@@ -531,16 +539,18 @@ def run_group(args: argparse.Namespace) -> int:
     failed: list[int] = []
     try:
         for attempt in range(args.max_restarts + 1):
-            port = free_port()
-            for rank in range(args.nproc_per_group):
-                env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(args.nproc_per_group),
-                       "LOCAL_WORLD_SIZE": str(args.nproc_per_group), "MASTER_ADDR": host,
-                       "MASTER_PORT": str(port), "TRAIN_HSDP_ATTEMPT": str(attempt), "TRAIN_HSDP_HOST_STORE": "1"}
-                running[start_rank(args, rank, env)] = rank
-            failed = []
-            while running and not failed:
-                failed = [c for c in reap(block=False) if c != 0]
-                time.sleep(0.05)
+            with store_socket() as sock:  # a fresh store each attempt; the parent's copy closes after it
+                for rank in range(args.nproc_per_group):
+                    env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(args.nproc_per_group),
+                           "LOCAL_WORLD_SIZE": str(args.nproc_per_group), "MASTER_ADDR": host,
+                           "MASTER_PORT": str(sock.getsockname()[1]), "TRAIN_HSDP_ATTEMPT": str(attempt)}
+                    if rank == 0:
+                        env["TRAIN_HSDP_STORE_FD"] = str(sock.fileno())
+                    running[start_rank(args, rank, env)] = rank
+                failed = []
+                while running and not failed:
+                    failed = [c for c in reap(block=False) if c != 0]
+                    time.sleep(0.05)
             if not failed:
                 return 0
             stop_all()
