@@ -181,10 +181,11 @@ class CpuMeter:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port free on ``host``, drawn below the kernel's ephemeral range (``free_ports``): a port
+    bind(0) returns is the kind another process's outgoing connection takes next."""
+    from lighthouse_cluster.local.cluster import free_ports
+
+    return free_ports(1, host)[0]
 
 
 def wait_port(host: str, port: int, timeout: float) -> bool:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from lighthouse_cluster.local.cluster import free_ports
 from support.raft_counter import Counter
 from support.waiting import wait_for
 
@@ -13,9 +13,8 @@ Node = TypeVar("Node")
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port below the kernel's ephemeral range (see ``free_ports``)."""
+    return free_ports(1)[0]
 
 
 def run_on_tick_thread(node: Any, fn: Callable[[], None], timeout: float = 5.0) -> None:
