@@ -11,6 +11,7 @@ package's code touches is in ``INTERNALS``.
 from __future__ import annotations
 
 import ast
+import dis
 import importlib
 import importlib.metadata
 import inspect
@@ -108,6 +109,27 @@ def test_a_renamed_instance_attribute_is_named() -> None:
         conn, __init__=init_renaming(conn, "_TcpConnection__lastReadTime", "_TcpConnection__lastRead")))
     assert "pysyncobj.tcp_connection.TcpConnection._TcpConnection__lastReadTime" in failure(
         importer(pysyncobj_tcp_connection=fake_tcp))
+
+
+def test_stored_attributes_from_the_raw_bytecode_match_dis_on_every_pysyncobj_function() -> None:
+    """The check reads STORE_ATTR names from the bytecode itself (fast); ``dis`` is the reference,
+    on every function and method of pysyncobj's modules, and on a function whose attribute name
+    needs an EXTENDED_ARG (more than 255 names before it)."""
+    checked = 0
+    for name in ("syncobj", "tcp_connection", "transport", "journal", "node", "poller", "serializer"):
+        module = importlib.import_module(f"pysyncobj.{name}")
+        for obj in vars(module).values():
+            functions = [f for f in vars(obj).values() if inspect.isfunction(f)] if inspect.isclass(obj) \
+                else [obj] if inspect.isfunction(obj) else []
+            for function in functions:
+                expected = {i.argval for i in dis.get_instructions(function) if i.opname == "STORE_ATTR"}
+                assert internals._stored_attributes(function) == expected, function
+                checked += 1
+    assert checked > 200
+    namespace: dict[str, Any] = {}
+    body = "".join(f"    x.a{i} = 1\n" for i in range(300))
+    exec(f"def many(x):\n{body}", namespace)  # noqa: S102 -- a generated function, no input
+    assert internals._stored_attributes(namespace["many"]) == {f"a{i}" for i in range(300)}
 
 
 def test_an_overridden_method_with_other_parameters_is_named() -> None:
