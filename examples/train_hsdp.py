@@ -314,7 +314,8 @@ def train(args: argparse.Namespace, rank: int, world_size: int, store_addr: str,
     # agent hosts its own). The group's own process group (FSDP2 shards over it) uses it too.
     # run_group hands rank 0 the store's socket, bound before any rank started: a port only
     # chosen there (bind, close, pass the number) could be taken meanwhile by another process's
-    # outgoing connection, and the store then failed with EADDRINUSE.
+    # outgoing connection, and the store then failed with EADDRINUSE. The store owns the fd (it
+    # closes it); the launcher's socket object in this forked copy is never closed (os._exit).
     listen_fd = os.environ.get("TRAIN_HSDP_STORE_FD") if rank == 0 else None
     host_store = listen_fd is not None
     store = dist.TCPStore(store_addr, store_port, is_master=host_store, wait_for_workers=False, timeout=timeout,

@@ -32,15 +32,21 @@ def train_hsdp() -> ModuleType:
 
 
 def test_the_store_port_stays_held_until_the_store_listens_on_it(train_hsdp: ModuleType) -> None:
-    with train_hsdp.store_socket() as held:
-        port = held.getsockname()[1]
+    held = train_hsdp.store_socket()
+    port = held.getsockname()[1]
+    try:
         for host in ("127.0.0.1", "0.0.0.0"):
             with socket.socket() as other, pytest.raises(OSError) as taken:
                 other.bind((host, port))
             assert taken.value.errno == errno.EADDRINUSE
-
-        store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                              master_listen_fd=held.fileno(), timeout=timedelta(seconds=10))
-        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
-        client.set("from", "a rank")
-        assert store.get("from") == b"a rank"
+    except BaseException:
+        held.close()
+        raise
+    # The store owns the fd from here: it closes it when it is destroyed (so the socket object lets
+    # it go; closing both closed the number twice, and the second close hit a file another test
+    # of this worker had opened since).
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                          master_listen_fd=held.detach(), timeout=timedelta(seconds=10))
+    client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+    client.set("from", "a rank")
+    assert store.get("from") == b"a rank"
