@@ -10,8 +10,9 @@
   a skip that is not on the expected list fails.
 
 Under pytest-xdist, integration tests run two at a time (two CPU slots; those marked ``low_cpu``
-take none), those marked ``exclusive`` alone and last, and those marked ``serial_on(resource)``
-one after another on one worker (``support.run_lock``, ``support.suite_time.run_order``).
+take none), those marked ``exclusive`` alone and last, those marked ``quiet`` last and beside
+other quiet tests only, and those marked ``serial_on(resource)`` one after another on one worker
+(``support.run_lock``, ``support.suite_time.run_order``).
 
 Tests marked ``torchtitan_full`` (the full matrix of torchtitan's trainer on the cluster: minutes
 each) run only when the ``-m`` expression names the marker (``pytest -m torchtitan_full``); every
@@ -35,7 +36,7 @@ import pytest
 from lighthouse_cluster.local.cluster import LocalCluster
 from support import skips
 from support.suite_time import CPU_PROPERTY, CpuPerPhase, TimeTable, markers_of, run_order
-# Two CPU slots for integration tests under xdist, the exclusive ones alone (a hook: pytest finds it here).
+# CPU slots under xdist: exclusive tests alone, quiet ones together (a hook: pytest finds it here).
 from support.run_lock import pytest_runtest_protocol  # noqa: F401
 from support.run_lock import unknown_serial_groups
 

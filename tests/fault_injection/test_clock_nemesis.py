@@ -29,7 +29,7 @@ from jepsen_like import clock
 from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.local.simulated_group import SimulatedReplicaGroup
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.exclusive]  # exclusive: runs alone (conftest)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.quiet]  # quiet: beside quiet tests only (conftest)
 
 GROUPS = ("g-a", "g-b", "g-c")
 STEP_TIME_S = 0.25

@@ -32,7 +32,7 @@ from lighthouse_cluster.local.cluster import LocalCluster
 from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.local.simulated_group import SimulatedReplicaGroup
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.exclusive]  # exclusive: runs alone (conftest)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.quiet]  # quiet: beside quiet tests only (conftest)
 
 # 300 ms keeps a follower from timing out while a 0.2 s delay starts (its heartbeats arrive
 # 0.2 s + one append-entries period apart once, which is more than 150 ms).

@@ -31,7 +31,7 @@ from jepsen_like import netns
 from support.trainer_process import LivenessTrainer
 from support.training import TrainingRun
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.exclusive]  # exclusive: runs alone (conftest)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.quiet]  # quiet: beside quiet tests only (conftest)
 
 NODES = 3
 GROUPS = 3

@@ -59,18 +59,18 @@ def test_a_cpu_mark_counts_the_cpu_of_reaped_children() -> None:
     assert cpu_mark() - before > 0.1
 
 
-def test_exclusive_tests_come_last_each_part_slow_directories_first_and_the_rest_keeps_its_order() -> None:
+def test_exclusive_and_quiet_tests_come_last_each_part_slow_directories_first_and_the_rest_keeps_its_order() -> None:
     class Item:
-        def __init__(self, nodeid: str, exclusive: bool = False) -> None:
-            self.nodeid, self.exclusive = nodeid, exclusive
+        def __init__(self, nodeid: str, marker: str | None = None) -> None:
+            self.nodeid, self.marker = nodeid, marker
 
         def get_closest_marker(self, name: str) -> object | None:
-            return object() if name == "exclusive" and self.exclusive else None
+            return object() if name == self.marker else None
 
     items = [Item("tests/cli/test_a.py::t1"), Item("tests/sdk/test_s.py::t2"), Item("tests/core/test_c.py::t3"),
-             Item("tests/torchtitan/test_t.py::t4"), Item("tests/sdk/test_s.py::t5"),
-             Item("tests/cli/test_a.py::t6"), Item("tests/server/test_x.py::x1", exclusive=True),
-             Item("tests/sdk/test_s.py::x2", exclusive=True)]
+             Item("tests/server/test_x.py::q1", "quiet"), Item("tests/torchtitan/test_t.py::t4"),
+             Item("tests/sdk/test_s.py::t5"), Item("tests/cli/test_a.py::t6", "low_cpu"),
+             Item("tests/server/test_x.py::x1", "exclusive"), Item("tests/sdk/test_s.py::x2", "exclusive")]
     ordered = [i.nodeid.rsplit("::", 1)[1] for i in run_order(items)]
-    assert ordered == ["t4", "t2", "t5", "t1", "t3", "t6", "x2", "x1"]
+    assert ordered == ["t4", "t2", "t5", "t1", "t3", "t6", "x2", "q1", "x1"]
     assert SLOW_DIRECTORIES[0] == "tests/torchtitan"

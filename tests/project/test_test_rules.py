@@ -93,7 +93,7 @@ def test_strict_mode_under_xdist_lists_the_expected_skips_too() -> None:
 
 
 @pytest.mark.integration
-def test_exclusive_tests_run_alone_and_the_others_two_cpu_slots_at_a_time(tmp_path) -> None:
+def test_exclusive_tests_run_alone_quiet_ones_beside_quiet_ones_and_the_others_two_cpu_slots_at_a_time(tmp_path) -> None:
     log = tmp_path / "log.jsonl"
     env = {**os.environ, "XDIST_SAMPLES_LOG": str(log)}
     res = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "3",
@@ -101,7 +101,7 @@ def test_exclusive_tests_run_alone_and_the_others_two_cpu_slots_at_a_time(tmp_pa
                          timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     runs = [json.loads(line) for line in log.read_text().splitlines()]
-    assert len(runs) == 16
+    assert len(runs) == 21
 
     def overlap(a: dict, b: dict) -> bool:
         return a["start"] < b["end"] and b["start"] < a["end"]
@@ -113,7 +113,7 @@ def test_exclusive_tests_run_alone_and_the_others_two_cpu_slots_at_a_time(tmp_pa
     assert any(overlap(a, b) for i, a in enumerate(shared) for b in shared[i + 1:]), "no two tests ran at once"
     # Three workers, two CPU slots: never three slot holders at once (at any holder's start, at most
     # one other runs), and a low_cpu test, which takes no slot, ran beside two of them at some point.
-    slot_holders = [r for r in runs if r["kind"] in ("shared", "serial")]
+    slot_holders = [r for r in runs if r["kind"] in ("shared", "serial", "quiet")]
     for a in slot_holders:
         running = [b["name"] for b in slot_holders if b is not a and b["start"] <= a["start"] < b["end"]]
         assert len(running) <= 1, f"{a['name']} started beside {running}"
@@ -121,6 +121,12 @@ def test_exclusive_tests_run_alone_and_the_others_two_cpu_slots_at_a_time(tmp_pa
     assert any(len([b for b in slot_holders if b["start"] <= t < b["end"]]) == 2
                for a in low_cpu for t in (b["start"] + 0.01 for b in slot_holders if overlap(a, b))
                if a["start"] <= t < a["end"]), "no low_cpu test ran beside two slot holders"
+    # Quiet tests: beside quiet ones only (and unit tests), and two of them at once at some point.
+    quiet = [r for r in runs if r["kind"] == "quiet"]
+    for a in quiet:
+        beside = [b["name"] for b in runs if b["kind"] not in ("quiet", "unit") and overlap(a, b)]
+        assert not beside, f"{a['name']} ran beside {beside}"
+    assert any(overlap(a, b) for i, a in enumerate(quiet) for b in quiet[i + 1:]), "no two quiet tests ran at once"
     serial = [r for r in runs if r["kind"] == "serial"]
     assert len({r["worker"] for r in serial}) == 1, serial  # one worker, so one after another
     assert not any(overlap(a, b) for i, a in enumerate(serial) for b in serial[i + 1:]), serial

@@ -1,8 +1,9 @@
 """Run only by tests/project/test_test_rules.py with three xdist workers, as the README's command
 (not collected: the name does not start with test_). Every test appends its name, kind and
 start/end times to the log file named by XDIST_SAMPLES_LOG, and the worker it ran on; the caller
-checks that the exclusive ones ran alone, that no more than two tests holding a CPU slot ran at
-once while a low_cpu one ran beside them, and the serial ones one after another on one worker."""
+checks that the exclusive ones ran alone, the quiet ones beside quiet ones only (two at once), that
+no more than two tests holding a CPU slot ran at once while a low_cpu one ran beside them, and the
+serial ones one after another on one worker."""
 
 import json
 import os
@@ -36,10 +37,23 @@ def test_shared(n: int) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.quiet
+@pytest.mark.parametrize("n", range(4))
+def test_quiet(n: int) -> None:
+    _record(f"quiet{n}", "quiet")
+
+
+@pytest.mark.integration
 @pytest.mark.exclusive
 @pytest.mark.parametrize("n", range(2))
 def test_alone(n: int) -> None:
     _record(f"alone{n}", "exclusive")
+
+
+@pytest.mark.integration
+def test_shared_long() -> None:
+    """Still running when the quiet tests come up (they are ordered last): they wait for it."""
+    _record("shared_long", "shared", hold_s=10 * HOLD_S)
 
 
 @pytest.mark.parametrize("n", range(2))

@@ -44,7 +44,7 @@ from lighthouse_cluster.proto import lighthouse_cluster_pb2 as cpb
 from lighthouse_cluster.proto import torchft_pb2 as pb
 from lighthouse_cluster.proto import torchft_pb2_grpc as pb_grpc
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.exclusive]  # exclusive: runs alone (conftest)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.quiet]  # quiet: beside quiet tests only (conftest)
 
 REJOIN_BOUND_S = 2.5       # the kernel's next SYN would come ~7.5 s after the heal
 HOLD_AFTER_SYN_S = 7.3     # past the third SYN (+7 s after the first), before the fourth (+15 s)

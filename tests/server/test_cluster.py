@@ -553,7 +553,7 @@ def test_bad_input_is_rejected_by_leader_and_follower_which_keep_serving(make_cl
 # -- 8. graceful stop hands leadership over ------------------------------------------------------------
 
 
-@pytest.mark.exclusive  # a new leader within 2 s: runs alone
+@pytest.mark.quiet  # a new leader within 2 s: beside quiet tests only
 def test_graceful_stop_of_the_leader_hands_leadership_over(make_cluster) -> None:
     # Election timeout 2.5-5 s: without a handover, a new leader could only appear >= 2.45 s after
     # the old one stopped sending heartbeats, so the 2 s bound below proves the handover.

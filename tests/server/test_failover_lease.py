@@ -50,7 +50,7 @@ def _warm_up(cluster: LocalCluster, i: int, term: int) -> tuple[float, float, in
     raise AssertionError(f"no leader/serving lines for term {term} in n{i + 1}'s log\n{cluster.tail_logs()}")
 
 
-@pytest.mark.exclusive  # a timing bound
+@pytest.mark.quiet  # a timing bound: beside quiet tests only
 @pytest.mark.timeout(120)
 def test_a_new_leader_serves_without_the_lease_wait_when_votes_were_refused_longer(make_cluster) -> None:
     # L = 0.9 s < R = 1 s: the lease a SIGKILLed leader held has run out before anyone could be elected.

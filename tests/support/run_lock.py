@@ -9,10 +9,20 @@ runs use a third of a core over their fixed-length schedules) takes no slot, so 
 two others. Without that third lane those runs held a slot for about 290 s while most of it sat
 idle (``docs/design/test-suite-time.md``).
 
-An integration test marked ``exclusive`` (tight timing bounds, CPU measurements, a machine-wide
-check) runs alone: it holds a file lock exclusively while every other integration test holds it
-shared. A turnstile lock in front keeps a waiting exclusive test from being overtaken by the
-other workers' next tests. Unit tests take no lock, and without xdist nothing is locked.
+An integration test marked ``exclusive`` (busy loops that load both cores, CPU measurements, a
+machine-wide check) runs alone: it holds a file lock exclusively while every other integration
+test holds it shared. A turnstile lock in front keeps a waiting exclusive test from being
+overtaken by the other workers' next tests. Unit tests take no lock, and without xdist nothing is
+locked.
+
+An integration test marked ``quiet`` (timing bounds of a second or less, using well under a core)
+needs a host that no ordinary test loads, but not the host to itself: it runs beside other quiet
+tests only, two at a time (each holds a CPU slot), never beside a test that is not quiet. Alone,
+the quiet tests had the host at under one core of two for about two minutes of every run. Two
+more lock files keep the kinds apart: every running quiet test holds ``QUIET_LOCK`` shared, every
+other one ``BUSY_LOCK``; a test passing the turnstile first waits until no test of the other kind
+runs (an exclusive hold of that kind's lock, let go at once), then takes its own kind's, and only
+then lets the turnstile go, so no test of the other kind can start in between.
 
 The locks are held around a test's whole run protocol (setup, call, teardown), outside
 pytest-timeout's timer, which starts once the test has its turn: a test that waited a minute
@@ -54,6 +64,9 @@ SERIAL_RESOURCES = {
 }
 RUN_LOCK = "xdist-run.lock"
 TURNSTILE = "xdist-turnstile.lock"
+QUIET_LOCK = "xdist-quiet.lock"  # held shared by every running quiet test
+BUSY_LOCK = "xdist-busy.lock"  # held shared by every running test that is neither quiet nor exclusive
+ALONE, QUIET, SHARED = "alone", "quiet", "shared"  # how a test runs: run_lock's ``kind``
 # Integration tests that use CPU, at most this many at once: the 2 cores CI has.
 CPU_SLOTS = 2
 SLOT_LOCK = "xdist-cpu-slot-{}.lock"
@@ -62,22 +75,40 @@ SLOT_POLL_S = 0.02  # flock cannot wait for "any one of N" locks: a waiter tries
 
 
 @contextlib.contextmanager
-def run_lock(directory: Path, exclusive: bool, cpu_slot: bool = True) -> Iterator[None]:
-    """Hold the run lock in ``directory``: alone when ``exclusive``, else beside other holders and
-    (``cpu_slot``) in one of the CPU_SLOTS slots."""
-    with open(directory / TURNSTILE, "a") as turnstile, open(directory / RUN_LOCK, "a") as run:
+def run_lock(directory: Path, kind: str, cpu_slot: bool = True) -> Iterator[None]:
+    """Hold the run lock in ``directory`` as a test of ``kind``: ALONE (no other integration test
+    beside it), QUIET (beside other quiet tests only) or SHARED (beside any but those two); and,
+    unless ALONE, one of the CPU_SLOTS slots when ``cpu_slot``."""
+    if kind not in (ALONE, QUIET, SHARED):
+        raise ValueError(f"kind {kind!r}: use ALONE, QUIET or SHARED")
+    with contextlib.ExitStack() as held:
+        turnstile, run, quiet, busy = (held.enter_context(open(directory / name, "a"))
+                                       for name in (TURNSTILE, RUN_LOCK, QUIET_LOCK, BUSY_LOCK))
         fcntl.flock(turnstile, fcntl.LOCK_EX)
-        if exclusive:
+        held.callback(fcntl.flock, turnstile, fcntl.LOCK_UN)
+        if kind == ALONE:
             fcntl.flock(run, fcntl.LOCK_EX)  # the turnstile stays held: no new test starts meanwhile
-        else:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
-            fcntl.flock(run, fcntl.LOCK_SH)
-        try:
-            with cpu_slot_held(directory) if cpu_slot and not exclusive else contextlib.nullcontext():
-                yield
-        finally:
-            fcntl.flock(run, fcntl.LOCK_UN)
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
+            held.callback(fcntl.flock, run, fcntl.LOCK_UN)
+            yield
+            return
+        other, own = (busy, quiet) if kind == QUIET else (quiet, busy)
+        fcntl.flock(other, fcntl.LOCK_EX)  # until no test of the other kind runs ...
+        fcntl.flock(other, fcntl.LOCK_UN)  # ... and none can start: this test holds the turnstile
+        fcntl.flock(own, fcntl.LOCK_SH)
+        held.callback(fcntl.flock, own, fcntl.LOCK_UN)
+        fcntl.flock(run, fcntl.LOCK_SH)
+        held.callback(fcntl.flock, run, fcntl.LOCK_UN)
+        fcntl.flock(turnstile, fcntl.LOCK_UN)
+        if cpu_slot:
+            held.enter_context(cpu_slot_held(directory))
+        yield
+
+
+def kind_of(item: pytest.Item) -> str:
+    """ALONE for an ``exclusive`` test, QUIET for a ``quiet`` one, else SHARED."""
+    if item.get_closest_marker("exclusive") is not None:
+        return ALONE
+    return QUIET if item.get_closest_marker("quiet") is not None else SHARED
 
 
 @contextlib.contextmanager
@@ -152,6 +183,5 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if directory is None or item.get_closest_marker("integration") is None:
         yield
         return
-    with run_lock(directory, item.get_closest_marker("exclusive") is not None,
-                  cpu_slot=item.get_closest_marker("low_cpu") is None):
+    with run_lock(directory, kind_of(item), cpu_slot=item.get_closest_marker("low_cpu") is None):
         yield

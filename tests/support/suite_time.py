@@ -126,9 +126,11 @@ def directory_of(nodeid: str) -> str:
 
 def run_order(items: list[Any]) -> list[Any]:
     """``items`` (anything with a ``nodeid`` and ``get_closest_marker``) in the order the run
-    takes them: the ``exclusive`` tests last, after the others; in each part the tests of
-    SLOW_DIRECTORIES come first, in that order, then the rest. Collection order is kept otherwise
-    (a stable sort), and every xdist worker computes the same order from the same collection.
+    takes them: the ``exclusive`` and ``quiet`` tests last, after the others (neither runs beside
+    an ordinary test, so one that came up mid-run would wait for the running ones to end); in each
+    part the tests of SLOW_DIRECTORIES come first, in that order, then the rest. Collection order
+    is kept otherwise (a stable sort), and every xdist worker computes the same order from the
+    same collection.
 
     pytest-xdist's ``loadgroup`` hands out its work units largest first: the ``serial_on`` groups
     (the fault harness's runs, torchft's suites: minutes each) start the run whatever this order
@@ -139,8 +141,8 @@ def run_order(items: list[Any]) -> list[Any]:
     rank = {d: i for i, d in enumerate(SLOW_DIRECTORIES)}
 
     def key(item: Any) -> tuple[int, int]:
-        alone = item.get_closest_marker("exclusive") is not None
-        return (1 if alone else 0, rank.get(directory_of(item.nodeid), len(rank)))
+        last = any(item.get_closest_marker(name) is not None for name in ("exclusive", "quiet"))
+        return (1 if last else 0, rank.get(directory_of(item.nodeid), len(rank)))
 
     return sorted(items, key=key)
 

@@ -34,7 +34,7 @@ from support.torchft_support import (  # noqa: E402 -- needs torchft
     torchft_lighthouse,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.exclusive]  # exclusive: runs alone (conftest)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120), pytest.mark.quiet]  # quiet: beside quiet tests only (conftest)
 
 # The shared cluster: min_replicas=3 makes "3 replicas, one per node" fully deterministic (no
 # quorum before the third joins) and a lone requester time out; a short heartbeat timeout lets
