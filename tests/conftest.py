@@ -43,13 +43,14 @@ from support.run_lock import unknown_serial_groups
 
 @pytest.fixture
 def make_cluster(tmp_path: Any) -> Iterator[Callable[..., LocalCluster]]:
-    """Start ``LocalCluster(root=tmp_path/..., **kwargs)`` (as a context manager); every node
-    process it started is killed when the test ends, whatever happened."""
+    """Start ``LocalCluster(root=tmp_path/..., **kwargs)`` (as a context manager; its nodes forked
+    from the fork server, ``fork_nodes``, unless ``kwargs`` says otherwise); every node process it
+    started is killed when the test ends, whatever happened."""
     started: list[LocalCluster] = []
     with contextlib.ExitStack() as stack:
 
         def make(**kwargs: Any) -> LocalCluster:
-            cluster = LocalCluster(root=tmp_path / f"cluster{len(started)}", **kwargs)
+            cluster = LocalCluster(root=tmp_path / f"cluster{len(started)}", **{"fork_nodes": True, **kwargs})
             started.append(cluster)
             # Registered before entering: a start that fails half-way still gets cleaned up.
             stack.callback(cluster.stop_all)

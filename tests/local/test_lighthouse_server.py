@@ -130,10 +130,12 @@ def test_explicit_port_is_node_n1_and_a_busy_port_is_a_clear_error() -> None:
 
 
 def _is_serve(pid: int) -> bool:
+    """A node exec'd (``lighthouse_cluster serve``) or forked (by, or as, the fork server)."""
     try:
-        return b"lighthouse_cluster\0serve" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+    return b"lighthouse_cluster\0serve" in cmdline or b"multiprocessing.forkserver" in cmdline
 
 
 OWNER = r"""

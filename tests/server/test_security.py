@@ -49,9 +49,10 @@ def admin_call(address: str, method: str, request: Any, metadata: tuple = (), tl
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """3 plaintext nodes with the admin token and secret above; n3 starts later with the wrong
-    secret (see test_a_node_without_the_secret_cannot_join)."""
+    secret (see test_a_node_without_the_secret_cannot_join). Exec'd, not forked: a test reads
+    their command lines."""
     with started_cluster(tmp_path_factory.mktemp("plain"), admin_token=TOKEN, secret=SECRET,
-                         election_timeout_ms=150) as c:
+                         election_timeout_ms=150, fork_nodes=False) as c:
         yield c
 
 

@@ -24,8 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def started_cluster(root: Path, **kwargs: Any) -> Iterator[LocalCluster]:
     """``LocalCluster(root=root, **kwargs)`` started, with a leader every node agrees on; every
     node it started is stopped at the end, also when the start fails half-way (a ``with
-    LocalCluster(...)`` would leak the nodes a failed ``start`` left running)."""
-    c = LocalCluster(root=root, **kwargs)
+    LocalCluster(...)`` would leak the nodes a failed ``start`` left running). Nodes are forked
+    from the fork server (``fork_nodes``) unless ``kwargs`` says otherwise."""
+    c = LocalCluster(root=root, **{"fork_nodes": True, **kwargs})
     try:
         c.start()
         c.wait_for_stable_leader(timeout=30)

@@ -217,7 +217,8 @@ def torchft_lighthouse(flags: Flags) -> Iterator[TorchftTarget]:
 @contextmanager
 def lighthouse_cluster(root: Path, flags: Flags, nodes: int = 3) -> Iterator[ClusterTarget]:
     with LocalCluster(root, nodes=nodes, min_replicas=flags.min_replicas, join_timeout_ms=flags.join_timeout_ms,
-                      quorum_tick_ms=flags.quorum_tick_ms, heartbeat_timeout_ms=flags.heartbeat_timeout_ms) as cluster:
+                      quorum_tick_ms=flags.quorum_tick_ms, heartbeat_timeout_ms=flags.heartbeat_timeout_ms,
+                      fork_nodes=True) as cluster:
         # The leader every node follows: three nodes started at once sometimes elect one that a
         # start-up candidate (which missed it) deposes a moment later, and the tests place groups
         # by the leader (the same race as test_partition's).

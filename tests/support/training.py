@@ -87,7 +87,7 @@ class TrainingRun:
         node follows: a start-up election can be followed by a second one (a node that came up
         late times out before it hears the first leader), and a test that picks its trainers'
         nodes by who leads must not pick them from the first."""
-        options: dict[str, Any] = {"nodes": 3, "join_timeout_ms": JOIN_TIMEOUT_MS, **kwargs}
+        options: dict[str, Any] = {"nodes": 3, "join_timeout_ms": JOIN_TIMEOUT_MS, "fork_nodes": True, **kwargs}
         self.cluster = LocalCluster(root=self.root / "cluster", min_replicas=min_replicas, **options)
         self.cluster.start()
         try:
