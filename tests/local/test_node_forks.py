@@ -120,3 +120,23 @@ def test_a_process_that_leaves_a_paused_forked_node_running_still_exits_and_take
     pid, kind = res.stdout.split()
     assert kind == "ForkedProcess"
     wait_for(f"forked node {pid} gone", lambda: not Path(f"/proc/{pid}").exists(), 10)
+
+
+@pytest.mark.integration
+def test_a_forked_nodes_cpu_counts_in_the_tests_cpu(make_cluster) -> None:
+    """suite_time's per-test CPU includes the forked nodes' (their fork server reaps them, not
+    this process): after a node ends, cpu_mark grew by its CPU beyond this process's own."""
+    from support.suite_time import cpu_mark, forked_cpu
+
+    cluster = make_cluster(nodes=1)
+    cluster.wait_for_leader(timeout=20)
+    proc = cluster.members[0].process
+    assert isinstance(proc, ForkedProcess)
+    fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    node_cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    assert node_cpu > 0
+    before = forked_cpu()
+    mark = cpu_mark()
+    cluster.kill(0)
+    assert cpu_mark() - mark >= node_cpu * 0.99
+    assert forked_cpu() - before >= node_cpu * 0.99

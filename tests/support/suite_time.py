@@ -19,6 +19,7 @@ that mostly wait).
 from __future__ import annotations
 
 import json
+import os
 import resource
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -109,12 +110,39 @@ class TimeTable:
 
 
 def cpu_mark() -> float:
-    """CPU seconds used so far by this process and the children it has reaped."""
-    total = 0.0
+    """CPU seconds used so far by this process, the children it has reaped, and the nodes its
+    fork servers forked and reaped (``forked_cpu``)."""
+    total = forked_cpu()
     for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
         usage = resource.getrusage(who)
         total += usage.ru_utime + usage.ru_stime
     return total
+
+
+def forked_cpu() -> float:
+    """CPU seconds of the ended children of this process's fork servers: the nodes LocalCluster
+    forked (``lighthouse_cluster.local.node_forks``) are the fork server's children, not this
+    process's, so RUSAGE_CHILDREN never counts them. Read from each fork server's
+    ``/proc/PID/stat`` (cutime, cstime); a child of this process is a fork server when its
+    command line runs ``multiprocessing.forkserver``."""
+    total = 0.0
+    for children in Path("/proc/self/task").glob("*/children"):
+        try:
+            pids = children.read_text().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                if b"multiprocessing.forkserver" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    continue
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[13]) + int(fields[14])) / _CLOCK_TICKS  # cutime, cstime
+    return total
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def directory_of(nodeid: str) -> str:
