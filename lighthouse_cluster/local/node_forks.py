@@ -8,8 +8,9 @@ library's fork server (``multiprocessing``'s ``forkserver`` start method) import
 modules once (``set_forkserver_preload``) and forks every node from that process.
 
 A forked node is a process of its own like an exec'd one: its own pid and session, the same
-arguments to the same ``lighthouse-cluster`` command, the environment given, its log file as
-stdout and stderr, nothing on stdin. What it shares with its siblings is what the fork server
+arguments to the same ``lighthouse-cluster`` command, the environment given, the starting
+process's resource limits and umask (as an exec'd child inherits them; the fork server's are
+those of when it started), its log file as stdout and stderr, nothing on stdin. What it shares with its siblings is what the fork server
 imported, nothing that runs: the fork server starts no thread, no event loop and no gRPC core
 before it forks. :class:`ForkedProcess` gives LocalCluster the part of ``subprocess.Popen`` it
 uses (``pid``, ``poll``, ``wait``, ``send_signal``, ``kill``, ``terminate``, ``returncode``).
@@ -33,6 +34,7 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import os
+import resource
 import runpy
 import signal
 import subprocess
@@ -91,9 +93,24 @@ def _main_module_rerun(main: object = None) -> str | None:
     return None if path is None else f"a forked node would run the main script {path} again"
 
 
-def _run(argv: list[str], env: dict[str, str], cwd: str, log_path: str) -> None:
-    """The forked node: its own session, the log as stdout and stderr, ``env`` as its
-    environment, then the ``lighthouse-cluster`` command with ``argv``."""
+def inherited() -> tuple[dict[int, tuple[int, int]], int | None]:
+    """What an exec'd child would inherit from this process and a forked one must be given: every
+    resource limit, and the umask (None where /proc does not say it)."""
+    limits = {getattr(resource, name): resource.getrlimit(getattr(resource, name))
+              for name in dir(resource) if name.startswith("RLIMIT_")}
+    try:
+        status = Path("/proc/self/status").read_text()
+        umask = next((int(line.split()[1], 8) for line in status.splitlines() if line.startswith("Umask:")), None)
+    except OSError:
+        umask = None
+    return limits, umask
+
+
+def _run(argv: list[str], env: dict[str, str], cwd: str, log_path: str,
+         limits: dict[int, tuple[int, int]], umask: int | None) -> None:
+    """The forked node: its own session, the log as stdout and stderr, the starting process's
+    resource limits and umask, ``env`` as its environment, then the ``lighthouse-cluster``
+    command with ``argv``."""
     os.setsid()
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -107,6 +124,15 @@ def _run(argv: list[str], env: dict[str, str], cwd: str, log_path: str) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False, encoding="utf-8", errors="backslashreplace")
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
+    for which, limit in limits.items():
+        if resource.getrlimit(which) != limit:
+            try:
+                resource.setrlimit(which, limit)
+            except (ValueError, OSError) as e:  # a hard limit above the fork server's: not for us to raise
+                print(f"warning: the starting process's resource limit {which} {limit} could not be set: {e}",
+                      file=sys.stderr)
+    if umask is not None:
+        os.umask(umask)
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
@@ -144,7 +170,7 @@ class ForkedProcess:
         self.args = list(command)
         self.returncode: int | None = None
         self._process = fork_context().Process(
-            target=_run, args=(command[3:], dict(env), str(cwd or os.getcwd()), str(log_path)),
+            target=_run, args=(command[3:], dict(env), str(cwd or os.getcwd()), str(log_path), *inherited()),
             name=f"lighthouse-cluster {' '.join(command[3:6])}", daemon=True)
         self._process.start()
         self.pid: int = self._process.pid  # type: ignore[assignment]

@@ -140,3 +140,27 @@ def test_a_forked_nodes_cpu_counts_in_the_tests_cpu(make_cluster) -> None:
     cluster.kill(0)
     assert cpu_mark() - mark >= node_cpu * 0.99
     assert forked_cpu() - before >= node_cpu * 0.99
+
+
+@pytest.mark.integration
+def test_a_forked_node_gets_the_starting_processs_resource_limits_and_umask(make_cluster, tmp_path: Path) -> None:
+    """As an exec'd child inherits them (the fork server has those of when it started)."""
+    import resource
+
+    ForkedProcess([*COMMAND, "--version"], dict(os.environ), tmp_path / "warm.log").wait(timeout=30)  # fork server up
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = min(soft, 1000) - 1
+    old_umask = os.umask(0o027)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+    try:
+        cluster = make_cluster(nodes=1)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        os.umask(old_umask)
+    proc = cluster.members[0].process
+    assert isinstance(proc, ForkedProcess)
+    cluster.wait_for_leader(timeout=20)
+    # The node raises its soft open-file limit itself: from the caller's, its log says.
+    assert f"open-file limit raised from {low} to" in cluster.members[0].log_path.read_text()
+    umask = next(ln for ln in Path(f"/proc/{proc.pid}/status").read_text().splitlines() if ln.startswith("Umask:"))
+    assert umask.split()[1] == "0027"
