@@ -40,7 +40,6 @@ import signal
 import subprocess
 import sys
 import threading
-import weakref
 from multiprocessing.context import BaseContext
 from pathlib import Path
 from typing import Mapping
@@ -52,7 +51,9 @@ EXEC_ONLY_ENV = ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "F
 
 _lock = threading.Lock()
 _context: BaseContext | None = None
-_live: "weakref.WeakSet[ForkedProcess]" = weakref.WeakSet()
+# Forked nodes not yet seen to end (held strongly: multiprocessing holds their Process objects
+# until exit whatever becomes of ours, and its exit hook joins them).
+_live: "set[ForkedProcess]" = set()
 _exit_hook = False
 
 
@@ -180,6 +181,7 @@ class ForkedProcess:
     def poll(self) -> int | None:
         if self.returncode is None and self._process.exitcode is not None:
             self.returncode = self._process.exitcode
+            _live.discard(self)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:

@@ -110,12 +110,17 @@ cluster = LocalCluster(root=Path(tempfile.mkdtemp()), nodes=1, fork_nodes=True).
 cluster.wait_for_leader(timeout=20)
 cluster.pause(0)  # SIGSTOP: a SIGTERM alone would not end it
 print(cluster.members[0].process.pid, type(cluster.members[0].process).__name__, flush=True)
+if sys.argv[1] == "drop":  # no reference left to the node but multiprocessing's own
+    import gc
+    del cluster
+    gc.collect()
 """
 
 
 @pytest.mark.integration
-def test_a_process_that_leaves_a_paused_forked_node_running_still_exits_and_takes_the_node() -> None:
-    res = subprocess.run([sys.executable, "-c", LEAVER], capture_output=True, text=True, timeout=60)
+@pytest.mark.parametrize("reference", ["kept", "drop"])
+def test_a_process_that_leaves_a_paused_forked_node_running_still_exits_and_takes_the_node(reference: str) -> None:
+    res = subprocess.run([sys.executable, "-c", LEAVER, reference], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr[-3000:]
     pid, kind = res.stdout.split()
     assert kind == "ForkedProcess"
