@@ -13,7 +13,7 @@ process's resource limits and umask (as an exec'd child inherits them; the fork 
 those of when it started), its log file as stdout and stderr, nothing on stdin. What it shares with its siblings is what the fork server
 imported, nothing that runs: the fork server starts no thread, no event loop and no gRPC core
 before it forks. :class:`ForkedProcess` gives LocalCluster the part of ``subprocess.Popen`` it
-uses (``pid``, ``poll``, ``wait``, ``send_signal``, ``kill``, ``terminate``, ``returncode``).
+uses (``pid``, ``poll``, ``wait``, ``send_signal``, ``kill``, ``returncode``).
 
 What only an exec gives, a forked node does not have, and :func:`can_fork` says so:
 
@@ -167,11 +167,11 @@ class ForkedProcess:
     """A node forked by the fork server, with the part of ``subprocess.Popen``'s interface that
     LocalCluster uses. ``returncode`` is the exit code, or minus the signal that ended it."""
 
-    def __init__(self, command: list[str], env: Mapping[str, str], log_path: Path, cwd: Path | None = None) -> None:
+    def __init__(self, command: list[str], env: Mapping[str, str], log_path: Path) -> None:
         self.args = list(command)
         self.returncode: int | None = None
         self._process = fork_context().Process(
-            target=_run, args=(command[3:], dict(env), str(cwd or os.getcwd()), str(log_path), *inherited()),
+            target=_run, args=(command[3:], dict(env), os.getcwd(), str(log_path), *inherited()),
             name=f"lighthouse-cluster {' '.join(command[3:6])}", daemon=True)
         self._process.start()
         self.pid: int = self._process.pid  # type: ignore[assignment]
@@ -197,9 +197,6 @@ class ForkedProcess:
                 os.kill(self.pid, sig)
             except ProcessLookupError:
                 pass
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)

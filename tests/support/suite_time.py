@@ -8,8 +8,9 @@ directory (``tests/raft``, ``tests/sdk``, ...) and how much of it ran as ``integ
 from ``pytest_runtest_logreport``, which under xdist runs on the controller with every worker's
 reports.
 
-It also adds up the CPU each test used (``cpu_s``): the worker's own CPU and that of every child
-process it reaped (cluster nodes, trainers, sub-runs), taken around each phase on the worker
+It also adds up the CPU each test used (``cpu_s``): the worker's own CPU, that of every child
+process it reaped (cluster nodes, trainers, sub-runs) and that of the nodes its fork server forked
+and reaped (``forked_cpu``), taken around each phase on the worker
 (``CpuPerPhase``, a plugin conftest registers) and carried to the controller in the report's
 user properties. Wall seconds say how long a test held its worker; CPU seconds say how much of
 the 2 cores it used, so the two together say which tests could overlap at little cost (those
